@@ -1,0 +1,87 @@
+"""Rewards for a rollout batch and group-normalized advantages.
+
+Taught in ``notebooks/03_rewards_and_advantages.ipynb``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+
+BASELINES = ("mean", "none")
+ADVANTAGE_NORMALIZERS = ("std", "none", "mean")
+
+
+def compute_rollout_rewards(
+    reward_fn: Callable[[str, str], dict[str, float]],
+    rollout_responses: list[str],
+    repeated_ground_truths: list[str],
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Score each response once: reward_fn(response, truth)["reward"] -> (B,)."""
+    if len(rollout_responses) != len(repeated_ground_truths):
+        raise ValueError(
+            "rollout_responses and repeated_ground_truths must have the same length, "
+            f"got {len(rollout_responses)} and {len(repeated_ground_truths)}"
+        )
+    results = [
+        reward_fn(response, truth)
+        for response, truth in zip(rollout_responses, repeated_ground_truths)
+    ]
+    columns = {
+        key: torch.tensor([r[key] for r in results], dtype=torch.float32)
+        for key in ("reward", "format_reward", "answer_reward")
+    }
+    metadata = {
+        "reward_mean": columns["reward"].mean().item(),
+        "format_reward_mean": columns["format_reward"].mean().item(),
+        "answer_reward_mean": columns["answer_reward"].mean().item(),
+    }
+    return columns["reward"], metadata
+
+
+def compute_group_normalized_rewards(
+    raw_rewards: torch.Tensor,
+    group_size: int,
+    baseline: Literal["mean", "none"] = "mean",
+    advantage_eps: float = 1e-6,
+    advantage_normalizer: Literal["std", "none", "mean"] = "std",
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """A_i = (r_i - baseline_g) / (normalizer_g + eps) within each group g.
+
+    baseline "mean" subtracts the group mean, "none" keeps the raw reward (RFT).
+    normalizer "std" divides by the sample std (GRPO), "none" does not (Dr. GRPO),
+    "mean" divides by the group mean (MaxRL). (B,) -> (B,).
+    """
+    if raw_rewards.ndim != 1:
+        raise ValueError(
+            f"raw_rewards must be one-dimensional, got shape {tuple(raw_rewards.shape)}"
+        )
+    if group_size <= 0:
+        raise ValueError(f"group_size must be positive, got {group_size}")
+    if raw_rewards.numel() % group_size != 0:
+        raise ValueError(
+            f"the number of rewards ({raw_rewards.numel()}) must be divisible by "
+            f"group_size ({group_size})"
+        )
+    if baseline not in BASELINES:
+        raise ValueError(f"baseline must be one of {BASELINES}, got {baseline!r}")
+    if advantage_normalizer not in ADVANTAGE_NORMALIZERS:
+        raise ValueError(
+            f"advantage_normalizer must be one of {ADVANTAGE_NORMALIZERS}, "
+            f"got {advantage_normalizer!r}"
+        )
+    grouped = raw_rewards.reshape(-1, group_size)  # (n_groups, G)
+    group_mean = grouped.mean(dim=1, keepdim=True)  # (n_groups, 1)
+    advantages = grouped - group_mean if baseline == "mean" else grouped
+    if advantage_normalizer == "std":
+        advantages = advantages / (grouped.std(dim=1, keepdim=True) + advantage_eps)
+    elif advantage_normalizer == "mean":
+        advantages = advantages / (group_mean + advantage_eps)
+    advantages = advantages.flatten()  # (B,)
+    metadata = {
+        "advantage_mean": advantages.mean().item(),
+        "advantage_std": advantages.std().item(),
+    }
+    return advantages, metadata

@@ -1,0 +1,217 @@
+"""Per-token policy-gradient losses (REINFORCE, PPO/GRPO clip, GSPO) and aggregation.
+
+Taught in ``notebooks/04_policy_gradient_and_clipping.ipynb``,
+``notebooks/05_gspo.ipynb`` and ``notebooks/06_loss_aggregation.ipynb``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+REWEIGHTING_METHODS = ("none", "noclip", "grpo", "gspo")
+LOSS_NORMALIZATIONS = ("sequence", "constant")
+
+
+def compute_policy_gradient_loss(
+    raw_rewards_or_advantages: torch.Tensor,
+    policy_log_probs: torch.Tensor,
+    importance_reweighting_method: Literal["none", "noclip", "grpo", "gspo"] = "none",
+    old_log_probs: torch.Tensor | None = None,
+    cliprange: float | None = None,
+    response_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token loss (B, T) to minimise, and detached diagnostics.
+
+    none:   -A * log pi                      (on-policy REINFORCE)
+    noclip: -A * w,  w = pi / pi_old         (per-token importance weight)
+    grpo:   -min(A * w, A * clip(w, 1 - eps, 1 + eps))
+    gspo:   the same with one ratio per response, s = exp(mean_t log w_t)
+    """
+    _check_loss_inputs(
+        raw_rewards_or_advantages,
+        policy_log_probs,
+        importance_reweighting_method,
+        old_log_probs,
+        cliprange,
+        response_mask,
+    )
+    if policy_log_probs.dtype in {torch.float16, torch.bfloat16}:
+        policy_log_probs = policy_log_probs.float()
+    advantages = raw_rewards_or_advantages
+    if advantages.ndim == 1:
+        advantages = advantages.unsqueeze(-1)  # (B, 1)
+    token_mask = (
+        response_mask.bool()
+        if response_mask is not None
+        else torch.ones_like(policy_log_probs, dtype=torch.bool)
+    )
+    if importance_reweighting_method == "none":
+        per_token_loss = -advantages * policy_log_probs  # (B, T)
+        return per_token_loss, {
+            "on_policy_loss_mean": _token_mean(per_token_loss, token_mask)
+        }
+    log_ratio = policy_log_probs - old_log_probs.detach()  # (B, T)
+    if importance_reweighting_method == "noclip":
+        return _noclip_loss(advantages, log_ratio, token_mask)
+    if importance_reweighting_method == "grpo":
+        return _grpo_clip_loss(advantages, log_ratio, token_mask, cliprange)
+    return _gspo_clip_loss(advantages, log_ratio, token_mask, cliprange)
+
+
+def _token_mean(values: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
+    count = token_mask.sum().detach()
+    return values.detach().masked_fill(~token_mask, 0.0).sum() / count.clamp_min(1)
+
+
+def _noclip_loss(advantages, log_ratio, token_mask):
+    weights = torch.exp(log_ratio)  # (B, T)
+    per_token_loss = -advantages * weights
+    return per_token_loss, {
+        "importance_ratio_mean": _token_mean(weights, token_mask),
+        "importance_ratio_count": token_mask.sum().detach(),
+        "off_policy_loss_mean": _token_mean(per_token_loss, token_mask),
+    }
+
+
+def _clip_removes_gradient(advantages, ratio, cliprange):
+    # A clip only matters when it removes the gradient: A > 0 above 1 + eps,
+    # or A < 0 below 1 - eps. Elsewhere min() keeps the unclipped term.
+    return ((advantages > 0) & (ratio > 1 + cliprange)) | (
+        (advantages < 0) & (ratio < 1 - cliprange)
+    )
+
+
+def _grpo_clip_loss(advantages, log_ratio, token_mask, cliprange):
+    ratio = torch.exp(log_ratio)  # (B, T)
+    clipped_ratio = torch.clamp(ratio, min=1 - cliprange, max=1 + cliprange)
+    per_token_loss = -torch.minimum(advantages * ratio, advantages * clipped_ratio)
+    token_count = token_mask.sum().detach()
+    clip_count = (
+        token_mask & _clip_removes_gradient(advantages, ratio, cliprange)
+    ).sum()
+    return per_token_loss, {
+        "clip_fraction": (clip_count / token_count.clamp_min(1)).detach(),
+        "clip_count": clip_count.detach(),
+        "clip_total": token_count,
+        "importance_ratio_mean": _token_mean(ratio, token_mask),
+        "importance_ratio_count": token_count,
+        "off_policy_loss_mean": _token_mean(per_token_loss, token_mask),
+    }
+
+
+def _gspo_clip_loss(advantages, log_ratio, token_mask, cliprange):
+    lengths = token_mask.sum(dim=1, keepdim=True)  # (B, 1)
+    mean_log_ratio = log_ratio.masked_fill(~token_mask, 0.0).sum(
+        dim=1, keepdim=True
+    ) / lengths.clamp_min(1)  # (B, 1)
+    ratio = torch.exp(mean_log_ratio)  # (B, 1): geometric mean of token ratios
+    clipped_ratio = torch.clamp(ratio, min=1 - cliprange, max=1 + cliprange)
+    sequence_loss = -torch.minimum(advantages * ratio, advantages * clipped_ratio)
+    # Sequence aggregation averages these repeated values: no second length divide.
+    per_token_loss = sequence_loss.expand_as(log_ratio)  # (B, T)
+    valid = lengths > 0  # (B, 1)
+    sequence_count = valid.sum()
+    clip_count = (_clip_removes_gradient(advantages, ratio, cliprange) & valid).sum()
+
+    def sequence_mean(values):
+        return values.detach().masked_fill(
+            ~valid, 0.0
+        ).sum() / sequence_count.clamp_min(1)
+
+    return per_token_loss, {
+        "importance_ratio_mean": sequence_mean(ratio),
+        "clipped_importance_ratio_mean": sequence_mean(clipped_ratio),
+        "importance_ratio_count": sequence_count.detach(),
+        "clip_fraction": (clip_count / sequence_count.clamp_min(1)).detach(),
+        "clip_count": clip_count.detach(),
+        "clip_total": sequence_count.detach(),
+        "off_policy_loss_mean": _token_mean(per_token_loss, token_mask),
+    }
+
+
+def _check_loss_inputs(
+    advantages, policy_log_probs, method, old_log_probs, cliprange, response_mask
+):
+    if method not in REWEIGHTING_METHODS:
+        raise ValueError(
+            f"importance_reweighting_method must be one of {REWEIGHTING_METHODS}, "
+            f"got {method!r}"
+        )
+    if policy_log_probs.ndim != 2:
+        raise ValueError(
+            "policy_log_probs must have shape (batch_size, sequence_length), got "
+            f"{tuple(policy_log_probs.shape)}"
+        )
+    if response_mask is not None and response_mask.shape != policy_log_probs.shape:
+        raise ValueError(
+            f"response_mask must have shape {tuple(policy_log_probs.shape)} like "
+            f"policy_log_probs, got {tuple(response_mask.shape)}"
+        )
+    if not (
+        advantages.ndim == 1 or (advantages.ndim == 2 and advantages.shape[1] == 1)
+    ):
+        raise ValueError(
+            "raw_rewards_or_advantages must have shape (batch_size,) or "
+            f"(batch_size, 1), got {tuple(advantages.shape)}"
+        )
+    if advantages.shape[0] != policy_log_probs.shape[0]:
+        raise ValueError(
+            f"raw_rewards_or_advantages has batch size {advantages.shape[0]} but "
+            f"policy_log_probs has {policy_log_probs.shape[0]}"
+        )
+    if method == "none":
+        return
+    if old_log_probs is None:
+        raise ValueError(f"old_log_probs must be provided for {method!r} reweighting")
+    if old_log_probs.shape != policy_log_probs.shape:
+        raise ValueError(
+            f"old_log_probs must have shape {tuple(policy_log_probs.shape)} like "
+            f"policy_log_probs, got {tuple(old_log_probs.shape)}"
+        )
+    if method in {"grpo", "gspo"} and (cliprange is None or cliprange <= 0):
+        raise ValueError(
+            f"cliprange must be positive for {method!r}, got {cliprange!r}"
+        )
+    if method == "gspo" and response_mask is None:
+        raise ValueError("response_mask must be provided for 'gspo' reweighting")
+
+
+def aggregate_loss_across_microbatch(
+    per_token_policy_gradient_loss: torch.Tensor,
+    mask: torch.Tensor,
+    loss_normalization: Literal["sequence", "constant"] = "sequence",
+    normalization_constant: int | None = None,
+) -> torch.Tensor:
+    """Reduce a (B, T) per-token loss to a scalar.
+
+    sequence: mean over responses of (sum_t loss * mask / |o_i|)   (GRPO)
+    constant: sum over all tokens of loss * mask / normalization_constant
+              (Dr. GRPO: no per-response length divisor, hence no length bias)
+    """
+    if per_token_policy_gradient_loss.ndim != 2:
+        raise ValueError(
+            "per_token_policy_gradient_loss must have shape (batch_size, "
+            f"sequence_length), got {tuple(per_token_policy_gradient_loss.shape)}"
+        )
+    if mask.shape != per_token_policy_gradient_loss.shape:
+        raise ValueError(
+            f"mask must have shape {tuple(per_token_policy_gradient_loss.shape)}, "
+            f"got {tuple(mask.shape)}"
+        )
+    masked_loss = per_token_policy_gradient_loss * mask  # (B, T)
+    if loss_normalization == "sequence":
+        response_lengths = mask.sum(dim=1).clamp_min(1)  # (B,)
+        return (masked_loss.sum(dim=1) / response_lengths).mean()
+    if loss_normalization == "constant":
+        if normalization_constant is None or normalization_constant <= 0:
+            raise ValueError(
+                "normalization_constant must be positive for constant normalization, "
+                f"got {normalization_constant!r}"
+            )
+        return masked_loss.sum() / normalization_constant
+    raise ValueError(
+        f"loss_normalization must be one of {LOSS_NORMALIZATIONS}, "
+        f"got {loss_normalization!r}"
+    )
