@@ -1,0 +1,48 @@
+"""The rollout interface: prompts in, a group of sampled responses per prompt out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How responses are sampled. No top-k: samples follow the policy exactly."""
+
+    # Softmax temperature; scoring uses logits / temperature to match.
+    temperature: float = 1.0
+    # Nucleus mass; 1.0 samples from the full distribution.
+    top_p: float = 1.0
+    # Longest response, in tokens.
+    max_new_tokens: int = 64
+    # Generation stops after any of these strings (the string is kept).
+    stop_strings: tuple[str, ...] = ()
+    # Seed for the sampler; None leaves the global generator alone.
+    seed: int | None = None
+
+
+@dataclass
+class Rollouts:
+    """B·G responses, prompt-major: responses[i * G + j] answers prompts[i * G + j]."""
+
+    prompts: list[str]
+    responses: list[str]
+    # Token ids exactly as sampled (the response ids include a sampled EOS), or None
+    # when the backend returns text only.
+    prompt_token_ids: list[list[int]] | None = None
+    response_token_ids: list[list[int]] | None = None
+    # The backend's own log-probs of the sampled tokens, when it reports them.
+    sampler_log_probs: list[list[float]] | None = None
+
+
+class RolloutBackend(Protocol):
+    """Samples groups of responses; ``sync`` loads the policy's current weights."""
+
+    def generate(
+        self, prompts: list[str], group_size: int, sampling: SamplingSettings
+    ) -> Rollouts: ...
+
+    def sync(self, policy: torch.nn.Module) -> None: ...
