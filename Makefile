@@ -31,7 +31,7 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -n $(JOBS) --dist loadfile -m "not slow" tests
 
 notebooks: $(STAMP)
-	$(PY) -m grpo_lab.cli execute-notebooks notebooks
+	$(PY) -m pytest -n $(JOBS) --dist loadfile --nbval-lax notebooks
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check grpo_lab tests benchmarks
