@@ -1,73 +1,197 @@
 """Per-token log-probabilities and entropy, without a (B, T, V) log-softmax.
 
-Taught in ``notebooks/02_logprobs_and_entropy.ipynb``.
+A policy-gradient loss needs one number per token: log p(label | prefix). The naive
+way builds the whole (B, T, V) table and keeps one column::
+
+    log_probs = torch.log_softmax(logits, dim=-1).gather(-1, labels[..., None])
+
+With B = 8, T = 512 and V = 152k that table is 2.5 GB in float32, and autograd
+keeps it (plus its backward's temporaries). This module computes the same numbers
+from log p(label) = z_label - logsumexp(z), a few rows at a time, with a hand-written
+backward. Taught in ``notebooks/02_logprobs_and_entropy.ipynb``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
+from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
-# Architectures whose logits are exactly ``lm_head(final_hidden_state)``: no logit
-# scaling or soft-capping after the head, so the chunked path may bypass forward().
+# Architectures whose logits are exactly lm_head(model.model(...).last_hidden_state),
+# so logits_chunk_size > 0 may call the decoder and the head itself. Checked in
+# transformers 5.17, models/{olmo2,qwen2,qwen3,llama}/modeling_*.py: each
+# *ForCausalLM.forward runs hidden_states = self.model(...).last_hidden_state (the
+# final RMSNorm is inside self.model), then logits = self.lm_head(hidden_states[:,
+# slice_indices, :]) where logits_to_keep=0 keeps every position, and returns those
+# logits untouched: no logit_scale, no final_logit_softcapping, no division. Gemma2,
+# for one, divides, applies tanh and multiplies after lm_head, so it is not listed.
 CHUNKED_HEAD_MODEL_TYPES = frozenset({"olmo2", "qwen2", "qwen3", "llama"})
 
-_ENTROPY_WORKSPACE_BYTES = 16 * 1024 * 1024
+# Float32 scratch space per chunk of rows: bounds every temporary to this size.
+_WORKSPACE_BYTES = 16 * 1024 * 1024
 
 
-def _probability_dtype_logits(logits: torch.Tensor) -> torch.Tensor:
-    # bfloat16 cannot represent GSPO's 1 +/- 3e-4 clip bounds: compute in float32.
-    if logits.dtype in {torch.float16, torch.bfloat16}:
-        return logits.float()
-    return logits
+def _probability_dtype(dtype: torch.dtype) -> torch.dtype:
+    # bfloat16 keeps 8 bits of mantissa: a log-ratio of 3e-4 (GSPO's clip range)
+    # rounds away, and a sum over 152k probabilities loses digits. Use float32.
+    return torch.float32 if dtype in {torch.float16, torch.bfloat16} else dtype
+
+
+def _probability_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """z / T in float32 (a copy only for half precision or T != 1)."""
+    logits = logits.to(_probability_dtype(logits.dtype))
+    return logits if temperature == 1.0 else logits / temperature
+
+
+def _row_chunks(num_rows: int, vocab_size: int) -> list[slice]:
+    """Row ranges whose float32 (rows, V) scratch fits in _WORKSPACE_BYTES."""
+    rows = max(1, _WORKSPACE_BYTES // max(1, 4 * vocab_size))
+    return [slice(start, start + rows) for start in range(0, num_rows, rows)]
 
 
 def compute_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy H = logsumexp(z) - sum_v softmax(z)_v z_v over the last dim.
+    """Entropy of softmax(z) over the last dim: (..., V) -> (...).
 
-    (..., V) -> (...). Naive form: -(softmax(z) * log_softmax(z)).sum(-1).
+    H = -sum_v p_v log p_v = logsumexp(z) - sum_v p_v z_v, since
+    log p_v = z_v - logsumexp(z). Naive form: -(softmax(z) * log_softmax(z)).sum(-1).
+    Half-precision logits are upcast to float32 first. A masked token (z = -inf,
+    p = 0) adds 0, not 0 * -inf = nan. Uniform over 4 tokens gives ln 4; a
+    one-hot-like distribution gives about 0.
     """
     if logits.ndim < 1:
-        raise ValueError("logits must have a vocabulary dimension, got a scalar")
-    logits = _probability_dtype_logits(logits)
+        raise ValueError(
+            "logits must have a vocabulary dimension (shape (..., V)), got a scalar"
+        )
+    logits = _probability_logits(logits, 1.0)
     log_normalizer = torch.logsumexp(logits, dim=-1)
-    expected_logit = (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
+    expected_logit = _expected_logit(torch.softmax(logits, dim=-1), logits)
     return log_normalizer - expected_logit
 
 
-def _chunked_token_entropy(
-    logits: torch.Tensor, log_normalizer: torch.Tensor
+def _expected_logit(probabilities: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """sum_v p_v z_v over the last dim, where a p_v = 0 term counts as 0."""
+    finite_logits = logits.masked_fill(probabilities == 0, 0.0)  # 0 * -inf is nan
+    return (probabilities * finite_logits).sum(dim=-1)
+
+
+def _selected_logits_and_log_normalizer(
+    logits: torch.Tensor, labels: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """z_label / T and logsumexp(z / T) per position, a chunk of rows at a time."""
+    logit_rows = logits.reshape(-1, logits.shape[-1])  # (B*T, V)
+    label_rows = labels.reshape(-1, 1)  # (B*T, 1)
+    dtype = _probability_dtype(logits.dtype)
+    selected = logits.new_empty(label_rows.shape[0], dtype=dtype)  # (B*T,)
+    log_normalizer = torch.empty_like(selected)  # (B*T,)
+    for rows in _row_chunks(*logit_rows.shape):
+        scaled = _probability_logits(logit_rows[rows], temperature)  # (c, V)
+        log_normalizer[rows] = torch.logsumexp(scaled, dim=-1)
+        selected[rows] = scaled.gather(1, label_rows[rows]).squeeze(1)
+    return selected.view(labels.shape), log_normalizer.view(labels.shape)
+
+
+def _log_prob_gradient(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    log_normalizer: torch.Tensor,
+    grad_log_probs: torch.Tensor,
+    temperature: float,
 ) -> torch.Tensor:
-    """No-grad entropy over bounded sequence chunks. (B, T, V) -> (B, T)."""
-    bytes_per_position = logits.shape[0] * logits.shape[-1] * logits.element_size()
-    chunk = max(1, _ENTROPY_WORKSPACE_BYTES // max(1, bytes_per_position))
+    """d/dz of sum g * log p(label): g * (onehot(label) - softmax(z / T)) / T.
+
+    Why: log p(label) = z_label / T - log sum_v exp(z_v / T), so its derivative
+    by z_v is ([v == label] - p_v) / T. softmax(z / T) is recomputed in float32 as
+    exp(z / T - logsumexp) from the saved log-normalizer, a chunk of rows at a
+    time, and written into one (B, T, V) buffer in the logits' dtype. The float32
+    operations are those autograd runs for gather - logsumexp (-g * p, then + g
+    at the label), so the gradient is the same, bit for bit on CPU.
+    """
+    logit_rows = logits.reshape(-1, logits.shape[-1])  # (B*T, V)
+    label_rows = labels.reshape(-1, 1)  # (B*T, 1)
+    normalizer_rows = log_normalizer.reshape(-1, 1)  # (B*T, 1)
+    grad_rows = grad_log_probs.reshape(-1, 1)  # (B*T, 1)
+    grad_logit_rows = torch.empty_like(logit_rows)  # (B*T, V), logits' dtype
+    for rows in _row_chunks(*logit_rows.shape):
+        scaled = _probability_logits(logit_rows[rows], temperature)  # (c, V)
+        probabilities = (scaled - normalizer_rows[rows]).exp_()  # (c, V)
+        grad_chunk = probabilities.mul_(-grad_rows[rows])  # -g * p
+        grad_chunk.scatter_add_(1, label_rows[rows], grad_rows[rows])  # + g at label
+        if temperature != 1.0:
+            grad_chunk.div_(temperature)
+        grad_logit_rows[rows] = grad_chunk
+    return grad_logit_rows.view(logits.shape)
+
+
+class _SelectedLogProb(torch.autograd.Function):
+    """log p(label) = z_label / T - logsumexp(z / T), with a lean chunked backward.
+
+    Autograd on the composite form keeps a float32 copy of half-precision logits
+    and, in backward, builds several (B, T, V) temporaries (one for logsumexp's,
+    one for gather's gradient). Here forward saves the logits it was given (no
+    copy), the labels and the (B, T) log-normalizer; backward writes the gradient
+    chunk by chunk into one buffer. It never writes into the saved logits: the
+    caller may still hold them. Outputs (log_probs, log_normalizer); the second
+    carries no gradient.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, labels, temperature):
+        selected, log_normalizer = _selected_logits_and_log_normalizer(
+            logits, labels, temperature
+        )
+        ctx.save_for_backward(logits, labels, log_normalizer)
+        ctx.temperature = temperature
+        ctx.mark_non_differentiable(log_normalizer)
+        return selected - log_normalizer, log_normalizer
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_log_probs, _grad_log_normalizer):
+        logits, labels, log_normalizer = ctx.saved_tensors
+        grad_logits = _log_prob_gradient(
+            logits, labels, log_normalizer, grad_log_probs, ctx.temperature
+        )
+        return grad_logits, None, None
+
+
+def _chunked_token_entropy(
+    logits: torch.Tensor, log_normalizer: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """No-grad entropy of softmax(z / T), a chunk of rows at a time. -> (B, T).
+
+    H = logsumexp(z / T) - sum_v p_v z_v / T (see :func:`compute_entropy`). It is
+    a reported diagnostic, so it keeps no graph.
+    """
     with torch.no_grad():
-        logits = logits.detach()
-        log_normalizer = log_normalizer.detach()
-        entropy = torch.empty_like(log_normalizer)  # (B, T)
-        for start in range(0, logits.shape[1], chunk):
-            chunk_logits = logits[:, start : start + chunk, :]
-            probabilities = torch.softmax(chunk_logits, dim=-1)
-            expected_logit = probabilities.mul_(chunk_logits).sum(dim=-1)
-            entropy[:, start : start + chunk] = (
-                log_normalizer[:, start : start + chunk] - expected_logit
-            )
-    return entropy
+        logit_rows = logits.detach().reshape(-1, logits.shape[-1])  # (B*T, V)
+        normalizer_rows = log_normalizer.detach().reshape(-1)  # (B*T,)
+        entropy = torch.empty_like(normalizer_rows)  # (B*T,)
+        for rows in _row_chunks(*logit_rows.shape):
+            scaled = _probability_logits(logit_rows[rows], temperature)  # (c, V)
+            probabilities = torch.softmax(scaled, dim=-1)  # (c, V)
+            expected_logit = _expected_logit(probabilities, scaled)  # (c,)
+            entropy[rows] = normalizer_rows[rows] - expected_logit
+    return entropy.view(log_normalizer.shape)
 
 
 def _response_log_probs_from_logits(
-    logits: torch.Tensor, labels: torch.Tensor, return_token_entropy: bool
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    return_token_entropy: bool,
+    temperature: float = 1.0,
 ) -> dict[str, torch.Tensor]:
-    """log p(label) = z_label - logsumexp(z). (B, T, V), (B, T) -> (B, T)."""
-    logits = _probability_dtype_logits(logits)
-    log_normalizer = torch.logsumexp(logits, dim=-1)  # (B, T)
-    selected = logits.gather(dim=-1, index=labels.unsqueeze(-1)).squeeze(-1)  # (B, T)
-    result = {"log_probs": selected - log_normalizer}
+    """log p(label) under softmax(z / T). (B, T, V), (B, T) -> (B, T) float32+."""
+    _check_logits_match_labels(logits, labels)
+    log_probs, log_normalizer = _SelectedLogProb.apply(logits, labels, temperature)
+    result = {"log_probs": log_probs}  # (B, T)
     if return_token_entropy:
-        result["token_entropy"] = _chunked_token_entropy(logits, log_normalizer)
+        result["token_entropy"] = _chunked_token_entropy(
+            logits, log_normalizer, temperature
+        )
     return result
 
 
@@ -80,11 +204,21 @@ def get_response_log_probs(
 ) -> dict[str, torch.Tensor]:
     """Score ``labels`` under ``model``: log p(labels[b, t] | input_ids[b, :t+1]).
 
+    log p(label) = z_label - logsumexp(z), with z the logits at that position.
+    Naive equivalent (the test oracle)::
+
+        logits = model(input_ids).logits.float()  # (B, T, V)
+        torch.log_softmax(logits, dim=-1).gather(-1, labels[..., None]).squeeze(-1)
+
+    Returns ``{"log_probs": (B, T)}`` (float32 for half-precision models) and, with
+    ``return_token_entropy``, ``"token_entropy": (B, T)`` (no gradient).
+
     ``logits_chunk_size``: ``None`` reads ``model.config.grpo_logits_chunk_size``
-    (default 0); 0 runs the model's own forward; a positive size runs the decoder
-    once and the output head on that many positions at a time, each chunk
-    checkpointed so its (B, chunk, V) logits are recomputed in backward instead
-    of kept. Naive equivalent: ``log_softmax(model(input_ids).logits).gather``.
+    (default 0). 0 runs the model's own forward. A positive size (for the model
+    types in ``CHUNKED_HEAD_MODEL_TYPES``) runs the decoder once and the output
+    head on that many positions at a time, each chunk checkpointed so its
+    (B, chunk, V) logits are recomputed in backward instead of kept.
+    Taught in ``notebooks/02_logprobs_and_entropy.ipynb``.
     """
     return score_response_tokens(
         model,
@@ -107,47 +241,89 @@ def score_response_tokens(
     """:func:`get_response_log_probs` under the sampling distribution softmax(z / T).
 
     Rollouts sampled at temperature T come from softmax(logits / T), so ratios and
-    old log-probs must be scored from logits / T too (as TRL does). T = 1 is
+    old log-probs must be scored from logits / T too (as TRL does). Naive form:
+    ``log_softmax(logits / T).gather``; entropy is that of softmax(z / T). T = 1 is
     exactly :func:`get_response_log_probs`.
     """
-    if logits_chunk_size is None:
-        logits_chunk_size = getattr(
-            getattr(model, "config", None), "grpo_logits_chunk_size", 0
+    chunk_size = _resolved_chunk_size(model, logits_chunk_size)
+    _check_temperature(temperature)
+    _check_labels_match_input_ids(input_ids, labels)
+    if chunk_size == 0:
+        logits = model(input_ids).logits  # (B, T, V)
+        return _response_log_probs_from_logits(
+            logits, labels, return_token_entropy, temperature
         )
+    decoder, output_head = _decoder_and_head(model)
+    hidden_states = decoder(input_ids=input_ids, use_cache=False).last_hidden_state
+
+    def score_logits(logits, label_chunk):
+        return _response_log_probs_from_logits(
+            logits, label_chunk, return_token_entropy, temperature
+        )
+
+    return _score_hidden_in_chunks(
+        output_head, score_logits, hidden_states, labels, chunk_size
+    )
+
+
+def _resolved_chunk_size(model: torch.nn.Module, logits_chunk_size) -> int:
+    if logits_chunk_size is None:
+        config = getattr(model, "config", None)
+        logits_chunk_size = getattr(config, "grpo_logits_chunk_size", 0)
     if (
         not isinstance(logits_chunk_size, int)
         or isinstance(logits_chunk_size, bool)
         or logits_chunk_size < 0
     ):
         raise ValueError(
-            "logits_chunk_size must be a nonnegative integer, "
-            f"got {logits_chunk_size!r}"
+            "logits_chunk_size must be a nonnegative int (0: the model's forward; "
+            f"N > 0: N positions per output-head chunk), got {logits_chunk_size!r}"
         )
-    if not temperature > 0:
-        raise ValueError(f"temperature must be positive, got {temperature!r}")
-    if logits_chunk_size == 0:
-        logits = _scaled(model(input_ids).logits, temperature)  # (B, T, V)
-        return _response_log_probs_from_logits(logits, labels, return_token_entropy)
-    decoder, output_head = _decoder_and_head(model)
-    hidden_states = decoder(input_ids=input_ids, use_cache=False).last_hidden_state
-
-    def scaled_head(hidden):
-        return _scaled(output_head(hidden), temperature)
-
-    return _score_hidden_in_chunks(
-        scaled_head, hidden_states, labels, logits_chunk_size, return_token_entropy
-    )
+    return logits_chunk_size
 
 
-def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    if temperature == 1.0:
-        return logits
-    return _probability_dtype_logits(logits) / temperature
+def _check_temperature(temperature) -> None:
+    if (
+        not isinstance(temperature, (int, float))
+        or isinstance(temperature, bool)
+        or not math.isfinite(temperature)
+        or temperature <= 0
+    ):
+        raise ValueError(
+            f"temperature must be a finite number > 0, got {temperature!r}"
+        )
+
+
+def _check_labels_match_input_ids(
+    input_ids: torch.Tensor, labels: torch.Tensor
+) -> None:
+    if labels.shape != input_ids.shape:
+        raise ValueError(
+            f"labels must have the shape of input_ids {tuple(input_ids.shape)}, "
+            f"got {tuple(labels.shape)}"
+        )
+    if labels.dtype != torch.long:
+        raise ValueError(f"labels must be torch.int64 token ids, got {labels.dtype}")
+
+
+def _check_logits_match_labels(logits: torch.Tensor, labels: torch.Tensor) -> None:
+    if logits.shape[:-1] != labels.shape:
+        raise ValueError(
+            f"logits must have shape {(*labels.shape, 'V')} to match labels, "
+            f"got {tuple(logits.shape)}"
+        )
+    vocab_size = logits.shape[-1]
+    if ((labels < 0) | (labels >= vocab_size)).any():
+        raise ValueError(
+            f"labels must be token ids in [0, {vocab_size}), got values in "
+            f"[{labels.min().item()}, {labels.max().item()}]"
+        )
 
 
 def _decoder_and_head(
     model: torch.nn.Module,
 ) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """model.model and the output head, for a type in CHUNKED_HEAD_MODEL_TYPES."""
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     decoder = getattr(model, "model", None)
     get_head = getattr(model, "get_output_embeddings", None)
@@ -158,24 +334,26 @@ def _decoder_and_head(
         or not isinstance(head, torch.nn.Module)
     ):
         raise ValueError(
-            "Chunked log probabilities require a model whose logits are exactly "
-            f"lm_head(hidden) ({', '.join(sorted(CHUNKED_HEAD_MODEL_TYPES))}) with "
-            f"model.model and an output head; got model_type={model_type!r}"
+            "logits_chunk_size > 0 needs a causal LM whose logits are exactly "
+            "lm_head(model.model(...)): model_type in "
+            f"{sorted(CHUNKED_HEAD_MODEL_TYPES)} with .model and an output head; "
+            f"got {type(model).__name__} with model_type={model_type!r}. "
+            "Use logits_chunk_size=0."
         )
     return decoder, head
 
 
 def _score_hidden_in_chunks(
-    output_head: Callable[[torch.Tensor], torch.Tensor],
+    output_head: torch.nn.Module,
+    score_logits: Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]],
     hidden_states: torch.Tensor,
     labels: torch.Tensor,
     chunk_size: int,
-    return_token_entropy: bool,
 ) -> dict[str, torch.Tensor]:
+    """Run head + scoring on ``chunk_size`` positions at a time; concat on dim 1."""
+
     def score_chunk(hidden_chunk, label_chunk):
-        return _response_log_probs_from_logits(
-            output_head(hidden_chunk), label_chunk, return_token_entropy
-        )
+        return score_logits(output_head(hidden_chunk), label_chunk)
 
     chunks = []
     for start in range(0, hidden_states.shape[1], chunk_size):

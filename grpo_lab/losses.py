@@ -13,6 +13,8 @@ import torch
 REWEIGHTING_METHODS = ("none", "noclip", "grpo", "gspo")
 LOSS_NORMALIZATIONS = ("sequence", "constant")
 
+LossAndDiagnostics = tuple[torch.Tensor, dict[str, torch.Tensor]]
+
 
 def compute_policy_gradient_loss(
     raw_rewards_or_advantages: torch.Tensor,
@@ -25,14 +27,22 @@ def compute_policy_gradient_loss(
     """Per-token loss (B, T) to minimise, and detached diagnostics.
 
     none:   -A * log pi                      (on-policy REINFORCE)
-    noclip: -A * w,  w = pi / pi_old         (per-token importance weight)
-    grpo:   -min(A * w, A * clip(w, 1 - eps, 1 + eps))
-    gspo:   the same with one ratio per response, s = exp(mean_t log w_t)
+    noclip: -A * w,  w = exp(log pi - log pi_old)   (per-token importance weight)
+    grpo:   -min(A * w, A * clip(w, 1 - eps, 1 + eps))   (PPO's clipped objective)
+    gspo:   the grpo formula with one ratio per response,
+            s = exp(mean over response tokens of log w), repeated on every token.
+
+    A is (B,) or (B, 1); eps is ``cliprange``; old log-probs get no gradient.
+    Diagnostics are means over ``response_mask`` tokens (every token when the mask
+    is None). ``clip_count`` counts only the clips that remove a gradient: A > 0
+    with ratio > 1 + eps, or A < 0 with ratio < 1 - eps; elsewhere min() keeps the
+    unclipped term. Half-precision log-probs are computed in float32, because
+    bfloat16 cannot represent GSPO's 1 +/- 3e-4 bounds.
     """
-    _check_loss_inputs(
-        raw_rewards_or_advantages,
-        policy_log_probs,
+    _check_loss_shapes(raw_rewards_or_advantages, policy_log_probs, response_mask)
+    _check_reweighting_inputs(
         importance_reweighting_method,
+        policy_log_probs,
         old_log_probs,
         cliprange,
         response_mask,
@@ -46,12 +56,9 @@ def compute_policy_gradient_loss(
         response_mask.bool()
         if response_mask is not None
         else torch.ones_like(policy_log_probs, dtype=torch.bool)
-    )
+    )  # (B, T)
     if importance_reweighting_method == "none":
-        per_token_loss = -advantages * policy_log_probs  # (B, T)
-        return per_token_loss, {
-            "on_policy_loss_mean": _token_mean(per_token_loss, token_mask)
-        }
+        return _reinforce_loss(advantages, policy_log_probs, token_mask)
     log_ratio = policy_log_probs - old_log_probs.detach()  # (B, T)
     if importance_reweighting_method == "noclip":
         return _noclip_loss(advantages, log_ratio, token_mask)
@@ -61,13 +68,25 @@ def compute_policy_gradient_loss(
 
 
 def _token_mean(values: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
+    """Detached mean of values over masked-in tokens (0 when there are none)."""
     count = token_mask.sum().detach()
     return values.detach().masked_fill(~token_mask, 0.0).sum() / count.clamp_min(1)
 
 
-def _noclip_loss(advantages, log_ratio, token_mask):
+def _reinforce_loss(
+    advantages: torch.Tensor, policy_log_probs: torch.Tensor, token_mask: torch.Tensor
+) -> LossAndDiagnostics:
+    per_token_loss = -advantages * policy_log_probs  # (B, T)
+    return per_token_loss, {
+        "on_policy_loss_mean": _token_mean(per_token_loss, token_mask)
+    }
+
+
+def _noclip_loss(
+    advantages: torch.Tensor, log_ratio: torch.Tensor, token_mask: torch.Tensor
+) -> LossAndDiagnostics:
     weights = torch.exp(log_ratio)  # (B, T)
-    per_token_loss = -advantages * weights
+    per_token_loss = -advantages * weights  # (B, T)
     return per_token_loss, {
         "importance_ratio_mean": _token_mean(weights, token_mask),
         "importance_ratio_count": token_mask.sum().detach(),
@@ -75,7 +94,9 @@ def _noclip_loss(advantages, log_ratio, token_mask):
     }
 
 
-def _clip_removes_gradient(advantages, ratio, cliprange):
+def _clip_removes_gradient(
+    advantages: torch.Tensor, ratio: torch.Tensor, cliprange: float
+) -> torch.Tensor:
     # A clip only matters when it removes the gradient: A > 0 above 1 + eps,
     # or A < 0 below 1 - eps. Elsewhere min() keeps the unclipped term.
     return ((advantages > 0) & (ratio > 1 + cliprange)) | (
@@ -83,13 +104,18 @@ def _clip_removes_gradient(advantages, ratio, cliprange):
     )
 
 
-def _grpo_clip_loss(advantages, log_ratio, token_mask, cliprange):
+def _grpo_clip_loss(
+    advantages: torch.Tensor,
+    log_ratio: torch.Tensor,
+    token_mask: torch.Tensor,
+    cliprange: float,
+) -> LossAndDiagnostics:
     ratio = torch.exp(log_ratio)  # (B, T)
-    clipped_ratio = torch.clamp(ratio, min=1 - cliprange, max=1 + cliprange)
+    clipped_ratio = torch.clamp(ratio, min=1 - cliprange, max=1 + cliprange)  # (B, T)
     per_token_loss = -torch.minimum(advantages * ratio, advantages * clipped_ratio)
     token_count = token_mask.sum().detach()
     clip_count = (
-        token_mask & _clip_removes_gradient(advantages, ratio, cliprange)
+        _clip_removes_gradient(advantages, ratio, cliprange)
     ).sum()
     return per_token_loss, {
         "clip_fraction": (clip_count / token_count.clamp_min(1)).detach(),
@@ -101,24 +127,28 @@ def _grpo_clip_loss(advantages, log_ratio, token_mask, cliprange):
     }
 
 
-def _gspo_clip_loss(advantages, log_ratio, token_mask, cliprange):
+def _gspo_clip_loss(
+    advantages: torch.Tensor,
+    log_ratio: torch.Tensor,
+    token_mask: torch.Tensor,
+    cliprange: float,
+) -> LossAndDiagnostics:
     lengths = token_mask.sum(dim=1, keepdim=True)  # (B, 1)
     mean_log_ratio = log_ratio.masked_fill(~token_mask, 0.0).sum(
         dim=1, keepdim=True
     ) / lengths.clamp_min(1)  # (B, 1)
     ratio = torch.exp(mean_log_ratio)  # (B, 1): geometric mean of token ratios
-    clipped_ratio = torch.clamp(ratio, min=1 - cliprange, max=1 + cliprange)
+    clipped_ratio = torch.clamp(ratio, min=1 - cliprange, max=1 + cliprange)  # (B, 1)
     sequence_loss = -torch.minimum(advantages * ratio, advantages * clipped_ratio)
     # Sequence aggregation averages these repeated values: no second length divide.
     per_token_loss = sequence_loss.expand_as(log_ratio)  # (B, T)
-    valid = lengths > 0  # (B, 1)
+    valid = lengths > 0  # (B, 1): responses with at least one token
     sequence_count = valid.sum()
     clip_count = (_clip_removes_gradient(advantages, ratio, cliprange) & valid).sum()
 
-    def sequence_mean(values):
-        return values.detach().masked_fill(
-            ~valid, 0.0
-        ).sum() / sequence_count.clamp_min(1)
+    def sequence_mean(values: torch.Tensor) -> torch.Tensor:
+        masked = values.detach().masked_fill(~valid, 0.0)
+        return masked.sum() / sequence_count.clamp_min(1)
 
     return per_token_loss, {
         "importance_ratio_mean": sequence_mean(ratio),
@@ -131,14 +161,11 @@ def _gspo_clip_loss(advantages, log_ratio, token_mask, cliprange):
     }
 
 
-def _check_loss_inputs(
-    advantages, policy_log_probs, method, old_log_probs, cliprange, response_mask
-):
-    if method not in REWEIGHTING_METHODS:
-        raise ValueError(
-            f"importance_reweighting_method must be one of {REWEIGHTING_METHODS}, "
-            f"got {method!r}"
-        )
+def _check_loss_shapes(
+    advantages: torch.Tensor,
+    policy_log_probs: torch.Tensor,
+    response_mask: torch.Tensor | None,
+) -> None:
     if policy_log_probs.ndim != 2:
         raise ValueError(
             "policy_log_probs must have shape (batch_size, sequence_length), got "
@@ -158,13 +185,30 @@ def _check_loss_inputs(
         )
     if advantages.shape[0] != policy_log_probs.shape[0]:
         raise ValueError(
-            f"raw_rewards_or_advantages has batch size {advantages.shape[0]} but "
-            f"policy_log_probs has {policy_log_probs.shape[0]}"
+            f"raw_rewards_or_advantages must have batch size "
+            f"{policy_log_probs.shape[0]} like policy_log_probs, "
+            f"got {advantages.shape[0]}"
+        )
+
+
+def _check_reweighting_inputs(
+    method: str,
+    policy_log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor | None,
+    cliprange: float | None,
+    response_mask: torch.Tensor | None,
+) -> None:
+    if method not in REWEIGHTING_METHODS:
+        raise ValueError(
+            f"importance_reweighting_method must be one of {REWEIGHTING_METHODS}, "
+            f"got {method!r}"
         )
     if method == "none":
         return
     if old_log_probs is None:
-        raise ValueError(f"old_log_probs must be provided for {method!r} reweighting")
+        raise ValueError(
+            f"old_log_probs must be a tensor for {method!r} reweighting, got None"
+        )
     if old_log_probs.shape != policy_log_probs.shape:
         raise ValueError(
             f"old_log_probs must have shape {tuple(policy_log_probs.shape)} like "
@@ -175,7 +219,9 @@ def _check_loss_inputs(
             f"cliprange must be positive for {method!r}, got {cliprange!r}"
         )
     if method == "gspo" and response_mask is None:
-        raise ValueError("response_mask must be provided for 'gspo' reweighting")
+        raise ValueError(
+            "response_mask must be a tensor for 'gspo' reweighting, got None"
+        )
 
 
 def aggregate_loss_across_microbatch(
@@ -186,7 +232,7 @@ def aggregate_loss_across_microbatch(
 ) -> torch.Tensor:
     """Reduce a (B, T) per-token loss to a scalar.
 
-    sequence: mean over responses of (sum_t loss * mask / |o_i|)   (GRPO)
+    sequence: mean over responses of (sum_t loss * mask / max(|o_i|, 1))   (GRPO)
     constant: sum over all tokens of loss * mask / normalization_constant
               (Dr. GRPO: no per-response length divisor, hence no length bias)
     """
@@ -205,13 +251,17 @@ def aggregate_loss_across_microbatch(
         response_lengths = mask.sum(dim=1).clamp_min(1)  # (B,)
         return (masked_loss.sum(dim=1) / response_lengths).mean()
     if loss_normalization == "constant":
-        if normalization_constant is None or normalization_constant <= 0:
-            raise ValueError(
-                "normalization_constant must be positive for constant normalization, "
-                f"got {normalization_constant!r}"
-            )
+        _check_normalization_constant(normalization_constant)
         return masked_loss.sum() / normalization_constant
     raise ValueError(
         f"loss_normalization must be one of {LOSS_NORMALIZATIONS}, "
         f"got {loss_normalization!r}"
     )
+
+
+def _check_normalization_constant(normalization_constant: float | None) -> None:
+    if normalization_constant is None or normalization_constant <= 0:
+        raise ValueError(
+            "normalization_constant must be positive for constant normalization, "
+            f"got {normalization_constant!r}"
+        )

@@ -1,15 +1,20 @@
 """Tiny offline tokenizers and causal LMs, and the real-model loading path.
 
 Nothing here downloads: tests, CI and the CPU profile build everything locally.
-Taught in ``notebooks/00_welcome_and_setup.ipynb``.
+The character tokenizer makes every string one token per character, so text and
+token ids convert both ways without surprises; the byte-level BPE tokenizer
+behaves like a real one (several characters per token, and decode -> encode need
+not give back the sampled ids). Taught in ``notebooks/00_welcome_and_setup.ipynb``.
 """
 
 from __future__ import annotations
 
+import random
 import string
+from collections.abc import Callable, Iterable
 
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -19,10 +24,18 @@ from transformers import (
     PreTrainedTokenizerFast,
     Qwen2Config,
 )
+from transformers.models.auto.tokenization_auto import get_tokenizer_config
 
 PAD_TOKEN = "<pad>"
 EOS_TOKEN = "<eos>"
 DEFAULT_CHARACTERS = string.digits + string.ascii_letters + string.punctuation + " \n"
+BYTE_LEVEL_ALPHABET_SIZE = 256
+GENERIC_TOKENIZER_CLASSES = frozenset({"TokenizersBackend", "PreTrainedTokenizerFast"})
+_CORPUS_WORDS = (
+    "the answer is a number sum of and plus minus times equals reverse digits "
+    "what let then so we get first add subtract multiply divide total each "
+    "step think check result question problem solve find value"
+)
 
 
 def build_char_tokenizer(
@@ -37,11 +50,79 @@ def build_char_tokenizer(
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=None))
     backend.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
     backend.decoder = decoders.Fuse()
+    return _wrap_tokenizer(backend)
+
+
+def build_bpe_tokenizer(
+    vocab_size: int = 512,
+    corpus: Iterable[str] | None = None,
+    seed: int = 0,
+) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained here, in well under a second.
+
+    Byte-level: any text encodes (unknown characters fall back to their UTF-8
+    bytes), like GPT-2, Qwen2 or OLMo2 tokenizers. ``<pad>`` is id 0, ``<eos>`` id
+    1, then the 256 byte tokens, then merges learnt from ``corpus`` (default:
+    :func:`tokenizer_training_corpus` with ``seed``: numbers, arithmetic, words
+    and math text). The same arguments always give the same tokenizer.
+    """
+    minimum = 2 + BYTE_LEVEL_ALPHABET_SIZE
+    if vocab_size < minimum:
+        raise ValueError(
+            f"vocab_size must be at least {minimum} (2 special tokens + 256 bytes), "
+            f"got {vocab_size}"
+        )
+    texts = list(corpus) if corpus is not None else tokenizer_training_corpus(seed)
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[PAD_TOKEN, EOS_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        min_frequency=2,
+        show_progress=False,
+    )
+    backend.train_from_iterator(texts, trainer=trainer)
+    return _wrap_tokenizer(backend)
+
+
+def tokenizer_training_corpus(seed: int = 0, num_lines: int = 2000) -> list[str]:
+    """Deterministic lines of numbers, arithmetic, words and math text."""
+    rng = random.Random(seed)
+    makers = (_arithmetic_line, _digits_line, _words_line, _math_line)
+    return [makers[index % len(makers)](rng) for index in range(num_lines)]
+
+
+def _arithmetic_line(rng: random.Random) -> str:
+    a, b = rng.randint(0, 99), rng.randint(0, 99)
+    return f"What is {a} + {b}? {a} + {b} = {a + b}"
+
+
+def _digits_line(rng: random.Random) -> str:
+    digits = "".join(rng.choice(string.digits) for _ in range(5))
+    return f"Reverse {digits}: {digits[::-1]}"
+
+
+def _words_line(rng: random.Random) -> str:
+    return " ".join(rng.choices(_CORPUS_WORDS.split(), k=8)).capitalize() + "."
+
+
+def _math_line(rng: random.Random) -> str:
+    x, y = rng.randint(1, 20), rng.randint(1, 20)
+    return (
+        f"<think> Let x = {x}, so {y}x = {x * y}. </think> "
+        f"<answer> \\boxed{{{x * y}}} </answer>"
+    )
+
+
+def _wrap_tokenizer(backend: Tokenizer) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,
         pad_token=PAD_TOKEN,
         eos_token=EOS_TOKEN,
         padding_side="left",
+        clean_up_tokenization_spaces=False,
     )
 
 
@@ -56,7 +137,11 @@ def build_tiny_qwen2(
     seed: int = 0,
     tie_word_embeddings: bool = True,
 ) -> PreTrainedModel:
-    """A Qwen2-shaped causal LM with random weights, identical for a given seed."""
+    """A Qwen2-shaped causal LM with random weights, identical for a given seed.
+
+    The vocabulary is the tokenizer's; the global torch RNG is left untouched.
+    """
+    _check_sizes(hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size)
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
@@ -82,7 +167,12 @@ def build_tiny_olmo2(
     max_position_embeddings: int = 256,
     seed: int = 0,
 ) -> PreTrainedModel:
-    """An OLMo2-shaped causal LM with random weights, identical for a given seed."""
+    """An OLMo2-shaped causal LM with random weights, identical for a given seed.
+
+    OLMo2 normalizes queries and keys and places its norms after each block; its
+    logits are exactly lm_head(hidden), so chunked scoring applies to it.
+    """
+    _check_sizes(hidden_size, num_layers, num_heads, num_heads, intermediate_size)
     config = Olmo2Config(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
@@ -98,6 +188,54 @@ def build_tiny_olmo2(
     return _seeded_model(config, seed)
 
 
+TINY_MODEL_BUILDERS: dict[str, Callable[..., PreTrainedModel]] = {
+    "qwen2": build_tiny_qwen2,
+    "olmo2": build_tiny_olmo2,
+}
+
+
+def build_tiny_model(
+    architecture: str, tokenizer: PreTrainedTokenizerBase, **sizes: int
+) -> PreTrainedModel:
+    """``build_tiny_qwen2`` or ``build_tiny_olmo2`` by name; ``sizes`` go through."""
+    if architecture not in TINY_MODEL_BUILDERS:
+        raise ValueError(
+            f"architecture must be one of {tuple(TINY_MODEL_BUILDERS)}, "
+            f"got {architecture!r}"
+        )
+    return TINY_MODEL_BUILDERS[architecture](tokenizer, **sizes)
+
+
+def _check_sizes(
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    intermediate_size: int,
+) -> None:
+    sizes = {
+        "hidden_size": hidden_size,
+        "num_layers": num_layers,
+        "num_heads": num_heads,
+        "num_kv_heads": num_kv_heads,
+        "intermediate_size": intermediate_size,
+    }
+    for name, value in sizes.items():
+        if value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value}")
+    if hidden_size % num_heads or (hidden_size // num_heads) % 2:
+        raise ValueError(
+            "hidden_size must be num_heads times an even head size (rotary "
+            f"embeddings rotate pairs), got hidden_size={hidden_size} and "
+            f"num_heads={num_heads}"
+        )
+    if num_heads % num_kv_heads:
+        raise ValueError(
+            f"num_heads must be a multiple of num_kv_heads, got num_heads="
+            f"{num_heads} and num_kv_heads={num_kv_heads}"
+        )
+
+
 def _seeded_model(config, seed: int) -> PreTrainedModel:
     # Fork only the CPU generator: weights are created on the CPU.
     with torch.random.fork_rng(devices=[]):
@@ -108,9 +246,31 @@ def _seeded_model(config, seed: int) -> PreTrainedModel:
 def load_pretrained(
     name_or_path: str, dtype: torch.dtype | str = "auto", **kwargs
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The real-model path: ``AutoModelForCausalLM.from_pretrained`` unchanged."""
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    """The real-model path: ``from_pretrained`` on a hub name or a local directory.
+
+    Returns (model, tokenizer from :func:`load_tokenizer`). ``dtype="auto"`` keeps
+    the checkpoint's dtype; other keyword arguments go to
+    ``AutoModelForCausalLM.from_pretrained``.
+    """
+    tokenizer = load_tokenizer(name_or_path)
     model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **kwargs)
+    return model, tokenizer
+
+
+def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
+    """``AutoTokenizer.from_pretrained``, except for generic saved tokenizers.
+
+    A directory whose tokenizer was saved as the generic ``tokenizers`` wrapper
+    (the tokenizers of this module) is loaded as exactly that: next to a Qwen2
+    config, ``AutoTokenizer`` would rebuild it as a Qwen2 tokenizer with Qwen2's
+    pre-tokenizer, which changes its ids. A tokenizer without a pad token pads
+    with its eos token.
+    """
+    tokenizer_class = get_tokenizer_config(name_or_path).get("tokenizer_class")
+    if tokenizer_class in GENERIC_TOKENIZER_CLASSES:
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(name_or_path)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return model, tokenizer
+    return tokenizer

@@ -5,7 +5,9 @@ Taught in ``notebooks/07_training_step.ipynb``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -15,15 +17,31 @@ from grpo_lab.advantages import (
     compute_group_normalized_rewards,
     compute_rollout_rewards,
 )
-from grpo_lab.logprobs import get_response_log_probs
+from grpo_lab.logprobs import score_response_tokens
 from grpo_lab.losses import (
     LOSS_NORMALIZATIONS,
+    REWEIGHTING_METHODS,
     aggregate_loss_across_microbatch,
     compute_policy_gradient_loss,
 )
 from grpo_lab.masks import tokenize_prompt_and_output
 
+BATCH_KEYS = ("input_ids", "labels", "response_mask")
 _COUNT_KEYS = ("clip_count", "clip_total", "importance_ratio_count")
+
+StepResult = tuple[torch.Tensor, dict[str, torch.Tensor | float]]
+
+
+@dataclass(frozen=True)
+class _UpdateSettings:
+    """How each microbatch is scored and reduced (the loss-side arguments)."""
+
+    method: str
+    cliprange: float | None
+    loss_normalization: str
+    normalization_constant: int | None
+    temperature: float = 1.0
+    logits_chunk_size: int | None = None
 
 
 def grpo_train_step(
@@ -46,70 +64,55 @@ def grpo_train_step(
     loss_normalization: Literal["sequence", "constant"] = "sequence",
     normalization_constant: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
-    """Rewards -> group advantages -> tokens -> :func:`policy_gradient_update`."""
+    """One GRPO step from texts: rewards -> group advantages -> tokens -> update.
+
+    Rewards are scored once for the whole batch, advantages are normalized within
+    groups of ``group_size`` consecutive responses, and the texts are tokenized
+    with :func:`tokenize_prompt_and_output`; the step itself is
+    :func:`policy_gradient_update`. When every advantage is zero nothing is
+    tokenized or scored and the optimizer does not step. Metadata holds the reward
+    and advantage statistics and the update's diagnostics.
+    """
     batch_size = len(rollout_responses)
-    if batch_size == 0:
-        raise ValueError("rollout_responses must not be empty")
-    if len(repeated_prompts) != batch_size or len(repeated_ground_truths) != batch_size:
-        raise ValueError(
-            "repeated_prompts, rollout_responses and repeated_ground_truths must have "
-            f"the same length, got {len(repeated_prompts)}, {batch_size} and "
-            f"{len(repeated_ground_truths)}"
-        )
-    if group_size <= 0 or batch_size % group_size != 0:
-        raise ValueError(
-            f"group_size must be positive and divide the batch size {batch_size}, "
-            f"got {group_size}"
-        )
-    _check_update_settings(
-        gradient_accumulation_steps,
-        batch_size,
+    _check_rollout_lists(
+        repeated_prompts, rollout_responses, repeated_ground_truths, group_size
+    )
+    settings = _UpdateSettings(
+        importance_reweighting_method,
+        cliprange,
         loss_normalization,
         normalization_constant,
     )
+    _check_update_settings(
+        gradient_accumulation_steps, batch_size, settings, old_log_probs
+    )
     raw_rewards, reward_metadata = compute_rollout_rewards(
         reward_fn, rollout_responses, repeated_ground_truths
-    )
+    )  # (B,)
     advantages, advantage_metadata = compute_group_normalized_rewards(
         raw_rewards, group_size, baseline, advantage_eps, advantage_normalizer
-    )
-    batch = tokenize_prompt_and_output(repeated_prompts, rollout_responses, tokenizer)
-    loss, update_metadata = policy_gradient_update(
-        model,
-        optimizer,
-        gradient_accumulation_steps,
-        max_grad_norm,
-        batch,
-        advantages,
-        importance_reweighting_method=importance_reweighting_method,
-        old_log_probs=old_log_probs,
-        cliprange=cliprange,
-        loss_normalization=loss_normalization,
-        normalization_constant=normalization_constant,
-    )
+    )  # (B,)
+    if not (advantages != 0).any():
+        optimizer.zero_grad(set_to_none=True)
+        loss, update_metadata = _skipped_step(settings.method, _device_of(model))
+    else:
+        batch = tokenize_prompt_and_output(
+            repeated_prompts, rollout_responses, tokenizer
+        )  # (B, T) each
+        loss, update_metadata = policy_gradient_update(
+            model,
+            optimizer,
+            gradient_accumulation_steps,
+            max_grad_norm,
+            batch,
+            advantages,
+            importance_reweighting_method,
+            old_log_probs,
+            cliprange,
+            loss_normalization,
+            normalization_constant,
+        )
     return loss, {**reward_metadata, **advantage_metadata, **update_metadata}
-
-
-def _check_update_settings(
-    gradient_accumulation_steps, batch_size, loss_normalization, normalization_constant
-):
-    if not 1 <= gradient_accumulation_steps <= batch_size:
-        raise ValueError(
-            f"gradient_accumulation_steps must be between 1 and the batch size "
-            f"{batch_size}, got {gradient_accumulation_steps}"
-        )
-    if loss_normalization not in LOSS_NORMALIZATIONS:
-        raise ValueError(
-            f"loss_normalization must be one of {LOSS_NORMALIZATIONS}, "
-            f"got {loss_normalization!r}"
-        )
-    if loss_normalization == "constant" and (
-        normalization_constant is None or normalization_constant <= 0
-    ):
-        raise ValueError(
-            "normalization_constant must be positive for constant normalization, "
-            f"got {normalization_constant!r}"
-        )
 
 
 def policy_gradient_update(
@@ -117,62 +120,65 @@ def policy_gradient_update(
     optimizer: torch.optim.Optimizer,
     gradient_accumulation_steps: int,
     max_grad_norm: float | None,
-    batch: dict[str, torch.Tensor],
+    batch: Mapping[str, torch.Tensor],
     advantages: torch.Tensor,
     importance_reweighting_method: Literal["none", "noclip", "grpo", "gspo"] = "none",
     old_log_probs: torch.Tensor | None = None,
     cliprange: float | None = None,
     loss_normalization: Literal["sequence", "constant"] = "sequence",
     normalization_constant: int | None = None,
+    *,
+    temperature: float = 1.0,
+    logits_chunk_size: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
     """One optimizer step on a tokenized batch with precomputed advantages.
 
-    ``batch`` holds ``input_ids``, ``labels`` and ``response_mask``, each (B, T).
-    Responses with zero advantage are not scored (their gradient is exactly zero)
-    but still count in the divisor. Raises before ``optimizer.step`` if a loss,
-    diagnostic or gradient norm is non-finite.
+    ``batch`` holds ``input_ids``, ``labels`` and ``response_mask``, each (B, T),
+    as made by :func:`grpo_lab.masks.pad_prompt_and_response_ids`; ``advantages``
+    is (B,) and ``old_log_probs`` (B, T). The loss is
+
+        sequence: sum over microbatches m of  (|m| / B) * mean_{i in m} loss_i
+        constant: sum over microbatches m of  sum_{i in m, t} loss_it / C
+
+    which equals the full-batch loss for any ``gradient_accumulation_steps``
+    (microbatches of ceil(B / steps) rows). Responses with zero advantage are not
+    scored, since their gradient is exactly zero, but still count in B. Tokens
+    are scored from ``logits / temperature``, the distribution rollouts sampled
+    at that temperature come from; ``logits_chunk_size`` is passed to
+    :func:`grpo_lab.logprobs.score_response_tokens`.
+
+    Raises ``RuntimeError`` before ``optimizer.step`` (parameters untouched) if a
+    loss, a diagnostic mean or the gradient norm is not finite. When every
+    advantage is zero the optimizer does not step and ``optimizer_step`` is 0.
     """
-    batch_size = advantages.shape[0]
-    _check_update_settings(
-        gradient_accumulation_steps,
-        batch_size,
+    settings = _UpdateSettings(
+        importance_reweighting_method,
+        cliprange,
         loss_normalization,
         normalization_constant,
+        temperature,
+        logits_chunk_size,
     )
-    device = next(model.parameters()).device
+    batch_size = _check_batch(batch, advantages, old_log_probs)
+    _check_update_settings(
+        gradient_accumulation_steps, batch_size, settings, old_log_probs
+    )
+    device = _device_of(model)
     optimizer.zero_grad(set_to_none=True)
     active_indices = torch.nonzero(advantages != 0, as_tuple=False).flatten()
     if active_indices.numel() == 0:
-        return _skipped_step(importance_reweighting_method, device)
-    active = {
-        key: value.index_select(0, active_indices) for key, value in batch.items()
-    }
-    active["advantages"] = advantages.index_select(0, active_indices)
-    if old_log_probs is not None:
-        if old_log_probs.ndim != 2 or old_log_probs.shape[0] != batch_size:
-            raise ValueError(
-                "old_log_probs must have shape (batch_size, sequence_length) with "
-                f"batch_size {batch_size}, got {tuple(old_log_probs.shape)}"
-            )
-        active["old_log_probs"] = old_log_probs.index_select(
-            0, active_indices.to(old_log_probs.device)
-        )
+        return _skipped_step(settings.method, device)
+    active = _select_rows(batch, advantages, old_log_probs, active_indices)
     # Keep the configured microbatch size; fewer active rows mean fewer microbatches.
     microbatch_size = -(-batch_size // gradient_accumulation_steps)
     accumulator = _DiagnosticAccumulator(device)
     for rows in torch.arange(active_indices.numel()).split(microbatch_size):
-        microbatch = {key: value[rows].to(device) for key, value in active.items()}
+        microbatch = {
+            key: value.index_select(0, rows.to(value.device)).to(device)
+            for key, value in active.items()
+        }
         scale = rows.numel() / batch_size if loss_normalization == "sequence" else 1.0
-        _backward_microbatch(
-            model,
-            microbatch,
-            scale,
-            accumulator,
-            importance_reweighting_method,
-            cliprange,
-            loss_normalization,
-            normalization_constant,
-        )
+        _backward_microbatch(model, microbatch, scale, accumulator, settings)
     gradient_norm = _checked_gradient_norm(model, max_grad_norm, device)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -185,37 +191,74 @@ def policy_gradient_update(
     return metadata["loss"], metadata
 
 
+def _device_of(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _select_rows(
+    batch: Mapping[str, torch.Tensor],
+    advantages: torch.Tensor,
+    old_log_probs: torch.Tensor | None,
+    indices: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """The rows ``indices`` of every per-response tensor, keyed by name."""
+    tensors = {key: batch[key] for key in BATCH_KEYS}
+    tensors["advantages"] = advantages
+    if old_log_probs is not None:
+        tensors["old_log_probs"] = old_log_probs
+    return {
+        key: value.index_select(0, indices.to(value.device))
+        for key, value in tensors.items()
+    }
+
+
 def _backward_microbatch(
-    model,
-    microbatch,
-    scale,
-    accumulator,
-    method,
-    cliprange,
-    loss_normalization,
-    normalization_constant,
-):
-    scored = get_response_log_probs(
-        model, microbatch["input_ids"], microbatch["labels"], return_token_entropy=True
+    model: torch.nn.Module,
+    microbatch: dict[str, torch.Tensor],
+    scale: float,
+    accumulator: _DiagnosticAccumulator,
+    settings: _UpdateSettings,
+) -> None:
+    """Score one microbatch, check it is finite, backpropagate loss * scale."""
+    scored = score_response_tokens(
+        model,
+        microbatch["input_ids"],
+        microbatch["labels"],
+        return_token_entropy=True,
+        logits_chunk_size=settings.logits_chunk_size,
+        temperature=settings.temperature,
     )
     mask = microbatch["response_mask"]  # (b, T)
     per_token_loss, loss_metadata = compute_policy_gradient_loss(
         microbatch["advantages"],
         scored["log_probs"],
-        method,
+        settings.method,
         microbatch.get("old_log_probs"),
-        cliprange,
+        settings.cliprange,
         mask,
-    )
+    )  # (b, T)
     loss = (
         aggregate_loss_across_microbatch(
-            per_token_loss, mask, loss_normalization, normalization_constant
+            per_token_loss,
+            mask,
+            settings.loss_normalization,
+            settings.normalization_constant,
         )
         * scale
     )
+    entropy_sum = (scored["token_entropy"] * mask).sum().detach()
+    _check_finite(loss, entropy_sum, loss_metadata)
+    loss.backward()
+    accumulator.add(loss.detach(), entropy_sum, mask.sum().detach(), loss_metadata)
+
+
+def _check_finite(
+    loss: torch.Tensor,
+    entropy_sum: torch.Tensor,
+    loss_metadata: dict[str, torch.Tensor],
+) -> None:
     if not torch.isfinite(loss):
         raise RuntimeError("Non-finite GRPO loss; optimizer step aborted")
-    entropy_sum = (scored["token_entropy"] * mask).sum().detach()
     if not torch.isfinite(entropy_sum):
         raise RuntimeError("Non-finite token entropy; optimizer step aborted")
     # Clipping can hide an overflowing ratio in the loss while backward still
@@ -223,12 +266,14 @@ def _backward_microbatch(
     for key, value in loss_metadata.items():
         if key.endswith("_mean") and not torch.isfinite(value):
             raise RuntimeError(f"Non-finite {key}; optimizer step aborted")
-    loss.backward()
-    accumulator.add(loss.detach(), entropy_sum, mask.sum().detach(), loss_metadata)
 
 
 class _DiagnosticAccumulator:
-    """Weights each microbatch's means by its token (or ratio) count."""
+    """Weights each microbatch's means by its token (or ratio) count.
+
+    The result is the mean over every scored token of the batch, whatever the
+    split into microbatches; counts (clip_count, ...) are summed.
+    """
 
     def __init__(self, device: torch.device):
         zero = torch.zeros((), dtype=torch.float32, device=device)
@@ -238,7 +283,13 @@ class _DiagnosticAccumulator:
         self.weights: dict[str, torch.Tensor] = {}
         self.counts: dict[str, torch.Tensor] = {}
 
-    def add(self, loss, entropy_sum, token_count, loss_metadata):
+    def add(
+        self,
+        loss: torch.Tensor,
+        entropy_sum: torch.Tensor,
+        token_count: torch.Tensor,
+        loss_metadata: dict[str, torch.Tensor],
+    ) -> None:
         self.loss = self.loss + loss
         self.entropy_sum = self.entropy_sum + entropy_sum
         self.token_count = self.token_count + token_count
@@ -251,12 +302,13 @@ class _DiagnosticAccumulator:
                     if "importance_ratio" in key
                     else token_count
                 )
-                self.sums[key] = (
-                    self.sums.get(key, torch.zeros_like(value)) + value * weight
-                )
-                self.weights[key] = (
-                    self.weights.get(key, torch.zeros_like(weight)) + weight
-                )
+                self._add_weighted(key, value, weight)
+
+    def _add_weighted(
+        self, key: str, value: torch.Tensor, weight: torch.Tensor
+    ) -> None:
+        self.sums[key] = self.sums.get(key, torch.zeros_like(value)) + value * weight
+        self.weights[key] = self.weights.get(key, torch.zeros_like(weight)) + weight
 
     def summary(self) -> dict[str, torch.Tensor | float]:
         metadata: dict[str, torch.Tensor | float] = {
@@ -277,7 +329,10 @@ class _DiagnosticAccumulator:
         return metadata
 
 
-def _checked_gradient_norm(model, max_grad_norm, device) -> torch.Tensor:
+def _checked_gradient_norm(
+    model: torch.nn.Module, max_grad_norm: float | None, device: torch.device
+) -> torch.Tensor:
+    """Total L2 gradient norm (before clipping to ``max_grad_norm``, if given)."""
     if max_grad_norm is not None:
         return torch.nn.utils.clip_grad_norm_(
             model.parameters(), max_grad_norm, error_if_nonfinite=True
@@ -291,10 +346,8 @@ def _checked_gradient_norm(model, max_grad_norm, device) -> torch.Tensor:
     return gradient_norm
 
 
-def _skipped_step(
-    method, device
-) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
-    """Every advantage is zero: no scoring, no optimizer step."""
+def _skipped_step(method: str, device: torch.device) -> StepResult:
+    """Every advantage is zero: no scoring, no optimizer step, zero diagnostics."""
     zero = torch.zeros((), dtype=torch.float32, device=device)
     loss_key = "on_policy_loss_mean" if method == "none" else "off_policy_loss_mean"
     metadata: dict[str, torch.Tensor | float] = {
@@ -316,3 +369,129 @@ def _skipped_step(
             clip_count=zero.clone(), clip_total=zero.clone(), clip_fraction=zero.clone()
         )
     return zero, metadata
+
+
+def _check_rollout_lists(
+    repeated_prompts: list[str],
+    rollout_responses: list[str],
+    repeated_ground_truths: list[str],
+    group_size: int,
+) -> None:
+    batch_size = len(rollout_responses)
+    if batch_size == 0:
+        raise ValueError("rollout_responses must hold at least one response, got 0")
+    if len(repeated_prompts) != batch_size or len(repeated_ground_truths) != batch_size:
+        raise ValueError(
+            "repeated_prompts, rollout_responses and repeated_ground_truths must have "
+            f"the same length, got {len(repeated_prompts)}, {batch_size} and "
+            f"{len(repeated_ground_truths)}"
+        )
+    if group_size <= 0 or batch_size % group_size != 0:
+        raise ValueError(
+            f"group_size must be positive and divide the batch size {batch_size}, "
+            f"got {group_size}"
+        )
+
+
+def _check_batch(
+    batch: Mapping[str, torch.Tensor],
+    advantages: torch.Tensor,
+    old_log_probs: torch.Tensor | None,
+) -> int:
+    """Check the (B, T) batch against (B,) advantages; return B."""
+    missing = [key for key in BATCH_KEYS if key not in batch]
+    if missing:
+        raise ValueError(
+            f"batch must hold {BATCH_KEYS}, got keys {sorted(batch)} "
+            f"(missing {missing})"
+        )
+    shape = tuple(batch["labels"].shape)
+    for key in BATCH_KEYS:
+        if batch[key].ndim != 2 or tuple(batch[key].shape) != shape:
+            raise ValueError(
+                f"batch[{key!r}] must be 2-D with the shape of batch['labels'] "
+                f"{shape}, got {tuple(batch[key].shape)}"
+            )
+    if advantages.ndim != 1 or advantages.shape[0] != shape[0]:
+        raise ValueError(
+            f"advantages must have shape ({shape[0]},), one per batch row, "
+            f"got {tuple(advantages.shape)}"
+        )
+    if shape[0] == 0:
+        raise ValueError("batch must hold at least one row, got 0")
+    if old_log_probs is not None and tuple(old_log_probs.shape) != shape:
+        raise ValueError(
+            f"old_log_probs must have the shape of batch['labels'] {shape}, "
+            f"got {tuple(old_log_probs.shape)}"
+        )
+    return shape[0]
+
+
+def _check_update_settings(
+    gradient_accumulation_steps: int,
+    batch_size: int,
+    settings: _UpdateSettings,
+    old_log_probs: torch.Tensor | None,
+) -> None:
+    """Every setting that must hold before anything is scored."""
+    if not 1 <= gradient_accumulation_steps <= batch_size:
+        raise ValueError(
+            f"gradient_accumulation_steps must be between 1 and the batch size "
+            f"{batch_size}, got {gradient_accumulation_steps}"
+        )
+    _check_reweighting(settings.method, settings.cliprange, old_log_probs)
+    _check_loss_normalization(
+        settings.loss_normalization, settings.normalization_constant
+    )
+    _check_scoring(settings.temperature, settings.logits_chunk_size)
+
+
+def _check_scoring(temperature: float, logits_chunk_size: int | None) -> None:
+    if not (isinstance(temperature, (int, float)) and 0 < temperature < math.inf):
+        raise ValueError(
+            f"temperature must be a positive finite number, got {temperature!r}"
+        )
+    if logits_chunk_size is not None and not (
+        isinstance(logits_chunk_size, int)
+        and not isinstance(logits_chunk_size, bool)
+        and logits_chunk_size >= 0
+    ):
+        raise ValueError(
+            "logits_chunk_size must be None or a nonnegative int, "
+            f"got {logits_chunk_size!r}"
+        )
+
+
+def _check_reweighting(
+    method: str, cliprange: float | None, old_log_probs: torch.Tensor | None
+) -> None:
+    if method not in REWEIGHTING_METHODS:
+        raise ValueError(
+            f"importance_reweighting_method must be one of {REWEIGHTING_METHODS}, "
+            f"got {method!r}"
+        )
+    if method != "none" and old_log_probs is None:
+        raise ValueError(
+            f"old_log_probs must be a tensor for {method!r} reweighting, got None"
+        )
+    if method in {"grpo", "gspo"} and not (cliprange is not None and cliprange > 0):
+        raise ValueError(
+            f"cliprange must be positive for {method!r}, got {cliprange!r}"
+        )
+
+
+def _check_loss_normalization(
+    loss_normalization: str, normalization_constant: float | None
+) -> None:
+    if loss_normalization not in LOSS_NORMALIZATIONS:
+        raise ValueError(
+            f"loss_normalization must be one of {LOSS_NORMALIZATIONS}, "
+            f"got {loss_normalization!r}"
+        )
+    if loss_normalization == "constant" and not (
+        normalization_constant is not None and normalization_constant > 0
+    ):
+        raise ValueError(
+            "normalization_constant must be positive for constant normalization, "
+            f"got {normalization_constant!r}"
+        )

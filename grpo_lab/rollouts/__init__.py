@@ -1,0 +1,67 @@
+"""Rollout backends: sample groups of responses from the policy.
+
+``hf`` samples with the live model's ``generate`` (any device, exact policy
+distribution); ``vllm`` serves a copy of the weights with vLLM on a GPU and is
+imported only when asked for. Taught in ``notebooks/`` on rollouts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from grpo_lab.rollouts.base import RolloutBackend, Rollouts, SamplingSettings
+from grpo_lab.rollouts.hf import HFRolloutBackend
+
+BACKENDS = ("hf", "vllm")
+
+
+def make_backend(
+    name: str,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    model_name_or_path: str | None = None,
+    **options: Any,
+) -> RolloutBackend:
+    """The rollout backend called ``name`` ("hf" or "vllm").
+
+    ``hf`` wraps ``model`` and ``tokenizer`` (``options``: ``max_batch_size``).
+    ``vllm`` loads ``model_name_or_path`` into a vLLM engine (``options`` go to
+    ``VLLMRolloutBackend``); ``sync(model)`` then copies the policy's weights in.
+    """
+    if name == "hf":
+        return HFRolloutBackend(model, tokenizer, **options)
+    if name == "vllm":
+        return _make_vllm_backend(model_name_or_path, **options)
+    raise ValueError(f"name must be one of {BACKENDS}, got {name!r}")
+
+
+def _make_vllm_backend(model_name_or_path: str | None, **options: Any):
+    if model_name_or_path is None:
+        raise ValueError(
+            "model_name_or_path must name the checkpoint vLLM loads, got None"
+        )
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "The vllm backend needs a CUDA GPU and none is visible; use backend='hf'"
+        )
+    try:
+        from grpo_lab.rollouts.vllm import VLLMRolloutBackend
+    except ImportError as error:
+        raise RuntimeError(
+            "The vllm backend needs vLLM: pip install 'grpo-lab[vllm]' "
+            f"(import failed: {error}); or use backend='hf'"
+        ) from error
+    return VLLMRolloutBackend(model_name_or_path, **options)
+
+
+__all__ = [
+    "BACKENDS",
+    "HFRolloutBackend",
+    "RolloutBackend",
+    "Rollouts",
+    "SamplingSettings",
+    "make_backend",
+]

@@ -1,0 +1,60 @@
+"""Tasks: prompts with verifiable answers, and ``get_task(name, **options)``.
+
+Names: ``"reverse"``, ``"addition"`` (toy tasks for a tiny character model),
+``"countdown"`` (reach a target with + - * /), ``"gsm8k"`` and ``"math"``
+(r1-zero prompt; ``path=`` a local JSONL file in the published format).
+Taught in
+``notebooks/03_rewards_and_advantages.ipynb``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from grpo_lab.tasks.base import Example, Task
+from grpo_lab.tasks.countdown import CountdownTask
+from grpo_lab.tasks.math_data import GSM8KTask, MathTask
+from grpo_lab.tasks.toy import AdditionTask, ReverseTask
+
+TASK_CLASSES = {
+    "reverse": ReverseTask,
+    "addition": AdditionTask,
+    "countdown": CountdownTask,
+    "gsm8k": GSM8KTask,
+    "math": MathTask,
+}
+
+
+def task_options(name: str) -> list[str]:
+    """The option names ``get_task(name, ...)`` accepts."""
+    task_class = TASK_CLASSES[name]
+    return [field.name for field in dataclasses.fields(task_class) if field.init]
+
+
+def get_task(name: str, /, **options: object) -> Task:
+    """The task called ``name``, built with ``options`` (see each task's fields).
+
+    Example: ``get_task("reverse", n_digits=4)``, ``get_task("gsm8k", path=...)``.
+    """
+    if name not in TASK_CLASSES:
+        raise ValueError(f"name must be one of {sorted(TASK_CLASSES)}, got {name!r}")
+    allowed = task_options(name)
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise ValueError(
+            f"unknown option(s) {unknown} for task {name!r}; expected some of {allowed}"
+        )
+    return TASK_CLASSES[name](**options)
+
+
+__all__ = [
+    "AdditionTask",
+    "CountdownTask",
+    "Example",
+    "GSM8KTask",
+    "MathTask",
+    "ReverseTask",
+    "Task",
+    "get_task",
+    "task_options",
+]

@@ -1,0 +1,266 @@
+"""Render benchmarks/RESULTS.md from the JSON the benchmark scripts wrote.
+
+    .venv/bin/python benchmarks/render_results.py                 # CPU JSON in benchmarks/out
+    .venv/bin/python benchmarks/render_results.py --gpu-dir DIR   # plus a GPU run's JSON
+    python benchmarks/render_results.py --gpu-dir DIR --gpu-only --out DIR/GPU_RESULTS.md
+
+Every table states the command that produced it and the machine it ran on.
+Nothing here measures: a missing JSON file renders as "not run".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from bench_utils import BENCHMARK_DIR, DEFAULT_OUT_DIR, format_table
+from gpu_throughput import ROLLOUT_COLUMNS, TRAIN_COLUMNS
+from logprob_memory import COLUMNS as LOGPROB_COLUMNS
+from time_to_accuracy import COLUMNS as ACCURACY_COLUMNS
+from time_to_accuracy import SUMMARY_COLUMNS as ACCURACY_SUMMARY_COLUMNS
+from trl_train_step import AGREEMENT_COLUMNS, TIMING_COLUMNS
+
+HEADER = """# Benchmarks
+
+Scripts, not timed tests: each prints a table and writes JSON to `benchmarks/out/`
+(gitignored). This file is rendered from that JSON by
+`benchmarks/render_results.py`; every figure below comes with the command that
+produced it and the machine it ran on. Ratios are measured side by side in one
+run. CPU timings on a shared machine are noisy: the load average at the start of
+each run is shown with it.
+
+How to rerun:
+
+| what | command |
+| --- | --- |
+| every CPU benchmark, then this file | `make bench` (runs `benchmarks/run_cpu.py`) |
+| log-prob memory and time | `.venv/bin/python benchmarks/logprob_memory.py` |
+| one train step against TRL | `.venv/bin/python benchmarks/trl_train_step.py` |
+| time to accuracy against TRL | `.venv/bin/python benchmarks/time_to_accuracy.py` |
+| one-shot GPU run (one H200, < 8 min) | `PYTHONPATH=. bash benchmarks/gpu.sh` (writes to `$OUT` or `benchmarks/out/gpu`) |
+| GPU script on CPU, tiny sizes | `bash benchmarks/gpu.sh --cpu-smoke` |
+| this file | `.venv/bin/python benchmarks/render_results.py [--gpu-dir DIR]` |
+
+The comparison trainer is TRL 1.16.0 (`pip install -e ".[bench]"`).
+"""
+
+
+def load(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def machine_line(payload: dict) -> str:
+    machine = payload["machine"]
+    parts = [
+        f"nproc {machine['nproc']}",
+        f"CPU {machine['cpu_model']}",
+        f"torch {machine['torch']}",
+        f"transformers {machine['transformers']}",
+    ]
+    if machine.get("trl"):
+        parts.append(f"trl {machine['trl']}")
+    if machine.get("gpu"):
+        parts.append(f"GPU {machine['gpu']}")
+    load_average = ", ".join(f"{value:.2f}" for value in machine["load_average"])
+    parts.append(f"load average at start {load_average}")
+    parts.append(f"{machine['utc']}")
+    return "; ".join(parts)
+
+
+def provenance(payload: dict) -> str:
+    return f"Command: `{payload['command']}`  \nMachine: {machine_line(payload)}\n"
+
+
+def logprob_section(payload: dict | None, title: str) -> str:
+    if payload is None:
+        return f"## {title}\n\nNot run.\n"
+    rows = payload["rows"]
+    settings = payload["settings"]
+    lines = [
+        f"## {title}",
+        "",
+        provenance(payload),
+        f"Batch {settings['batch_size']}, hidden {settings['hidden_size']}, dtype "
+        f"{settings['dtype']}, one-layer Qwen2 with tied embeddings; backward "
+        "through sum(w * log p). Peak: " + payload["memory_measure"] + ". "
+        "Head `frozen`: the tied head/embedding weight takes no gradient, so the "
+        "peak is the logits' own cost; `trainable`: it trains, and its (V, H) "
+        "weight-gradient temporaries (the same for every method) count too.",
+        "`naive peak / peak` above 1 means less memory than naive; "
+        "`time / naive` below 1 means faster. Differences are against naive.",
+        "",
+        format_table(rows, LOGPROB_COLUMNS),
+        "",
+        *logprob_verdicts(rows),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def logprob_verdicts(rows: list[dict]) -> list[str]:
+    """The two targets, checked at the largest vocabulary in the table."""
+    largest = max(row["vocab_size"] for row in rows)
+    lines = [f"Targets at vocabulary {largest}:", ""]
+    for head, seq_len in sorted({(row["head"], row["seq_len"]) for row in rows}):
+        case = [
+            r
+            for r in rows
+            if (r["head"], r["vocab_size"], r["seq_len"]) == (head, largest, seq_len)
+        ]
+        chunked = [r for r in case if r["method"].startswith("chunk=")]
+        default = next(r for r in case if r["method"] == "default")
+        best = max(chunked, key=lambda r: r["memory_reduction_vs_naive"])
+        worst = min(chunked, key=lambda r: r["memory_reduction_vs_naive"])
+        meeting = [r["method"] for r in chunked if r["memory_reduction_vs_naive"] >= 4]
+        chunk_verdict = f"met by {', '.join(meeting)}" if meeting else "not met"
+        default_ratio = default["memory_reduction_vs_naive"]
+        lines.append(
+            f"- {head} head, T={seq_len}: chunked head {worst['memory_reduction_vs_naive']:.2f}× "
+            f"({worst['method']}) to {best['memory_reduction_vs_naive']:.2f}× "
+            f"({best['method']}) lower peak than naive (target ≥ 4×: "
+            f"{chunk_verdict}); default path {default_ratio:.2f}× (target > 1×: "
+            f"{'met' if default_ratio > 1 else 'not met'})."
+        )
+    return lines
+
+
+def trl_step_section(payload: dict | None) -> str:
+    title = "One GRPO step against TRL GRPOTrainer (CPU)"
+    if payload is None:
+        return f"## {title}\n\nNot run.\n"
+    lines = [
+        f"## {title}",
+        "",
+        provenance(payload),
+        "Same weights, token ids and advantages on both sides; generation and "
+        "rewards outside the timed region. grpo_lab: `policy_gradient_update` "
+        "(on-policy). TRL: `GRPOTrainer.training_step` on the prepared batch "
+        "(its `_prepare_inputs` bypassed) + `clip_grad_norm_` + `optimizer.step`. "
+        "Group size "
+        f"{payload['settings']['group_size']}, epsilon 0.2, beta 0, one iteration, "
+        "AdamW, float32. Seconds: median over "
+        f"{payload['settings']['steps']} alternating steps after a warm-up; peak: "
+        "fresh process per side, one step after a warm-up step.",
+        "",
+        format_table(payload["timing"], TIMING_COLUMNS),
+        "",
+        "Loss and gradient agreement, one step from the same weights "
+        "(gradients read before the update):",
+        "",
+        format_table(payload["agreement"], AGREEMENT_COLUMNS),
+        "",
+        TRL_LOSS_NOTES,
+    ]
+    return "\n".join(lines) + "\n"
+
+
+TRL_LOSS_NOTES = """Where the definitions coincide and where they differ:
+
+- TRL `loss_type="grpo"` is `mean_i( sum_t -min(r A_i, clip(r) A_i) / |o_i| )`;
+  with one iteration per batch its old log-probs are the detached current ones,
+  so `r = 1` and the value is `-mean(A)`. grpo_lab's `"grpo"` reweighting with
+  `old_log_probs` = the current log-probs and `loss_normalization="sequence"` is
+  the same expression: same value, same gradient.
+- TRL `loss_type="dr_grpo"` divides the masked token sum by
+  `B * max_completion_length`; grpo_lab's `"constant"` normalization divides by
+  `normalization_constant`, so they coincide for
+  `normalization_constant = B * max_completion_length`.
+- grpo_lab's on-policy default `"none"` uses `-A * log p` (REINFORCE form): its
+  value differs from TRL's (`-A * 1`), its gradient `-A * grad log p` is the same.
+- TRL's default `loss_type="dapo"` (divide by the number of tokens in the
+  accumulated generation batch) has no exact grpo_lab counterpart with variable
+  token counts across microbatches; with one microbatch it equals
+  `"constant"` with `normalization_constant` = that token count.
+- Advantages: TRL's `scale_rewards="group"` divides by the unbiased group
+  standard deviation plus 1e-4; grpo_lab's `"std"` normalizer uses its own
+  epsilon. Here both sides receive the same precomputed advantages.
+"""
+
+
+def accuracy_section(payload: dict | None) -> str:
+    title = "Time to accuracy against TRL GRPOTrainer (CPU toy task)"
+    if payload is None:
+        return f"## {title}\n\nNot run.\n"
+    lines = [
+        f"## {title}",
+        "",
+        provenance(payload),
+        payload.get("description", ""),
+        "",
+        format_table(payload["runs"], ACCURACY_COLUMNS),
+        "",
+        format_table(payload["summary"], ACCURACY_SUMMARY_COLUMNS),
+        "",
+        *payload.get("notes", []),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def gpu_sections(gpu_dir: Path | None) -> str:
+    if gpu_dir is None or not (gpu_dir / "gpu_throughput.json").exists():
+        return (
+            "## GPU (one H200)\n\n"
+            "Not run yet: no GPU was available when this file was rendered. "
+            "`benchmarks/gpu.sh` is ready and was validated end to end on CPU "
+            "with `bash benchmarks/gpu.sh --cpu-smoke` (tiny sizes, every code "
+            "path). Run `PYTHONPATH=. bash benchmarks/gpu.sh` on the GPU machine, "
+            "then `benchmarks/render_results.py --gpu-dir $OUT` to add its tables.\n"
+        )
+    throughput = load(gpu_dir / "gpu_throughput.json")
+    settings = throughput["settings"]
+    lines = [
+        "## GPU: train-step and rollout throughput, Qwen2.5-1.5B shape",
+        "",
+        provenance(throughput),
+        f"Random weights, {settings['dtype']}, shape {settings['shape']}. "
+        f"MFU = 6·N·tokens / time / {throughput['peak_flops']:.3g} FLOP/s (dense "
+        "bf16 peak of H100/H200 SXM); attention-score FLOPs and the chunked "
+        "head's recomputation are not counted.",
+        "",
+        format_table(throughput["train_step"], TRAIN_COLUMNS),
+        "",
+        "HF `generate` rollouts (sampling, temperature 1, no top-k):",
+        "",
+        format_table(throughput["rollout"], ROLLOUT_COLUMNS),
+        "",
+    ]
+    memory = load(gpu_dir / "logprob_memory_gpu.json")
+    lines.append(logprob_section(memory, "GPU: log-prob memory and time"))
+    return "\n".join(lines) + "\n"
+
+
+def render(out_dir: Path, gpu_dir: Path | None, gpu_only: bool) -> str:
+    if gpu_only:
+        return gpu_sections(gpu_dir)
+    sections = [
+        HEADER,
+        logprob_section(
+            load(out_dir / "logprob_memory.json"), "Log-prob memory and time (CPU)"
+        ),
+        logprob_section(
+            load(out_dir / "logprob_memory_trainable.json"),
+            "Log-prob memory and time, trainable head (CPU)",
+        ),
+        trl_step_section(load(out_dir / "trl_train_step.json")),
+        accuracy_section(load(out_dir / "time_to_accuracy.json")),
+        gpu_sections(gpu_dir),
+    ]
+    return "\n".join(sections)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR)
+    parser.add_argument("--gpu-dir", type=Path, default=None)
+    parser.add_argument("--gpu-only", action="store_true")
+    parser.add_argument("--out", type=Path, default=BENCHMARK_DIR / "RESULTS.md")
+    arguments = parser.parse_args(argv)
+    text = render(arguments.out_dir, arguments.gpu_dir, arguments.gpu_only)
+    arguments.out.parent.mkdir(parents=True, exist_ok=True)
+    arguments.out.write_text(text)
+    print(f"wrote {arguments.out}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,265 @@
+"""Rollouts with Hugging Face ``generate``: exact samples from the policy, on any device.
+
+Sampling follows softmax(logits / T) restricted to the top-p nucleus and nothing
+else: no top-k, no repetition penalty, none of the generation defaults a hub
+checkpoint ships. The token ids are returned exactly as sampled, so training
+scores the very tokens that were drawn (no decode/re-encode round trip).
+Taught in ``notebooks/`` on rollouts and the training loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+from grpo_lab.rollouts.base import Rollouts, SamplingSettings
+
+
+class HFRolloutBackend:
+    """``generate(prompts, group_size, sampling) -> Rollouts`` with ``model.generate``.
+
+    The backend samples from the live policy module, so ``sync`` has nothing to do.
+    ``max_batch_size`` bounds how many sequences are generated at once (None: all).
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        max_batch_size: int | None = None,
+    ) -> None:
+        if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
+            raise ValueError(
+                "tokenizer must define pad_token_id and eos_token_id, got "
+                f"{tokenizer.pad_token_id!r} and {tokenizer.eos_token_id!r}"
+            )
+        if max_batch_size is not None and max_batch_size < 1:
+            raise ValueError(
+                f"max_batch_size must be None or positive, got {max_batch_size!r}"
+            )
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+
+    def generate(
+        self, prompts: list[str], group_size: int, sampling: SamplingSettings
+    ) -> Rollouts:
+        """B prompts -> B·G responses, prompt-major (``prompts[i]`` repeated G times).
+
+        temperature 0 is greedy decoding (evaluation); otherwise tokens are drawn
+        from softmax(logits / temperature) within the top-p nucleus. With
+        ``sampling.seed`` set, the draw is reproducible and the global torch
+        generator is left as it was (the RNG is forked, then seeded).
+        """
+        _check_generate_arguments(prompts, group_size, sampling)
+        repeated_prompts = [prompt for prompt in prompts for _ in range(group_size)]
+        prompt_ids = [
+            self.tokenizer.encode(prompt, add_special_tokens=False)
+            for prompt in repeated_prompts
+        ]
+        chunk = self.max_batch_size or len(prompt_ids)
+        response_ids: list[list[int]] = []
+        with _seeded_rng(sampling.seed, _device_of(self.model)):
+            for start in range(0, len(prompt_ids), chunk):
+                response_ids += self._generate_chunk(
+                    prompt_ids[start : start + chunk], sampling
+                )
+        responses = []
+        for index, ids in enumerate(response_ids):
+            ids, text = self._cut_at_stop_string(ids, sampling.stop_strings)
+            response_ids[index] = ids
+            responses.append(text)
+        return Rollouts(
+            prompts=repeated_prompts,
+            responses=responses,
+            prompt_token_ids=prompt_ids,
+            response_token_ids=response_ids,
+        )
+
+    def sync(self, policy: torch.nn.Module) -> None:
+        """Nothing to load: generation reads the policy's live weights."""
+
+    def _generate_chunk(
+        self, prompt_ids: list[list[int]], sampling: SamplingSettings
+    ) -> list[list[int]]:
+        device = _device_of(self.model)
+        input_ids, attention_mask = _left_pad(prompt_ids, self.tokenizer.pad_token_id)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad(), _exact_generation_config(self.model, self.tokenizer):
+                sequences = self.model.generate(
+                    input_ids=input_ids.to(device),  # (b, P)
+                    attention_mask=attention_mask.to(device),  # (b, P)
+                    generation_config=_generation_config(self.model, sampling),
+                    # Stop strings are matched on text: generate needs the tokenizer.
+                    tokenizer=self.tokenizer,
+                )
+        finally:
+            self.model.train(was_training)
+        generated = sequences[:, input_ids.shape[1] :].tolist()  # (b, N)
+        eos_ids = _eos_token_ids(self.model, self.tokenizer)
+        return [_cut_after_eos(row, eos_ids) for row in generated]
+
+    def _cut_at_stop_string(
+        self, ids: list[int], stop_strings: tuple[str, ...]
+    ) -> tuple[list[int], str]:
+        """Keep tokens up to the one completing the first stop string; decode.
+
+        The text is cut right after the stop string; the ids keep the whole
+        final token (a token may carry characters past the stop string).
+        """
+        text = self._decode(ids)
+        positions = [text.find(stop) for stop in stop_strings if stop in text]
+        if not positions:
+            return ids, text
+        # The shortest prefix whose text contains a stop string (binary search:
+        # containment only grows as tokens are added).
+        low, high = 1, len(ids)
+        while low < high:
+            middle = (low + high) // 2
+            if any(stop in self._decode(ids[:middle]) for stop in stop_strings):
+                high = middle
+            else:
+                low = middle + 1
+        kept_text = self._decode(ids[:low])
+        ends = [
+            kept_text.find(stop) + len(stop)
+            for stop in stop_strings
+            if stop in kept_text
+        ]
+        return ids[:low], kept_text[: min(ends)]
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def _check_generate_arguments(
+    prompts: list[str], group_size: int, sampling: SamplingSettings
+) -> None:
+    if not prompts:
+        raise ValueError("prompts must not be empty, got []")
+    if isinstance(group_size, bool) or not isinstance(group_size, int):
+        raise ValueError(f"group_size must be a positive int, got {group_size!r}")
+    if group_size < 1:
+        raise ValueError(f"group_size must be a positive int, got {group_size!r}")
+    if sampling.temperature < 0:
+        raise ValueError(
+            f"sampling.temperature must be >= 0, got {sampling.temperature!r}"
+        )
+    if not 0 < sampling.top_p <= 1:
+        raise ValueError(f"sampling.top_p must be in (0, 1], got {sampling.top_p!r}")
+    if sampling.max_new_tokens < 1:
+        raise ValueError(
+            f"sampling.max_new_tokens must be positive, got {sampling.max_new_tokens!r}"
+        )
+
+
+def _device_of(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+@contextlib.contextmanager
+def _seeded_rng(seed: int | None, device: torch.device) -> Iterator[None]:
+    """Seed torch inside a fork of its RNG state, or use the global RNG (None)."""
+    if seed is None:
+        yield
+        return
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
+
+
+def _left_pad(
+    prompt_ids: list[list[int]], pad_token_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad so every prompt ends at the same column (generation appends there)."""
+    width = max(len(ids) for ids in prompt_ids)
+    padded = [[pad_token_id] * (width - len(ids)) + ids for ids in prompt_ids]
+    mask = [[0] * (width - len(ids)) + [1] * len(ids) for ids in prompt_ids]
+    return torch.tensor(padded), torch.tensor(mask)  # (b, P), (b, P)
+
+
+def _eos_token_ids(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
+) -> list[int]:
+    """The tokenizer's EOS plus any end token the model's generation config names."""
+    configured = getattr(model.generation_config, "eos_token_id", None)
+    if configured is None:
+        configured = []
+    elif isinstance(configured, int):
+        configured = [configured]
+    return list(dict.fromkeys([tokenizer.eos_token_id, *configured]))
+
+
+@contextlib.contextmanager
+def _exact_generation_config(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
+) -> Iterator[None]:
+    """Hide the model's own generation defaults (top_k, repetition penalty, ...).
+
+    ``generate`` fills every unset field from ``model.generation_config``; a hub
+    checkpoint may set sampling tweaks there that would bend the distribution.
+    Only the end and pad tokens are kept while generating.
+    """
+    original = model.generation_config
+    model.generation_config = GenerationConfig(
+        eos_token_id=_eos_token_ids(model, tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=original.bos_token_id,
+    )
+    try:
+        yield
+    finally:
+        model.generation_config = original
+
+
+def _generation_config(
+    model: PreTrainedModel, sampling: SamplingSettings
+) -> GenerationConfig:
+    """Every logits processor neutral except temperature and top-p.
+
+    transformers' global default is top_k=50, so top_k=0 is passed explicitly.
+    """
+    neutral = {
+        "max_new_tokens": sampling.max_new_tokens,
+        "stop_strings": list(sampling.stop_strings) or None,
+        "min_p": None,
+        "typical_p": 1.0,
+        "epsilon_cutoff": 0.0,
+        "eta_cutoff": 0.0,
+        "repetition_penalty": 1.0,
+        "no_repeat_ngram_size": 0,
+        "min_length": 0,
+        "min_new_tokens": None,
+        "renormalize_logits": False,
+        "num_beams": 1,
+        "use_cache": True,
+        "eos_token_id": model.generation_config.eos_token_id,
+        "pad_token_id": model.generation_config.pad_token_id,
+    }
+    if sampling.temperature == 0:
+        return GenerationConfig(do_sample=False, **neutral)
+    return GenerationConfig(
+        do_sample=True,
+        top_k=0,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        **neutral,
+    )
+
+
+def _cut_after_eos(generated: list[int], eos_ids: list[int]) -> list[int]:
+    """Keep tokens up to and including the first EOS; drop the padding after it.
+
+    A row without EOS either ran to ``max_new_tokens`` (kept whole) or stopped on
+    a stop string and was padded afterwards (cut later by the stop-string rule).
+    """
+    for position, token in enumerate(generated):
+        if token in eos_ids:
+            return generated[: position + 1]
+    return generated

@@ -1,0 +1,417 @@
+"""Short GRPO runs, cached on disk by their full config, compared side by side.
+
+A run is identified by its config: ``config_cache_key`` hashes the config's JSON
+(sorted keys; ``run_dir`` and ``resume`` left out, since they say where a run is
+written, not what it computes). ``run_cached`` trains once per key and keeps the
+metrics (not the weights) under ``cache_dir/<key>/``, so revisiting a setting is
+instant. ``sweep`` varies one field, ``ablation_configs`` builds the classic
+ablations, ``plot_comparison`` overlays one metric of several runs, and
+``explorer_widget`` wires all of it to sliders. Every widget callback is a plain
+function here, so tests call it with a fake ``train``.
+Taught in ``notebooks/09_hyperparameter_explorer.ipynb``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+from IPython.display import display
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from grpo_lab.training.config import TrainConfig
+from grpo_lab.training.loop import RunResult
+
+# Fields that say where a run is written, not what it computes.
+CACHE_EXCLUDED_FIELDS = ("run_dir", "resume")
+# What the cache keeps of a run: its config and every metrics line.
+CACHED_CONFIG_FILE = "config.json"
+CACHED_HISTORY_FILE = "history.json"
+DEFAULT_CACHE_DIR = Path("runs") / "explorer_cache"
+
+TrainFunction = Callable[..., RunResult]
+
+
+@dataclass(frozen=True)
+class CachedRun:
+    """One finished run: its config, its metrics lines and where they came from."""
+
+    # A short name for legends, e.g. "lr=0.003" or "baseline".
+    label: str
+    # The config the run was trained with.
+    config: TrainConfig
+    # The run's metrics lines (SFT lines have no "step").
+    history: list[dict[str, Any]]
+    # config_cache_key(config): the folder name under the cache dir.
+    key: str
+    # True when the metrics were read from the cache instead of trained.
+    from_cache: bool
+
+
+def config_cache_key(config: TrainConfig) -> str:
+    """sha256 of the config's JSON (sorted keys, minus run_dir and resume), 16 hex."""
+    values = {
+        key: value
+        for key, value in config.to_dict().items()
+        if key not in CACHE_EXCLUDED_FIELDS
+    }
+    text = json.dumps(values, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def run_cached(
+    config: TrainConfig,
+    cache_dir: str | Path,
+    train_fn: TrainFunction | None = None,
+    label: str | None = None,
+    progress: bool = False,
+) -> CachedRun:
+    """The run of ``config``: read from ``cache_dir/<key>/`` or trained and stored.
+
+    ``train_fn(config, progress=...) -> RunResult`` defaults to
+    :func:`grpo_lab.training.train`. Training happens in a temporary folder that
+    is renamed into place only when it succeeded, so a crash leaves no entry.
+    """
+    key = config_cache_key(config)
+    entry = Path(cache_dir) / key
+    label = key if label is None else label
+    if (entry / CACHED_HISTORY_FILE).exists():
+        history = json.loads((entry / CACHED_HISTORY_FILE).read_text(encoding="utf-8"))
+        return CachedRun(label, config, history, key, from_cache=True)
+    history = _train_into_entry(config, entry, train_fn, progress)
+    return CachedRun(label, config, history, key, from_cache=False)
+
+
+def _train_into_entry(
+    config: TrainConfig, entry: Path, train_fn: TrainFunction | None, progress: bool
+) -> list[dict[str, Any]]:
+    if train_fn is None:
+        from grpo_lab.training.loop import train as train_fn
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    workspace = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=entry.parent))
+    try:
+        run_config = dataclasses.replace(
+            config, run_dir=str(workspace / "run"), resume=False
+        )
+        result = train_fn(run_config, progress=progress)
+        history = [dict(record) for record in result.history]
+        staged = workspace / "entry"
+        staged.mkdir()
+        (staged / CACHED_CONFIG_FILE).write_text(
+            json.dumps(_cacheable_fields(config), indent=2, sort_keys=True) + "\n",
+            encoding="utf-8",
+        )
+        (staged / CACHED_HISTORY_FILE).write_text(
+            json.dumps(history) + "\n", encoding="utf-8"
+        )
+        if not (entry / CACHED_HISTORY_FILE).exists():
+            shutil.rmtree(entry, ignore_errors=True)  # a stale, incomplete entry
+            staged.replace(entry)
+        return history
+    finally:
+        shutil.rmtree(workspace, ignore_errors=True)
+
+
+def _cacheable_fields(config: TrainConfig) -> dict[str, Any]:
+    return {
+        key: value
+        for key, value in config.to_dict().items()
+        if key not in CACHE_EXCLUDED_FIELDS
+    }
+
+
+def sweep(
+    base_config: TrainConfig,
+    field: str,
+    values: Sequence[Any],
+    cache_dir: str | Path,
+    train_fn: TrainFunction | None = None,
+    progress: bool = False,
+) -> list[CachedRun]:
+    """One cached run per value of ``field``, everything else as in ``base_config``."""
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    if field not in names or field in CACHE_EXCLUDED_FIELDS:
+        raise ValueError(
+            f"field must be a TrainConfig field that changes the run, got {field!r}"
+        )
+    if len(values) == 0:
+        raise ValueError("values must hold at least one value, got []")
+    return [
+        run_cached(
+            dataclasses.replace(base_config, **{field: value}),
+            cache_dir,
+            train_fn,
+            label=f"{field}={value}",
+            progress=progress,
+        )
+        for value in values
+    ]
+
+
+def ablation_configs(
+    base_config: TrainConfig, off_policy_epochs: int = 4, cliprange: float = 0.2
+) -> dict[str, TrainConfig]:
+    """The classic ablations of one base config, each changing one idea.
+
+    baseline:                the base config (on-policy GRPO as configured)
+    no std normalization:    advantage_normalizer="none"        (Dr. GRPO, nb 03)
+    constant normalization:  loss_normalization="constant",
+                             C = train_batch_size * max_new_tokens (Dr. GRPO, nb 06)
+    off-policy epochs, clip: epochs_per_rollout_batch > 1, PPO clip (nb 04)
+    off-policy, no clip:     the same epochs with the unclipped ratio ("noclip")
+    """
+    if off_policy_epochs < 2:
+        raise ValueError(
+            f"off_policy_epochs must be at least 2 to go off-policy, "
+            f"got {off_policy_epochs}"
+        )
+    if cliprange <= 0:
+        raise ValueError(f"cliprange must be positive, got {cliprange}")
+    max_new_tokens = base_config.max_new_tokens or _task_max_new_tokens(base_config)
+    changes = {
+        "baseline": {},
+        "no std normalization": {"advantage_normalizer": "none"},
+        "constant normalization": {
+            "loss_normalization": "constant",
+            "normalization_constant": base_config.train_batch_size * max_new_tokens,
+        },
+        "off-policy epochs, clip": {
+            "epochs_per_rollout_batch": off_policy_epochs,
+            "importance_reweighting_method": "grpo",
+            "cliprange": cliprange,
+        },
+        "off-policy epochs, no clip": {
+            "epochs_per_rollout_batch": off_policy_epochs,
+            "importance_reweighting_method": "noclip",
+            "cliprange": None,
+        },
+    }
+    return {
+        name: dataclasses.replace(base_config, **change)
+        for name, change in changes.items()
+    }
+
+
+def _task_max_new_tokens(config: TrainConfig) -> int:
+    from grpo_lab.tasks import get_task
+
+    return get_task(config.task, **config.task_options).max_new_tokens
+
+
+def run_ablations(
+    configs: dict[str, TrainConfig],
+    cache_dir: str | Path,
+    train_fn: TrainFunction | None = None,
+    progress: bool = False,
+) -> list[CachedRun]:
+    """``run_cached`` for each named config, labelled by its name."""
+    return [
+        run_cached(config, cache_dir, train_fn, label=name, progress=progress)
+        for name, config in configs.items()
+    ]
+
+
+def metric_curve(
+    history: Sequence[dict[str, Any]], metric: str
+) -> tuple[list[int], list[float]]:
+    """(steps, values) of ``metric`` over the GRPO lines that logged it."""
+    steps, values = [], []
+    for record in history:
+        value = record.get(metric)
+        if "step" in record and isinstance(value, (int, float)):
+            steps.append(int(record["step"]))
+            values.append(float(value))
+    return steps, values
+
+
+def plot_comparison(
+    results: Sequence[CachedRun], metric: str, axis: Axes | None = None
+) -> Figure:
+    """One line per run: ``metric`` against the GRPO step."""
+    curves = {run.label: metric_curve(run.history, metric) for run in results}
+    if not any(steps for steps, _ in curves.values()):
+        raise ValueError(
+            f"metric must be logged by at least one run, got {metric!r}; "
+            "read_metrics(run_dir) shows the keys a run logged"
+        )
+    if axis is None:
+        figure, axis = plt.subplots(figsize=(6.4, 3.6))
+    else:
+        figure = axis.figure
+    for label, (steps, values) in curves.items():
+        sparse = len(steps) < 0.5 * max(len(s) for s, _ in curves.values())
+        axis.plot(
+            steps,
+            values,
+            marker="o" if sparse or len(steps) < 12 else None,
+            label=label,
+        )
+    axis.set_xlabel("GRPO step")
+    axis.set_ylabel(metric)
+    axis.legend(fontsize=8)
+    return figure
+
+
+def final_values(results: Sequence[CachedRun], metric: str) -> dict[str, float | None]:
+    """The last logged value of ``metric`` for each run (None if never logged)."""
+    finals: dict[str, float | None] = {}
+    for run in results:
+        _, values = metric_curve(run.history, metric)
+        finals[run.label] = values[-1] if values else None
+    return finals
+
+
+# --- the widget -----------------------------------------------------------------
+
+# The settings the widget offers, with the choices it offers for each.
+WIDGET_CHOICES: dict[str, tuple[Any, ...]] = {
+    "lr": (3e-4, 1e-3, 3e-3, 1e-2),
+    "group_size": (2, 4, 8, 16),
+    "cliprange": (0.1, 0.2, 0.3),
+    "importance_reweighting_method": ("none", "noclip", "grpo", "gspo"),
+    "advantage_normalizer": ("std", "none", "mean"),
+    "loss_normalization": ("sequence", "constant"),
+    "epochs_per_rollout_batch": (1, 2, 4),
+}
+
+
+def config_from_settings(
+    base_config: TrainConfig, settings: dict[str, Any]
+) -> TrainConfig:
+    """``base_config`` with the widget's settings, made consistent.
+
+    cliprange only matters for "grpo"/"gspo" and is dropped otherwise, so
+    settings that train the same run share one cache entry; "constant" gets
+    C = train_batch_size * max_new_tokens. Inconsistent settings (off-policy
+    epochs without a ratio) raise the config's own ``ValueError``.
+    """
+    unknown = sorted(set(settings) - set(WIDGET_CHOICES))
+    if unknown:
+        raise ValueError(
+            f"settings must be some of {sorted(WIDGET_CHOICES)}, got {unknown}"
+        )
+    values = dict(settings)
+    method = values.get(
+        "importance_reweighting_method", base_config.importance_reweighting_method
+    )
+    if method not in ("grpo", "gspo"):
+        values["cliprange"] = None
+    if values.get("loss_normalization", base_config.loss_normalization) == "constant":
+        max_new_tokens = base_config.max_new_tokens or _task_max_new_tokens(base_config)
+        values["normalization_constant"] = base_config.train_batch_size * max_new_tokens
+    else:
+        values["normalization_constant"] = None
+    return dataclasses.replace(base_config, **values)
+
+
+def settings_label(config: TrainConfig, base_config: TrainConfig) -> str:
+    """The widget settings in which ``config`` differs from ``base_config``."""
+    changed = [
+        f"{name}={getattr(config, name)}"
+        for name in WIDGET_CHOICES
+        if getattr(config, name) != getattr(base_config, name)
+    ]
+    return ", ".join(changed) or "base"
+
+
+def run_from_settings(
+    base_config: TrainConfig,
+    settings: dict[str, Any],
+    cache_dir: str | Path,
+    results: list[CachedRun],
+    train_fn: TrainFunction | None = None,
+) -> CachedRun:
+    """The widget's callback: run (or read) one setting and add it to ``results``."""
+    config = config_from_settings(base_config, settings)
+    run = run_cached(
+        config, cache_dir, train_fn, label=settings_label(config, base_config)
+    )
+    if all(existing.key != run.key for existing in results):
+        results.append(run)
+    return run
+
+
+def show_comparison(
+    results: Sequence[CachedRun], metrics: Sequence[str]
+) -> Figure | None:
+    """Draw ``metrics`` of ``results`` side by side, display, close, return."""
+    if not results:
+        return None
+    figure, axes = plt.subplots(
+        1, len(metrics), figsize=(5.2 * len(metrics), 3.6), squeeze=False
+    )
+    for axis, metric in zip(axes[0], metrics):
+        plot_comparison(results, metric, axis=axis)
+    figure.tight_layout()
+    display(figure)
+    plt.close(figure)
+    return figure
+
+
+def explorer_widget(
+    base_config: TrainConfig,
+    cache_dir: str | Path = DEFAULT_CACHE_DIR,
+    metrics: Sequence[str] = ("train/reward_mean", "eval/accuracy_greedy"),
+    results: list[CachedRun] | None = None,
+    train_fn: TrainFunction | None = None,
+) -> widgets.VBox:
+    """Dropdowns for each setting and a Run button; runs are compared below.
+
+    Nothing runs until the button is pressed, so displaying it never blocks.
+    """
+    results = [] if results is None else results
+    controls = {
+        name: widgets.Dropdown(
+            options=list(choices),
+            value=_closest_choice(getattr(base_config, name), choices),
+            description=name,
+            style={"description_width": "initial"},
+        )
+        for name, choices in WIDGET_CHOICES.items()
+    }
+    button = widgets.Button(description="Run (or load from cache)")
+    status = widgets.Label()
+    output = widgets.Output()
+
+    def on_click(_button: widgets.Button) -> None:
+        settings = {name: control.value for name, control in controls.items()}
+        status.value = "running…"
+        try:
+            run = run_from_settings(base_config, settings, cache_dir, results, train_fn)
+        except ValueError as error:
+            status.value = f"not run: {error}"
+            return
+        status.value = f"{run.label}: {'from cache' if run.from_cache else 'trained'}"
+        with output:
+            output.clear_output(wait=True)
+            show_comparison(results, metrics)
+
+    button.on_click(on_click)
+    return widgets.VBox(
+        [
+            widgets.HBox(list(controls.values())[:4]),
+            widgets.HBox(list(controls.values())[4:]),
+            widgets.HBox([button, status]),
+            output,
+        ]
+    )
+
+
+def _closest_choice(value: Any, choices: Sequence[Any]) -> Any:
+    if value in choices:
+        return value
+    if isinstance(value, (int, float)) and all(
+        isinstance(choice, (int, float)) for choice in choices
+    ):
+        return min(choices, key=lambda choice: abs(choice - value))
+    return choices[len(choices) // 2]

@@ -1,0 +1,199 @@
+"""Figures and HTML tables for the notebooks: plain functions that return them.
+
+Every function takes explicit numbers and returns a matplotlib ``Figure`` (or an
+HTML string) without showing it, so a test can call it and a widget can redraw
+it. Notebooks 01-05 use them.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+
+import matplotlib.pyplot as plt
+import torch
+from matplotlib.figure import Figure
+
+from grpo_lab.advantages import compute_group_normalized_rewards
+from grpo_lab.losses import compute_policy_gradient_loss
+
+PROMPT_COLOUR = "#e8e8e8"
+RESPONSE_COLOUR = "#b7e4c7"
+PAD_COLOUR = "#ffffff"
+
+
+def response_mask_table(
+    tokens: Sequence[Sequence[str]],
+    response_mask: Sequence[Sequence[int]],
+    pad_token: str = "<pad>",
+    row_labels: Sequence[str] | None = None,
+) -> str:
+    """An HTML table of tokens: green where response_mask = 1 (trained), grey
+    prompt, white padding. (B, T) tokens and mask of the same shape."""
+    if len(tokens) != len(response_mask) or any(
+        len(row) != len(mask_row) for row, mask_row in zip(tokens, response_mask)
+    ):
+        raise ValueError(
+            "tokens and response_mask must have the same (B, T) shape, got "
+            f"{[len(r) for r in tokens]} and {[len(r) for r in response_mask]}"
+        )
+    labels = list(row_labels) if row_labels is not None else None
+    rows = []
+    for index, (row, mask_row) in enumerate(zip(tokens, response_mask)):
+        cells = [
+            _mask_cell(token, flag, pad_token) for token, flag in zip(row, mask_row)
+        ]
+        label = html.escape(labels[index]) if labels else f"row {index}"
+        rows.append(
+            f"<tr><th style='padding:2px 6px'>{label}</th>{''.join(cells)}</tr>"
+        )
+    legend = (
+        f"<span style='background:{RESPONSE_COLOUR};padding:2px 6px'>response_mask = 1 "
+        f"(trained)</span> <span style='background:{PROMPT_COLOUR};padding:2px 6px'>"
+        "prompt (mask 0)</span> <span style='border:1px solid #ccc;padding:2px 6px'>"
+        "padding (mask 0)</span>"
+    )
+    return (
+        "<table style='border-collapse:collapse;font-family:monospace'>"
+        + "".join(rows)
+        + f"</table><div style='margin-top:4px'>{legend}</div>"
+    )
+
+
+def _mask_cell(token: str, flag: int, pad_token: str) -> str:
+    if flag:
+        colour = RESPONSE_COLOUR
+    elif token == pad_token:
+        colour = PAD_COLOUR
+    else:
+        colour = PROMPT_COLOUR
+    shown = html.escape(repr(token)[1:-1]) if token != pad_token else "·"
+    return (
+        f"<td style='background:{colour};border:1px solid #ccc;padding:2px 5px;"
+        f"text-align:center'>{shown}</td>"
+    )
+
+
+def plot_advantages(
+    rewards: Sequence[float],
+    baseline: str = "mean",
+    advantage_normalizer: str = "std",
+    advantage_eps: float = 1e-6,
+) -> Figure:
+    """Bar chart of one group's rewards and its advantages under one recipe."""
+    raw_rewards = torch.tensor(list(rewards), dtype=torch.float32)  # (G,)
+    advantages, _ = compute_group_normalized_rewards(
+        raw_rewards, len(rewards), baseline, advantage_eps, advantage_normalizer
+    )
+    figure, (reward_axis, advantage_axis) = plt.subplots(1, 2, figsize=(8, 3))
+    positions = range(len(rewards))
+    reward_axis.bar(positions, raw_rewards.tolist(), color="#6c8ebf")
+    reward_axis.set(title="rewards r_i", xlabel="response i", ylim=(-0.05, 1.05))
+    colours = ["#2a9d8f" if a >= 0 else "#e76f51" for a in advantages.tolist()]
+    advantage_axis.bar(positions, advantages.tolist(), color=colours)
+    advantage_axis.axhline(0, color="black", linewidth=0.8)
+    advantage_axis.set(
+        title=f"advantages (baseline={baseline}, normalizer={advantage_normalizer})",
+        xlabel="response i",
+    )
+    advantage_axis.title.set_fontsize(9)
+    figure.tight_layout()
+    return figure
+
+
+def clipped_objective_curves(
+    ratios: torch.Tensor, advantage: float, cliprange: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-token objective min(A w, A clip(w)) and its derivative d/dw, read
+    off the package loss by autograd. (N,) ratios -> two (N,) tensors."""
+    log_ratios = ratios.log().unsqueeze(0).requires_grad_(True)  # (1, N)
+    old_log_probs = torch.zeros_like(log_ratios)  # (1, N)
+    loss, _ = compute_policy_gradient_loss(
+        torch.tensor([advantage]), log_ratios, "grpo", old_log_probs, cliprange
+    )
+    objective = -loss  # (1, N)
+    (gradient_wrt_log_ratio,) = torch.autograd.grad(objective.sum(), log_ratios)
+    # d objective / d w = d objective / d log w * (1 / w)
+    gradient = gradient_wrt_log_ratio / ratios.unsqueeze(0)  # (1, N)
+    return objective.detach()[0], gradient.detach()[0]
+
+
+def plot_clipped_objective(cliprange: float = 0.2, max_ratio: float = 2.0) -> Figure:
+    """Objective and gradient against the ratio w, for A = +1 and A = -1."""
+    ratios = torch.linspace(0.01, max_ratio, 400)  # (N,)
+    figure, axes = plt.subplots(2, 2, figsize=(9, 5.5), sharex=True)
+    for column, advantage in enumerate((1.0, -1.0)):
+        objective, gradient = clipped_objective_curves(ratios, advantage, cliprange)
+        unclipped = advantage * ratios
+        axes[0, column].plot(
+            ratios, unclipped, "--", color="grey", label="A·w (no clip)"
+        )
+        axes[0, column].plot(
+            ratios, objective, color="#264653", label="min(A·w, A·clip(w))"
+        )
+        axes[1, column].plot(ratios, gradient, color="#e76f51")
+        for axis in axes[:, column]:
+            axis.axvspan(1 - cliprange, 1 + cliprange, color="#b7e4c7", alpha=0.5)
+            axis.axvline(1.0, color="black", linewidth=0.6)
+        axes[0, column].set_title(f"A = {advantage:+.0f}")
+        axes[0, column].legend(fontsize=8)
+        axes[1, column].set_xlabel("ratio w = π / π_old")
+    axes[0, 0].set_ylabel("objective (maximised)")
+    axes[1, 0].set_ylabel("d objective / d w")
+    figure.suptitle(f"PPO/GRPO clipping, cliprange ε = {cliprange:g} (green: 1 ± ε)")
+    figure.tight_layout()
+    return figure
+
+
+def plot_token_and_sequence_ratios(
+    token_log_ratios: Sequence[float],
+    token_cliprange: float = 0.2,
+    sequence_cliprange: float = 3e-4,
+) -> Figure:
+    """Token ratios w_t (bars) against GSPO's sequence ratio s (line), with each
+    method's clip band: tokens are clipped one by one, the sequence as a whole."""
+    log_ratios = torch.tensor(list(token_log_ratios), dtype=torch.float64)  # (T,)
+    token_ratios = log_ratios.exp()
+    sequence_ratio = log_ratios.mean().exp().item()
+    figure, axis = plt.subplots(figsize=(8, 3.2))
+    outside = (token_ratios - 1).abs() > token_cliprange
+    colours = ["#e76f51" if flag else "#6c8ebf" for flag in outside.tolist()]
+    positions = range(len(token_ratios))
+    axis.bar(positions, (token_ratios - 1).tolist(), bottom=1.0, color=colours)
+    axis.axhspan(1 - token_cliprange, 1 + token_cliprange, color="#b7e4c7", alpha=0.4)
+    axis.axhline(sequence_ratio, color="#264653", linewidth=2)
+    inside = abs(sequence_ratio - 1) <= sequence_cliprange
+    axis.set(
+        xlabel="response token t",
+        ylabel="ratio",
+        title=(
+            f"token ratios (bars; red = outside 1 ± {token_cliprange:g}) and sequence "
+            f"ratio s = {sequence_ratio:.5f} (line; "
+            f"{'inside' if inside else 'outside'} 1 ± {sequence_cliprange:g})"
+        ),
+    )
+    axis.title.set_fontsize(9)
+    figure.tight_layout()
+    return figure
+
+
+def plot_memory_against_chunk_size(
+    chunk_sizes: Sequence[int], saved_bytes: Sequence[int], full_bytes: int
+) -> Figure:
+    """Bytes saved for backward by chunked scoring, against the chunk size, next
+    to the unchunked figure."""
+    figure, axis = plt.subplots(figsize=(6, 3.2))
+    mebibytes = [value / 2**20 for value in saved_bytes]
+    axis.plot(list(chunk_sizes), mebibytes, "o-", label="chunked + checkpointed head")
+    axis.axhline(
+        full_bytes / 2**20, color="#e76f51", linestyle="--", label="no chunking"
+    )
+    axis.set(
+        xscale="log",
+        xlabel="logits_chunk_size (positions per chunk)",
+        ylabel="saved for backward (MiB)",
+        title="memory kept for backward by the log-prob computation",
+    )
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    return figure

@@ -1,0 +1,96 @@
+"""Student copies of the notebooks: solutions replaced by stubs, outputs cleared.
+
+Every line from ``### BEGIN SOLUTION`` to ``### END SOLUTION`` (markers
+included) becomes one ``raise NotImplementedError()`` at the indentation of the
+BEGIN marker; the code before and after the markers stays. The check cell that
+follows then reports "not attempted yet". Used by ``grpo-lab student-notebooks``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+
+BEGIN_MARKER = "### BEGIN SOLUTION"
+END_MARKER = "### END SOLUTION"
+STUB = "raise NotImplementedError()"
+
+
+def strip_solutions(source: str, where: str = "cell") -> str:
+    """The source with each solution block replaced by an indented stub.
+
+    ``where`` names the cell in error messages. Raises ValueError on an END
+    without BEGIN, a BEGIN inside a block, or a BEGIN never closed.
+    """
+    kept: list[str] = []
+    open_line: int | None = None
+    for number, line in enumerate(source.split("\n"), start=1):
+        marker = line.strip()
+        if marker == BEGIN_MARKER:
+            if open_line is not None:
+                raise ValueError(
+                    f"{where}: line {number} opens a solution block inside the one "
+                    f"opened at line {open_line}; expected {END_MARKER!r} first"
+                )
+            open_line = number
+            indent = line[: len(line) - len(line.lstrip())]
+            kept.append(f"{indent}{STUB}")
+        elif marker == END_MARKER:
+            if open_line is None:
+                raise ValueError(
+                    f"{where}: line {number} has {END_MARKER!r} with no "
+                    f"{BEGIN_MARKER!r} before it"
+                )
+            open_line = None
+        elif open_line is None:
+            kept.append(line)
+    if open_line is not None:
+        raise ValueError(
+            f"{where}: the solution block opened at line {open_line} has no "
+            f"{END_MARKER!r}"
+        )
+    return "\n".join(kept)
+
+
+def student_notebook(
+    notebook: nbformat.NotebookNode, name: str
+) -> nbformat.NotebookNode:
+    """A copy of ``notebook`` with solutions stubbed and every output cleared."""
+    copy = nbformat.from_dict(notebook)
+    for index, cell in enumerate(copy.cells):
+        if cell.cell_type != "code":
+            continue
+        cell.source = strip_solutions(cell.source, f"{name}, cell {index}")
+        cell.outputs = []
+        cell.execution_count = None
+    return copy
+
+
+def write_student_notebooks(source_dir: str | Path, out_dir: str | Path) -> list[Path]:
+    """Write a student copy of every ``*.ipynb`` in ``source_dir`` to ``out_dir``.
+
+    Returns the written paths in name order. All notebooks are converted before
+    any is written, so an unbalanced marker leaves ``out_dir`` untouched.
+    """
+    source_dir, out_dir = Path(source_dir), Path(out_dir)
+    if not source_dir.is_dir():
+        raise ValueError(f"source_dir must be a directory, got {str(source_dir)!r}")
+    sources = sorted(source_dir.glob("*.ipynb"))
+    if not sources:
+        raise ValueError(
+            f"source_dir must hold .ipynb files, found none in {source_dir}"
+        )
+    converted = [
+        (path.name, student_notebook(nbformat.read(path, as_version=4), path.name))
+        for path in sources
+    ]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, notebook in converted:
+        target = out_dir / name
+        temporary = target.with_suffix(".ipynb.tmp")
+        nbformat.write(notebook, temporary)
+        temporary.replace(target)
+        written.append(target)
+    return written

@@ -1,0 +1,514 @@
+"""The GRPO training loop: ``train(config)``, readable top to bottom.
+
+One step: sample G responses for each of B prompts, score each response once,
+normalize rewards within each group into advantages, then take policy-gradient
+steps on the very tokens that were sampled. Metrics go to ``metrics.jsonl``
+(one flat line per step), held-out accuracy is measured every ``eval_every``
+steps, and checkpoints let an interrupted run continue exactly.
+
+How this departs from textbook GRPO (DeepSeekMath), and why:
+
+1. No KL penalty and no reference model. Recent recipes (DAPO, Dr. GRPO,
+   nanochat) drop it; it costs a second model and rarely helps on verifiable
+   rewards.
+2. On-policy by default: one optimizer step per rollout batch, so the
+   importance ratio is exactly 1 and clipping does nothing. The ratio and the
+   PPO clip are used only when training goes off-policy
+   (``epochs_per_rollout_batch > 1`` or ``train_batch_size <
+   rollout_batch_size``); old log-probs are then scored once, without grad,
+   before the first update.
+3. Log-probs are scored from logits / temperature, the distribution the
+   rollouts were sampled from (as TRL does), not from the raw logits.
+4. Training scores the sampled token ids themselves; decoding to text and
+   re-tokenizing can change the tokens (only a backend that returns no ids
+   falls back to re-tokenizing strings).
+5. Groups whose rewards are all equal have zero advantage and contribute no
+   gradient; they are skipped in the update but still count in the divisor.
+6. Advantages can drop the std normalization (Dr. GRPO) or the baseline;
+   the loss can be averaged per sequence or divided by a constant.
+7. The CPU profile starts with a short supervised warm-up (``training/sft.py``):
+   a random model never samples a correct answer, and GRPO cannot learn from
+   groups that all score 0.
+
+Every random draw (prompts, samples, evaluation samples) is seeded from
+``(config.seed, purpose, step)``, so a resumed run repeats an uninterrupted
+one exactly on CPU. Taught in ``notebooks/`` on the training loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging as transformers_logging
+
+from grpo_lab.advantages import (
+    compute_group_normalized_rewards,
+    compute_rollout_rewards,
+)
+from grpo_lab.logprobs import score_response_tokens
+from grpo_lab.masks import pad_prompt_and_response_ids, tokenize_prompt_and_output
+from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2, load_pretrained
+from grpo_lab.rollouts import make_backend
+from grpo_lab.rollouts.base import RolloutBackend, Rollouts, SamplingSettings
+from grpo_lab.tasks import get_task
+from grpo_lab.tasks.base import Example, Task
+from grpo_lab.train_step import policy_gradient_update
+from grpo_lab.training import checkpoint as checkpoints
+from grpo_lab.training.config import TrainConfig
+from grpo_lab.training.metrics import (
+    append_metrics,
+    count_metric_lines,
+    flatten_metrics,
+    mean_metrics,
+    read_metrics,
+    truncate_metrics,
+)
+from grpo_lab.training.sft import WarmUpSettings, warm_up
+
+CONFIG_FILE = "config.json"
+FINAL_MODEL_DIR = "final_model"
+
+
+@dataclass
+class RunResult:
+    """Where a run wrote its files, and every metrics line it logged."""
+
+    # The run folder: config.json, metrics.jsonl, checkpoints/, final_model/.
+    run_dir: Path
+    # The lines of metrics.jsonl (SFT lines carry sft/..., GRPO lines a step).
+    history: list[dict[str, Any]]
+
+
+@dataclass
+class Policy:
+    """The model being trained and everything that moves with it."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    optimizer: torch.optim.Optimizer
+    backend: RolloutBackend
+
+
+def train(config: TrainConfig, progress: bool = True) -> RunResult:
+    """Run GRPO as ``config`` says; return the run folder and its metrics."""
+    run_dir = prepare_run_dir(config)
+    config = dataclasses.replace(config, run_dir=str(run_dir))
+    task = get_task(config.task, **config.task_options)
+    policy = build_policy(config)
+    eval_examples = task.eval(config.eval_size, seed=config.seed)
+    start_step = resume_or_start(config, run_dir, policy, task, eval_examples)
+    completed_step, weights_match_completed_step = start_step, True
+    steps = range(start_step + 1, config.steps + 1)
+    bar = tqdm(steps, desc="GRPO", disable=not progress, initial=start_step)
+    try:
+        for step in steps:
+            started = time.perf_counter()
+            rollouts, examples = sample_rollout_batch(config, task, policy, step)
+            weights_match_completed_step = False
+            record = grpo_update(config, task, policy, rollouts, examples)
+            record["time/step_seconds"] = time.perf_counter() - started
+            if _evaluation_due(config, step):
+                record.update(evaluate(config, task, policy, eval_examples, step))
+            append_metrics(run_dir, {"step": step, **record})
+            completed_step, weights_match_completed_step = step, True
+            if config.checkpoint_every and step % config.checkpoint_every == 0:
+                save_checkpoint(config, run_dir, policy, step)
+            bar.update(1)
+            bar.set_postfix(_progress_summary(record), refresh=False)
+    except KeyboardInterrupt:
+        if weights_match_completed_step:
+            save_checkpoint(config, run_dir, policy, completed_step)
+        raise
+    finally:
+        bar.close()
+    if not _has_checkpoint(run_dir, completed_step):
+        save_checkpoint(config, run_dir, policy, completed_step)
+    save_final_model(policy, run_dir / FINAL_MODEL_DIR)
+    return RunResult(run_dir=run_dir, history=read_metrics(run_dir))
+
+
+# --- setting up -------------------------------------------------------------
+
+
+def prepare_run_dir(config: TrainConfig) -> Path:
+    """Create the run folder and write config.json; refuse to overwrite a run."""
+    if config.run_dir is None:
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+        run_dir = Path("runs") / f"{config.task}-{stamp}"
+    else:
+        run_dir = Path(config.run_dir)
+    has_run = (run_dir / "metrics.jsonl").exists() or checkpoints.list_checkpoints(
+        run_dir
+    )
+    if has_run and not config.resume:
+        raise ValueError(
+            f"run_dir {str(run_dir)!r} already holds a run; pass resume=True "
+            "(grpo-lab train --resume RUN_DIR) or choose another run_dir"
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    written = dataclasses.replace(config, run_dir=str(run_dir))
+    temporary = run_dir / f".{CONFIG_FILE}.tmp"
+    temporary.write_text(written.to_json() + "\n", encoding="utf-8")
+    temporary.replace(run_dir / CONFIG_FILE)
+    return run_dir
+
+
+def build_policy(config: TrainConfig) -> Policy:
+    """Model, tokenizer, AdamW and rollout backend, as ``config`` describes."""
+    if config.model == "tiny":
+        tokenizer = build_char_tokenizer()
+        model = build_tiny_qwen2(
+            tokenizer,
+            hidden_size=config.tiny_hidden_size,
+            num_layers=config.tiny_num_layers,
+            intermediate_size=config.tiny_intermediate_size,
+            seed=config.seed,
+        )
+    else:
+        transformers_logging.disable_progress_bar()
+        model, tokenizer = load_pretrained(config.model, dtype=config.dtype)
+    model.to(device=config.device, dtype=getattr(torch, config.dtype))
+    if config.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+    model.train()
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=config.lr,
+        weight_decay=config.weight_decay,
+        betas=(0.9, config.adam_beta2),
+    )
+    backend = build_backend(config, model, tokenizer)
+    return Policy(model, tokenizer, optimizer, backend)
+
+
+def build_backend(
+    config: TrainConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
+) -> RolloutBackend:
+    """The hf backend wraps the live model; vllm loads its own copy, then syncs."""
+    if config.backend == "hf":
+        return make_backend(
+            "hf", model, tokenizer, max_batch_size=config.rollout_max_batch_size
+        )
+    backend = make_backend(
+        "vllm",
+        model,
+        tokenizer,
+        model_name_or_path=config.model,
+        dtype=config.autocast_dtype or config.dtype,
+        gpu_memory_utilization=config.vllm_gpu_memory_utilization,
+        seed=config.seed,
+    )
+    backend.sync(model)
+    return backend
+
+
+def resume_or_start(
+    config: TrainConfig,
+    run_dir: Path,
+    policy: Policy,
+    task: Task,
+    eval_examples: list[Example],
+) -> int:
+    """The last completed step: a checkpoint's when resuming, else 0 after warm-up.
+
+    A fresh start runs the supervised warm-up (if configured) and logs a step-0
+    evaluation, the accuracy GRPO starts from.
+    """
+    if config.resume:
+        found = checkpoints.latest_checkpoint(run_dir)
+        if found is not None:
+            path, payload = found
+            state = checkpoints.restore_checkpoint(
+                payload, path, policy.model, policy.optimizer
+            )
+            truncate_metrics(run_dir, state.metrics_offset)
+            policy.backend.sync(policy.model)
+            return state.step
+        truncate_metrics(run_dir, 0)  # nothing saved yet: start over
+    if config.sft_max_steps > 0:
+        warm_up(
+            policy.model,
+            policy.tokenizer,
+            policy.backend,
+            task,
+            warm_up_settings(config, task),
+            log=lambda record: append_metrics(run_dir, record),
+        )
+        policy.backend.sync(policy.model)
+    if config.eval_every:
+        append_metrics(
+            run_dir, {"step": 0, **evaluate(config, task, policy, eval_examples, 0)}
+        )
+    if config.sft_max_steps > 0 and config.checkpoint_every:
+        save_checkpoint(config, run_dir, policy, 0)
+    return 0
+
+
+def warm_up_settings(config: TrainConfig, task: Task) -> WarmUpSettings:
+    """The SFT fields of ``config`` as :class:`WarmUpSettings`."""
+    return WarmUpSettings(
+        max_steps=config.sft_max_steps,
+        batch_size=config.sft_batch_size,
+        lr=config.sft_lr,
+        eval_every=config.sft_eval_every,
+        target_accuracy=config.sft_target_accuracy,
+        held_out=task.eval(config.sft_eval_size, seed=derived_seed(config, "sft", 0)),
+        sampling=sampling_settings(config, task, derived_seed(config, "sft", 1)),
+        train_seed=derived_seed(config, "sft", 2),
+    )
+
+
+def derived_seed(config: TrainConfig, purpose: str, step: int) -> int:
+    """A seed for one purpose at one step, fixed by ``config.seed`` alone."""
+    return random.Random(f"{config.seed}/{purpose}/{step}").randrange(2**31)
+
+
+def sampling_settings(
+    config: TrainConfig, task: Task, seed: int | None, temperature: float | None = None
+) -> SamplingSettings:
+    """Rollout sampling: config temperature/top-p, the task's stop strings."""
+    return SamplingSettings(
+        temperature=config.temperature if temperature is None else temperature,
+        top_p=config.top_p,
+        max_new_tokens=config.max_new_tokens or task.max_new_tokens,
+        stop_strings=tuple(task.stop_strings),
+        seed=seed,
+    )
+
+
+# --- one GRPO step ------------------------------------------------------------
+
+
+def sample_rollout_batch(
+    config: TrainConfig, task: Task, policy: Policy, step: int
+) -> tuple[Rollouts, list[Example]]:
+    """B prompts from the train split, G sampled responses each (B·G rollouts)."""
+    examples = task.train(config.prompts_per_step, derived_seed(config, "prompts", step))
+    sampling = sampling_settings(config, task, derived_seed(config, "rollouts", step))
+    with autocast(config):
+        rollouts = policy.backend.generate(
+            [example.prompt for example in examples], config.group_size, sampling
+        )
+    return rollouts, examples
+
+
+def grpo_update(
+    config: TrainConfig,
+    task: Task,
+    policy: Policy,
+    rollouts: Rollouts,
+    examples: list[Example],
+) -> dict[str, Any]:
+    """Rewards -> advantages -> tokens -> (old log-probs) -> optimizer steps."""
+    repeated_truths = [e.ground_truth for e in examples for _ in range(config.group_size)]
+    raw_rewards, reward_metadata = compute_rollout_rewards(
+        task.reward_fn, rollouts.responses, repeated_truths
+    )  # (B·G,)
+    advantages, advantage_metadata = compute_group_normalized_rewards(
+        raw_rewards,
+        config.group_size,
+        config.baseline,
+        config.advantage_eps,
+        config.advantage_normalizer,
+    )  # (B·G,)
+    batch = rollout_token_batch(rollouts, policy.tokenizer)
+    old_log_probs = (
+        score_old_log_probs(config, policy.model, batch) if config.off_policy else None
+    )
+    update_records = []
+    for _epoch in range(config.epochs_per_rollout_batch):
+        for rows in train_batch_rows(config):
+            _, metadata = policy_gradient_update(
+                policy.model,
+                policy.optimizer,
+                config.gradient_accumulation_steps,
+                config.max_grad_norm,
+                {key: value[rows] for key, value in batch.items()},
+                advantages[rows],
+                importance_reweighting_method=config.importance_reweighting_method,
+                old_log_probs=None if old_log_probs is None else old_log_probs[rows],
+                cliprange=config.cliprange,
+                loss_normalization=config.loss_normalization,
+                normalization_constant=config.normalization_constant,
+                temperature=config.temperature,
+                logits_chunk_size=config.logits_chunk_size,
+            )
+            update_records.append(metadata)
+    policy.backend.sync(policy.model)
+    return {
+        **flatten_metrics("train", reward_metadata),
+        **flatten_metrics("train", advantage_metadata),
+        **_response_statistics(rollouts, raw_rewards, config.group_size),
+        **flatten_metrics("loss", mean_metrics(update_records)),
+        "train/optimizer_steps": sum(r["optimizer_step"] for r in update_records),
+    }
+
+
+def rollout_token_batch(
+    rollouts: Rollouts, tokenizer: PreTrainedTokenizerBase
+) -> dict[str, torch.Tensor]:
+    """input_ids, labels, response_mask (B·G, T) from the sampled token ids.
+
+    Falls back to tokenizing the strings only when the backend gave no ids.
+    """
+    if rollouts.prompt_token_ids is None or rollouts.response_token_ids is None:
+        return tokenize_prompt_and_output(
+            rollouts.prompts, rollouts.responses, tokenizer
+        )
+    return pad_prompt_and_response_ids(
+        rollouts.prompt_token_ids, rollouts.response_token_ids, tokenizer.pad_token_id
+    )
+
+
+def score_old_log_probs(
+    config: TrainConfig, model: PreTrainedModel, batch: dict[str, torch.Tensor]
+) -> torch.Tensor:
+    """log pi_old(token) of every sampled token, once, before any update. (B, T)
+
+    Scored at the sampling temperature, in microbatches of the update's size.
+    """
+    device = next(model.parameters()).device
+    microbatch_size = config.train_batch_size // config.gradient_accumulation_steps
+    chunks = []
+    with torch.no_grad(), autocast(config):
+        for start in range(0, batch["input_ids"].shape[0], microbatch_size):
+            rows = slice(start, start + microbatch_size)
+            scored = score_response_tokens(
+                model,
+                batch["input_ids"][rows].to(device),  # (b, T)
+                batch["labels"][rows].to(device),  # (b, T)
+                temperature=config.temperature,
+                logits_chunk_size=config.logits_chunk_size,
+            )
+            chunks.append(scored["log_probs"].float())  # (b, T)
+    return torch.cat(chunks, dim=0)  # (B, T)
+
+
+def train_batch_rows(config: TrainConfig) -> list[slice]:
+    """Consecutive train batches; whole groups each (group_size divides them).
+
+    Prompts are drawn i.i.d., so consecutive slices are already in random order.
+    """
+    size = config.train_batch_size
+    return [
+        slice(start, start + size)
+        for start in range(0, config.rollout_batch_size, size)
+    ]
+
+
+def _response_statistics(
+    rollouts: Rollouts, raw_rewards: torch.Tensor, group_size: int
+) -> dict[str, float]:
+    if rollouts.response_token_ids is not None:
+        lengths = [len(ids) for ids in rollouts.response_token_ids]
+    else:
+        lengths = [len(text) for text in rollouts.responses]
+    grouped = raw_rewards.reshape(-1, group_size)  # (n_groups, G)
+    all_equal = (grouped == grouped[:, :1]).all(dim=1)  # (n_groups,)
+    return {
+        "train/response_length": sum(lengths) / len(lengths),
+        "train/response_length_max": float(max(lengths)),
+        "train/equal_reward_group_fraction": all_equal.float().mean().item(),
+    }
+
+
+# --- evaluation, checkpoints, output -------------------------------------------
+
+
+def evaluate(
+    config: TrainConfig,
+    task: Task,
+    policy: Policy,
+    examples: list[Example],
+    step: int,
+) -> dict[str, float]:
+    """Held-out accuracy, greedy and sampled; format rate and length (greedy)."""
+    truths = [example.ground_truth for example in examples]
+    prompts = [example.prompt for example in examples]
+    with autocast(config):
+        greedy = policy.backend.generate(
+            prompts, 1, sampling_settings(config, task, None, temperature=0.0)
+        )
+        sampled = policy.backend.generate(
+            prompts, 1, sampling_settings(config, task, derived_seed(config, "eval", step))
+        )
+    greedy_scores = [task.reward_fn(r, t) for r, t in zip(greedy.responses, truths)]
+    sampled_scores = [task.reward_fn(r, t) for r, t in zip(sampled.responses, truths)]
+    return {
+        "eval/accuracy_greedy": _mean(s["answer_reward"] for s in greedy_scores),
+        "eval/accuracy_sampled": _mean(s["answer_reward"] for s in sampled_scores),
+        "eval/format_rate": _mean(s["format_reward"] for s in greedy_scores),
+        "eval/response_length": _response_statistics(
+            greedy, torch.zeros(len(prompts)), 1
+        )["train/response_length"],
+    }
+
+
+def save_checkpoint(
+    config: TrainConfig, run_dir: Path, policy: Policy, step: int
+) -> Path:
+    """A checkpoint after ``step`` (metrics offset: lines written so far)."""
+    return checkpoints.save_checkpoint(
+        run_dir,
+        step,
+        policy.model,
+        policy.optimizer,
+        config.to_dict(),
+        metrics_offset=count_metric_lines(run_dir),
+    )
+
+
+def save_final_model(policy: Policy, folder: Path) -> None:
+    """``save_pretrained`` the model and tokenizer (loadable by transformers)."""
+    transformers_logging.disable_progress_bar()
+    policy.model.save_pretrained(folder)
+    policy.tokenizer.save_pretrained(folder)
+
+
+@contextlib.contextmanager
+def autocast(config: TrainConfig) -> Iterator[None]:
+    """``torch.autocast`` to ``config.autocast_dtype``, or nothing when unset."""
+    if config.autocast_dtype is None:
+        yield
+        return
+    device_type = torch.device(config.device).type
+    with torch.autocast(device_type, dtype=getattr(torch, config.autocast_dtype)):
+        yield
+
+
+def _evaluation_due(config: TrainConfig, step: int) -> bool:
+    """Every ``eval_every`` steps, and after the last step."""
+    return bool(config.eval_every) and (
+        step % config.eval_every == 0 or step == config.steps
+    )
+
+
+def _has_checkpoint(run_dir: Path, step: int) -> bool:
+    return any(
+        path.name == f"step_{step:06d}.pt"
+        for path in checkpoints.list_checkpoints(run_dir)
+    )
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else 0.0
+
+
+def _progress_summary(record: dict[str, Any]) -> dict[str, str]:
+    summary = {"reward": f"{record.get('train/reward_mean', 0.0):.2f}"}
+    if "eval/accuracy_greedy" in record:
+        summary["eval"] = f"{record['eval/accuracy_greedy']:.2f}"
+    return summary

@@ -1,0 +1,145 @@
+"""Supervised warm-up: teach a random model the answer format before GRPO.
+
+A freshly initialised model almost never samples a correct answer, and GRPO
+learns nothing from a group whose rewards are all zero. A few hundred steps of
+cross-entropy on demonstrations (the correct response followed by EOS) lift
+sampled accuracy to a modest threshold; GRPO does the rest.
+
+    loss = -mean over response tokens of log p(token | prompt, earlier tokens)
+
+Taught in ``notebooks/`` on the training loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from grpo_lab.logprobs import get_response_log_probs
+from grpo_lab.masks import masked_mean, pad_prompt_and_response_ids
+from grpo_lab.rollouts.base import RolloutBackend, SamplingSettings
+from grpo_lab.tasks.base import Example, Task
+
+
+@dataclass(frozen=True)
+class WarmUpSettings:
+    """How long and how hard the supervised warm-up trains."""
+
+    # Most optimizer steps.
+    max_steps: int
+    # Demonstrations per optimizer step.
+    batch_size: int
+    # AdamW learning rate.
+    lr: float
+    # Check sampled accuracy every this many steps.
+    eval_every: int
+    # Stop once sampled accuracy on ``held_out`` reaches this.
+    target_accuracy: float
+    # Held-out examples for the accuracy check.
+    held_out: list[Example]
+    # How the check samples; its seed (if any) is offset by the step.
+    sampling: SamplingSettings
+    # Step k trains on task.train(batch_size, seed=train_seed + k).
+    train_seed: int
+
+
+def demonstration_batch(
+    examples: list[Example], tokenizer: PreTrainedTokenizerBase
+) -> dict[str, torch.Tensor]:
+    """Prompt ids + demonstration ids + EOS, shifted and padded: (B, T) tensors."""
+    missing = [example.prompt for example in examples if example.demonstration is None]
+    if missing:
+        raise ValueError(
+            f"examples must carry a demonstration for SFT, got none for {missing[:3]}"
+        )
+    prompt_ids = [
+        tokenizer.encode(example.prompt, add_special_tokens=False)
+        for example in examples
+    ]
+    response_ids = [
+        tokenizer.encode(example.demonstration, add_special_tokens=False)
+        + [tokenizer.eos_token_id]
+        for example in examples
+    ]
+    return pad_prompt_and_response_ids(prompt_ids, response_ids, tokenizer.pad_token_id)
+
+
+def sft_step(
+    model: PreTrainedModel,
+    optimizer: torch.optim.Optimizer,
+    batch: dict[str, torch.Tensor],
+    max_grad_norm: float | None = 1.0,
+) -> float:
+    """One cross-entropy step on response tokens; returns the loss."""
+    device = next(model.parameters()).device
+    batch = {key: value.to(device) for key, value in batch.items()}
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    log_probs = get_response_log_probs(model, batch["input_ids"], batch["labels"])[
+        "log_probs"
+    ]  # (B, T)
+    loss = -masked_mean(log_probs, batch["response_mask"])
+    if not torch.isfinite(loss):
+        raise RuntimeError("Non-finite SFT loss; optimizer step aborted")
+    loss.backward()
+    if max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.item()
+
+
+def sampled_accuracy(
+    backend: RolloutBackend,
+    task: Task,
+    examples: list[Example],
+    sampling: SamplingSettings,
+) -> float:
+    """Mean answer reward of one sampled response per example."""
+    rollouts = backend.generate([e.prompt for e in examples], 1, sampling)
+    rewards = [
+        task.reward_fn(response, example.ground_truth)["answer_reward"]
+        for response, example in zip(rollouts.responses, examples)
+    ]
+    return sum(rewards) / len(rewards)
+
+
+def warm_up(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    backend: RolloutBackend,
+    task: Task,
+    settings: WarmUpSettings,
+    log: Callable[[dict[str, Any]], None],
+) -> list[dict[str, Any]]:
+    """SFT until sampled held-out accuracy reaches the target or the step cap.
+
+    Uses its own AdamW (the GRPO optimizer starts fresh afterwards). Each step's
+    record (``sft/step``, ``sft/loss``, and ``sft/accuracy_sampled`` on check
+    steps) goes to ``log`` and is returned.
+    """
+    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr)
+    records = []
+    for step in range(1, settings.max_steps + 1):
+        examples = task.train(settings.batch_size, settings.train_seed + step)
+        loss = sft_step(model, optimizer, demonstration_batch(examples, tokenizer))
+        record: dict[str, Any] = {"sft/step": step, "sft/loss": loss}
+        if step % settings.eval_every == 0 or step == settings.max_steps:
+            record["sft/accuracy_sampled"] = sampled_accuracy(
+                backend, task, settings.held_out, _reseeded(settings.sampling, step)
+            )
+        log(record)
+        records.append(record)
+        if record.get("sft/accuracy_sampled", -1.0) >= settings.target_accuracy:
+            break
+    return records
+
+
+def _reseeded(sampling: SamplingSettings, step: int) -> SamplingSettings:
+    seed = None if sampling.seed is None else sampling.seed + step
+    return dataclasses.replace(sampling, seed=seed)

@@ -1,0 +1,185 @@
+"""Tests for grpo_lab.advantages: rollout rewards and group-normalized advantages."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from grpo_lab.advantages import (
+    compute_group_normalized_rewards,
+    compute_rollout_rewards,
+)
+
+# Two groups of G = 4:
+#   group 1: [1, 0, 0, 1]  mean 0.5   deviations +-0.5, sum of squares 1.0,
+#            sample std sqrt(1.0 / 3) = 0.57735
+#   group 2: [1, 1, 1, 0]  mean 0.75  deviations [.25, .25, .25, -.75],
+#            sum of squares 0.75, sample std sqrt(0.75 / 3) = 0.5
+REWARDS = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0])
+SQRT_THIRD = math.sqrt(1 / 3)
+
+
+def normalize(baseline, normalizer, rewards=REWARDS, group_size=4, eps=0.0):
+    return compute_group_normalized_rewards(
+        rewards, group_size, baseline, eps, normalizer
+    )
+
+
+def test_std_normalizer_with_mean_baseline_by_hand():
+    advantages, metadata = normalize("mean", "std")
+    half = 0.5 / SQRT_THIRD  # 0.866025
+    expected = [half, -half, -half, half, 0.5, 0.5, 0.5, -1.5]  # 0.25/0.5, -0.75/0.5
+    assert advantages.tolist() == pytest.approx(expected, abs=1e-6)
+    assert metadata["advantage_mean"] == pytest.approx(0.0, abs=1e-6)
+    assert metadata["advantage_std"] == pytest.approx(
+        torch.tensor(expected).std().item(), abs=1e-6
+    )
+
+
+def test_none_normalizer_with_mean_baseline_by_hand():
+    advantages, _ = normalize("mean", "none")
+    assert advantages.tolist() == [0.5, -0.5, -0.5, 0.5, 0.25, 0.25, 0.25, -0.75]
+
+
+def test_mean_normalizer_with_mean_baseline_by_hand():
+    # group 1: [.5, -.5, -.5, .5] / 0.5;  group 2: [.25, .25, .25, -.75] / 0.75
+    advantages, _ = normalize("mean", "mean")
+    expected = [1.0, -1.0, -1.0, 1.0, 1 / 3, 1 / 3, 1 / 3, -1.0]
+    assert advantages.tolist() == pytest.approx(expected, abs=1e-6)
+
+
+def test_no_baseline_keeps_raw_rewards_and_still_normalizes():
+    advantages, _ = normalize("none", "none")
+    assert advantages.tolist() == REWARDS.tolist()
+    advantages, _ = normalize("none", "std")
+    # group 1: [1, 0, 0, 1] / 0.57735; group 2: [1, 1, 1, 0] / 0.5
+    expected = [1 / SQRT_THIRD, 0, 0, 1 / SQRT_THIRD, 2.0, 2.0, 2.0, 0.0]
+    assert advantages.tolist() == pytest.approx(expected, abs=1e-6)
+
+
+def test_eps_is_added_to_the_divisor():
+    # A group of equal rewards has std 0: the advantages are 0 / eps = 0, not NaN.
+    advantages, _ = normalize("mean", "std", torch.tensor([1.0, 1.0]), 2, eps=1e-6)
+    assert advantages.tolist() == [0.0, 0.0]
+    # [0, 2]: mean 1, sample std sqrt(2) -> +-1 / (sqrt(2) + 0.1)
+    advantages, _ = normalize("mean", "std", torch.tensor([0.0, 2.0]), 2, eps=0.1)
+    assert advantages.tolist() == pytest.approx(
+        [-1 / (2**0.5 + 0.1), 1 / (2**0.5 + 0.1)]
+    )
+
+
+reward_lists = st.integers(1, 4).flatmap(
+    lambda group_size: st.tuples(
+        st.just(group_size),
+        st.lists(
+            st.floats(-10, 10), min_size=group_size, max_size=4 * group_size
+        ).filter(lambda rewards: len(rewards) % group_size == 0),
+    )
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(case=reward_lists, normalizer=st.sampled_from(["none", "std"]))
+def test_mean_baseline_gives_zero_mean_per_group(case, normalizer):
+    group_size, rewards = case
+    if normalizer == "std" and group_size == 1:
+        return  # the sample std of one reward is undefined
+    advantages, _ = normalize(
+        "mean", normalizer, torch.tensor(rewards, dtype=torch.float64), group_size, 1e-6
+    )
+    group_means = advantages.reshape(-1, group_size).mean(dim=1)
+    assert torch.allclose(group_means, torch.zeros_like(group_means), atol=1e-6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    case=reward_lists,
+    scale=st.floats(0.1, 10),
+    shift=st.floats(-5, 5),
+)
+def test_std_normalized_advantages_ignore_reward_scale_and_shift(case, scale, shift):
+    group_size, rewards = case
+    rewards = torch.tensor(rewards, dtype=torch.float64)
+    if group_size == 1 or (rewards.reshape(-1, group_size).std(dim=1) < 1e-3).any():
+        return  # undefined (G = 1) or eps-dominated groups
+    plain, _ = normalize("mean", "std", rewards, group_size)
+    moved, _ = normalize("mean", "std", rewards * scale + shift, group_size)
+    assert torch.allclose(plain, moved, atol=1e-6)
+    group_stds = plain.reshape(-1, group_size).std(dim=1)
+    assert torch.allclose(group_stds, torch.ones_like(group_stds), atol=1e-6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=reward_lists, data=st.data())
+def test_groups_are_independent_and_permutation_equivariant(case, data):
+    group_size, rewards = case
+    rewards = torch.tensor(rewards, dtype=torch.float64)
+    permutation = torch.tensor(data.draw(st.permutations(range(group_size))))
+    for normalizer in ("none", "mean"):
+        advantages, _ = normalize("mean", normalizer, rewards, group_size, 1e-6)
+        permuted = rewards.reshape(-1, group_size)[:, permutation].flatten()
+        advantages_of_permuted, _ = normalize(
+            "mean", normalizer, permuted, group_size, 1e-6
+        )
+        expected = advantages.reshape(-1, group_size)[:, permutation].flatten()
+        assert torch.allclose(advantages_of_permuted, expected, atol=1e-9)
+
+
+def exact_match(response: str, truth: str) -> dict[str, float]:
+    correct = float(response == truth)
+    return {"reward": correct, "format_reward": 1.0, "answer_reward": correct}
+
+
+def test_rollout_rewards_by_hand():
+    calls = []
+
+    def reward_fn(response, truth):
+        calls.append((response, truth))
+        return exact_match(response, truth)
+
+    rewards, metadata = compute_rollout_rewards(
+        reward_fn, ["1", "2", "3", "3"], ["1", "1", "3", "4"]
+    )
+    assert rewards.tolist() == [1.0, 0.0, 1.0, 0.0]
+    assert rewards.dtype == torch.float32
+    assert calls == [("1", "1"), ("2", "1"), ("3", "3"), ("3", "4")]  # once each
+    assert metadata == {
+        "reward_mean": 0.5,
+        "format_reward_mean": 1.0,
+        "answer_reward_mean": 0.5,
+    }
+
+
+def test_advantage_errors():
+    with pytest.raises(
+        ValueError, match=r"raw_rewards must be one-dimensional, got shape \(2, 2\)"
+    ):
+        compute_group_normalized_rewards(torch.zeros(2, 2), 2)
+    with pytest.raises(ValueError, match=r"group_size must be positive, got 0"):
+        compute_group_normalized_rewards(torch.zeros(4), 0)
+    with pytest.raises(
+        ValueError,
+        match=r"number of rewards \(5\) must be divisible by group_size \(2\)",
+    ):
+        compute_group_normalized_rewards(torch.zeros(5), 2)
+    with pytest.raises(ValueError, match=r"baseline must be one of .*got 'median'"):
+        compute_group_normalized_rewards(torch.zeros(4), 2, baseline="median")
+    with pytest.raises(
+        ValueError, match=r"advantage_normalizer must be one of .*got 'max'"
+    ):
+        compute_group_normalized_rewards(torch.zeros(4), 2, advantage_normalizer="max")
+
+
+def test_rollout_reward_errors():
+    with pytest.raises(ValueError, match=r"must have the same length, got 2 and 1"):
+        compute_rollout_rewards(exact_match, ["a", "b"], ["a"])
+    with pytest.raises(
+        ValueError, match=r"reward_fn must return a dict with keys .*got \['reward'\]"
+    ):
+        compute_rollout_rewards(lambda r, t: {"reward": 1.0}, ["a"], ["a"])
+    with pytest.raises(ValueError, match=r"reward_fn must return a dict .*got float"):
+        compute_rollout_rewards(lambda r, t: 1.0, ["a"], ["a"])

@@ -1,0 +1,291 @@
+"""Tests for grpo_lab.teaching.explorer: cache keys, cached runs, sweeps, plots."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+
+import matplotlib
+import pytest
+
+matplotlib.use("Agg")
+
+from grpo_lab.teaching import explorer
+from grpo_lab.training.config import TrainConfig
+from grpo_lab.training.loop import RunResult
+
+
+class FakeTrain:
+    """Stands in for grpo_lab.training.train: reward_mean = lr * step, logged."""
+
+    def __init__(self, fail: bool = False):
+        self.configs: list[TrainConfig] = []
+        self.fail = fail
+
+    def __call__(self, config: TrainConfig, progress: bool = True) -> RunResult:
+        self.configs.append(config)
+        Path(config.run_dir).mkdir(parents=True)
+        (Path(config.run_dir) / "weights.bin").write_bytes(b"0" * 10)
+        if self.fail:
+            raise RuntimeError("training crashed")
+        history = [{"sft/loss": 2.0}]  # an SFT line: no step
+        history += [
+            {"step": step, "train/reward_mean": config.lr * step} for step in (1, 2, 3)
+        ]
+        history.append({"step": 3, "eval/accuracy_greedy": 0.5})
+        return RunResult(run_dir=Path(config.run_dir), history=history)
+
+
+@pytest.fixture
+def base_config() -> TrainConfig:
+    return TrainConfig.for_profile("cpu", steps=3, max_new_tokens=7)
+
+
+def test_cache_key_is_sha256_of_sorted_json_without_location(base_config):
+    values = base_config.to_dict()
+    del values["run_dir"], values["resume"]
+    text = json.dumps(values, sort_keys=True, separators=(",", ":"))
+    expected = hashlib.sha256(text.encode()).hexdigest()[:16]
+    assert explorer.config_cache_key(base_config) == expected
+
+
+def test_cache_key_ignores_run_dir_and_field_order(base_config):
+    moved = dataclasses.replace(base_config, run_dir="/elsewhere", resume=True)
+    reordered = TrainConfig.from_dict(dict(reversed(base_config.to_dict().items())))
+    key = explorer.config_cache_key(base_config)
+    assert explorer.config_cache_key(moved) == key
+    assert explorer.config_cache_key(reordered) == key
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"lr": 3e-3}, {"group_size": 4}, {"seed": 1}, {"task_options": {"n_digits": 4}}],
+)
+def test_cache_key_changes_with_any_field_that_changes_the_run(base_config, change):
+    changed = dataclasses.replace(base_config, **change)
+    assert explorer.config_cache_key(changed) != explorer.config_cache_key(base_config)
+
+
+def test_run_cached_trains_once_then_reads_the_cache(base_config, tmp_path):
+    fake = FakeTrain()
+    first = explorer.run_cached(base_config, tmp_path, fake, label="base")
+    second = explorer.run_cached(base_config, tmp_path, fake, label="again")
+    assert len(fake.configs) == 1
+    assert (first.from_cache, second.from_cache) == (False, True)
+    assert second.history == first.history
+    assert second.label == "again" and second.key == first.key
+    # The cache keeps config and metrics only: no weights, no temporary folders.
+    assert sorted(p.name for p in tmp_path.iterdir()) == [first.key]
+    entry = tmp_path / first.key
+    assert sorted(p.name for p in entry.iterdir()) == ["config.json", "history.json"]
+    stored = json.loads((entry / "config.json").read_text())
+    assert stored["lr"] == base_config.lr and "run_dir" not in stored
+
+
+def test_run_cached_trains_in_a_fresh_folder_inside_the_cache(base_config, tmp_path):
+    fake = FakeTrain()
+    explorer.run_cached(dataclasses.replace(base_config, run_dir="x"), tmp_path, fake)
+    trained = fake.configs[0]
+    assert Path(trained.run_dir).parent.parent == tmp_path
+    assert trained.resume is False
+
+
+def test_run_cached_different_config_trains_again(base_config, tmp_path):
+    fake = FakeTrain()
+    explorer.run_cached(base_config, tmp_path, fake)
+    other = explorer.run_cached(
+        dataclasses.replace(base_config, lr=0.01), tmp_path, fake
+    )
+    assert len(fake.configs) == 2 and not other.from_cache
+    # reward_mean = lr * step: the second run's own history was stored.
+    assert explorer.metric_curve(other.history, "train/reward_mean")[1] == [
+        0.01,
+        0.02,
+        0.03,
+    ]
+
+
+def test_run_cached_leaves_no_entry_when_training_fails(base_config, tmp_path):
+    with pytest.raises(RuntimeError, match="crashed"):
+        explorer.run_cached(base_config, tmp_path, FakeTrain(fail=True))
+    assert list(tmp_path.iterdir()) == []
+    fake = FakeTrain()
+    assert not explorer.run_cached(base_config, tmp_path, fake).from_cache
+
+
+def test_sweep_varies_one_field_and_labels_runs(base_config, tmp_path):
+    fake = FakeTrain()
+    runs = explorer.sweep(base_config, "lr", [1e-3, 3e-3], tmp_path, fake)
+    assert [run.label for run in runs] == ["lr=0.001", "lr=0.003"]
+    assert [c.lr for c in fake.configs] == [1e-3, 3e-3]
+    assert all(c.group_size == base_config.group_size for c in fake.configs)
+    again = explorer.sweep(base_config, "lr", [3e-3], tmp_path, fake)
+    assert again[0].from_cache and len(fake.configs) == 2
+
+
+@pytest.mark.parametrize("field", ["learning_rate", "run_dir"])
+def test_sweep_rejects_fields_that_do_not_change_a_run(base_config, tmp_path, field):
+    with pytest.raises(ValueError, match=f"field must be .*got '{field}'"):
+        explorer.sweep(base_config, field, [1], tmp_path, FakeTrain())
+
+
+def test_sweep_rejects_no_values(base_config, tmp_path):
+    with pytest.raises(ValueError, match="values must hold"):
+        explorer.sweep(base_config, "lr", [], tmp_path, FakeTrain())
+
+
+def test_ablation_configs_change_one_idea_each(base_config):
+    configs = explorer.ablation_configs(base_config, off_policy_epochs=2)
+    assert list(configs) == [
+        "baseline",
+        "no std normalization",
+        "constant normalization",
+        "off-policy epochs, clip",
+        "off-policy epochs, no clip",
+    ]
+    base = base_config.to_dict()
+
+    def changed(name):
+        values = configs[name].to_dict()
+        return {key: values[key] for key in values if values[key] != base[key]}
+
+    assert changed("baseline") == {}
+    assert changed("no std normalization") == {"advantage_normalizer": "none"}
+    # C = train_batch_size * max_new_tokens = 256 * 7 = 1792
+    assert changed("constant normalization") == {
+        "loss_normalization": "constant",
+        "normalization_constant": 1792,
+    }
+    assert changed("off-policy epochs, clip") == {
+        "epochs_per_rollout_batch": 2,
+        "importance_reweighting_method": "grpo",
+        "cliprange": 0.2,
+    }
+    assert changed("off-policy epochs, no clip")["importance_reweighting_method"] == (
+        "noclip"
+    )
+    assert all(config.off_policy for config in list(configs.values())[3:])
+
+
+def test_ablation_configs_rejects_bad_arguments(base_config):
+    with pytest.raises(ValueError, match="off_policy_epochs must be at least 2"):
+        explorer.ablation_configs(base_config, off_policy_epochs=1)
+    with pytest.raises(ValueError, match="cliprange must be positive, got 0"):
+        explorer.ablation_configs(base_config, cliprange=0)
+
+
+def test_run_ablations_labels_by_name(base_config, tmp_path):
+    configs = explorer.ablation_configs(base_config)
+    runs = explorer.run_ablations(configs, tmp_path, FakeTrain())
+    assert [run.label for run in runs] == list(configs)
+    assert len({run.key for run in runs}) == len(configs)
+
+
+def test_metric_curve_skips_lines_without_step_or_value():
+    history = [
+        {"sft/loss": 1.0},
+        {"step": 1, "train/reward_mean": 0.2},
+        {"step": 2, "train/reward_mean": None},  # non-finite values are logged None
+        {"step": 3, "train/reward_mean": 0.5},
+    ]
+    assert explorer.metric_curve(history, "train/reward_mean") == ([1, 3], [0.2, 0.5])
+
+
+def test_plot_comparison_draws_one_line_per_run(base_config, tmp_path):
+    runs = explorer.sweep(base_config, "lr", [1e-3, 1e-2], tmp_path, FakeTrain())
+    figure = explorer.plot_comparison(runs, "train/reward_mean")
+    lines = figure.axes[0].get_lines()
+    assert [line.get_label() for line in lines] == ["lr=0.001", "lr=0.01"]
+    assert list(lines[1].get_xdata()) == [1, 2, 3]
+    assert list(lines[1].get_ydata()) == pytest.approx([0.01, 0.02, 0.03])
+    assert figure.axes[0].get_ylabel() == "train/reward_mean"
+    matplotlib.pyplot.close(figure)
+
+
+def test_plot_comparison_rejects_a_metric_no_run_logged(base_config, tmp_path):
+    runs = explorer.sweep(base_config, "lr", [1e-3], tmp_path, FakeTrain())
+    with pytest.raises(ValueError, match="got 'eval/accuracy'"):
+        explorer.plot_comparison(runs, "eval/accuracy")
+
+
+def test_final_values(base_config, tmp_path):
+    runs = explorer.sweep(base_config, "lr", [1e-3, 1e-2], tmp_path, FakeTrain())
+    assert explorer.final_values(runs, "train/reward_mean") == pytest.approx(
+        {"lr=0.001": 0.003, "lr=0.01": 0.03}
+    )
+
+
+def test_config_from_settings_drops_settings_that_do_not_matter(base_config):
+    with_clip = {"importance_reweighting_method": "none", "cliprange": 0.3}
+    config = explorer.config_from_settings(base_config, with_clip)
+    assert config.cliprange is None
+    assert explorer.config_cache_key(config) == explorer.config_cache_key(
+        explorer.config_from_settings(base_config, {"cliprange": 0.1})
+    )
+    constant = explorer.config_from_settings(
+        base_config, {"loss_normalization": "constant"}
+    )
+    assert constant.normalization_constant == 256 * 7
+
+
+def test_config_from_settings_rejects_unknown_and_inconsistent(base_config):
+    with pytest.raises(ValueError, match=r"settings must be some of .*\['warmup'\]"):
+        explorer.config_from_settings(base_config, {"warmup": 3})
+    # Off-policy epochs without an importance ratio: the config's own error.
+    with pytest.raises(ValueError, match="importance_reweighting_method must be"):
+        explorer.config_from_settings(base_config, {"epochs_per_rollout_batch": 2})
+
+
+def test_widget_callback_runs_once_per_setting(base_config, tmp_path):
+    fake = FakeTrain()
+    results: list[explorer.CachedRun] = []
+    settings = {"lr": 3e-3, "importance_reweighting_method": "none", "cliprange": 0.2}
+    run = explorer.run_from_settings(base_config, settings, tmp_path, results, fake)
+    again = explorer.run_from_settings(base_config, settings, tmp_path, results, fake)
+    assert run.label == "lr=0.003" and again.from_cache
+    assert len(results) == 1 and len(fake.configs) == 1
+    figure = explorer.show_comparison(results, ["train/reward_mean"])
+    assert figure is not None and len(figure.axes) == 1
+    assert explorer.show_comparison([], ["train/reward_mean"]) is None
+
+
+def test_explorer_widget_builds_without_running(base_config, tmp_path):
+    fake = FakeTrain()
+    widget = explorer.explorer_widget(base_config, tmp_path, train_fn=fake)
+    assert fake.configs == []
+    dropdowns = [
+        child
+        for row in widget.children[:2]
+        for child in row.children
+        if hasattr(child, "options")
+    ]
+    assert {d.description for d in dropdowns} == set(explorer.WIDGET_CHOICES)
+    button = widget.children[2].children[0]
+    button.click()
+    assert len(fake.configs) == 1
+
+
+@pytest.mark.slow
+def test_real_tiny_run_is_cached(tmp_path):
+    config = TrainConfig.for_profile(
+        "cpu",
+        steps=2,
+        rollout_batch_size=8,
+        group_size=4,
+        train_batch_size=8,
+        tiny_hidden_size=16,
+        sft_max_steps=0,
+        eval_every=1,
+        eval_size=4,
+        checkpoint_every=0,
+    )
+    first = explorer.run_cached(config, tmp_path)
+    second = explorer.run_cached(config, tmp_path)
+    assert not first.from_cache and second.from_cache
+    steps, rewards = explorer.metric_curve(first.history, "train/reward_mean")
+    assert steps == [1, 2] and all(0.0 <= r <= 1.0 for r in rewards)
+    assert second.history == first.history
+    entry = tmp_path / first.key
+    assert sorted(p.name for p in entry.iterdir()) == ["config.json", "history.json"]
