@@ -10,10 +10,19 @@ set -uo pipefail
 
 cd "$(dirname "$0")/.."
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$(pwd)"
-PYTHON="${PYTHON:-python}"
-if [ -x .venv/bin/python ] && [ "$PYTHON" = python ] && ! command -v python >/dev/null; then
-    PYTHON=.venv/bin/python
+# The first interpreter (or $PYTHON, if set) that imports torch and transformers.
+PYTHON_FOUND=""
+for candidate in ${PYTHON:-python python3 .venv/bin/python}; do
+    if "$candidate" -c "import torch, transformers" >/dev/null 2>&1; then
+        PYTHON_FOUND=$candidate
+        break
+    fi
+done
+if [ -z "$PYTHON_FOUND" ]; then
+    echo "no python that imports torch and transformers (set PYTHON=...)" >&2
+    exit 2
 fi
+PYTHON=$PYTHON_FOUND
 OUT_DIR="${OUT:-benchmarks/out/gpu}"
 mkdir -p "$OUT_DIR"
 
@@ -51,11 +60,13 @@ if [ $SMOKE -eq 1 ]; then
     run gpu_throughput 300 "$PYTHON" benchmarks/gpu_throughput.py --smoke \
         --out "$OUT_DIR/gpu_throughput.json"
 else
-    # Realistic head sizes: B=4 sequences of 1024 and 4096 tokens, bfloat16.
+    # Qwen2's head: vocabulary 151,936, B=4 sequences of 1024 and 4096 tokens,
+    # bfloat16, head frozen and trainable (24 cases, one process).
     run logprob_memory 180 "$PYTHON" benchmarks/logprob_memory.py --device cuda \
-        --dtype bfloat16 --in-process --batch-size 4 --seq-lens 1024 4096 \
+        --dtype bfloat16 --in-process --batch-size 4 --vocab-sizes 151936 \
+        --seq-lens 1024 4096 --heads frozen trainable \
         --chunk-sizes 256 512 1024 2048 --out "$OUT_DIR/logprob_memory_gpu.json"
-    run gpu_throughput 240 "$PYTHON" benchmarks/gpu_throughput.py --device cuda \
+    run gpu_throughput 200 "$PYTHON" benchmarks/gpu_throughput.py --device cuda \
         --out "$OUT_DIR/gpu_throughput.json"
 fi
 

@@ -90,7 +90,6 @@ def random_batch(batch_size, seq_len, prompt_len, vocab_size, device):
 
 
 def train_step_throughput(model, arguments, device, chunk_size: int) -> dict:
-    model.config.grpo_logits_chunk_size = chunk_size
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.0)
     batch, advantages = random_batch(
@@ -107,7 +106,15 @@ def train_step_throughput(model, arguments, device, chunk_size: int) -> dict:
     for step in range(arguments.warmup_steps + arguments.steps):
         synchronize(device)
         start = time.perf_counter()
-        policy_gradient_update(model, optimizer, accumulation, 1.0, batch, advantages)
+        policy_gradient_update(
+            model,
+            optimizer,
+            accumulation,
+            1.0,
+            batch,
+            advantages,
+            logits_chunk_size=chunk_size,
+        )
         synchronize(device)
         if step >= arguments.warmup_steps:
             seconds.append(time.perf_counter() - start)

@@ -208,8 +208,8 @@ def add_ratios(rows: list[dict]) -> None:
         reference = naive.get((row["head"], row["vocab_size"], row["seq_len"]))
         if reference is None:
             continue
-        row["memory_reduction_vs_naive"] = reference["peak_bytes"] / max(
-            1, row["peak_bytes"]
+        row["memory_reduction_vs_naive"] = (
+            reference["peak_bytes"] / row["peak_bytes"] if row["peak_bytes"] else None
         )
         row["time_vs_naive"] = row["seconds"] / reference["seconds"]
         row["peak_mib"] = row["peak_bytes"] / 2**20

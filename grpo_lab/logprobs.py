@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
-from transformers import PreTrainedModel
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 # Architectures whose logits are exactly lm_head(model.model(...).last_hidden_state),
 # so logits_chunk_size > 0 may call the decoder and the head itself. Checked in
@@ -210,8 +213,12 @@ def get_response_log_probs(
         logits = model(input_ids).logits.float()  # (B, T, V)
         torch.log_softmax(logits, dim=-1).gather(-1, labels[..., None]).squeeze(-1)
 
-    Returns ``{"log_probs": (B, T)}`` (float32 for half-precision models) and, with
-    ``return_token_entropy``, ``"token_entropy": (B, T)`` (no gradient).
+    Returns ``{"log_probs": (B, T)}`` and, with ``return_token_entropy``,
+    ``"token_entropy": (B, T)`` (no gradient). Half-precision logits are upcast to
+    float32 a few rows at a time, never as a whole (B, T, V) copy: bfloat16 keeps
+    8 mantissa bits and cannot resolve a ratio of 1 +/- 3e-4 (GSPO's clip range).
+    Autograd keeps only the logits and a (B, T) log-normalizer; backward writes
+    the logits' gradient chunk by chunk into one buffer.
 
     ``logits_chunk_size``: ``None`` reads ``model.config.grpo_logits_chunk_size``
     (default 0). 0 runs the model's own forward. A positive size (for the model

@@ -115,7 +115,7 @@ def _grpo_clip_loss(
     per_token_loss = -torch.minimum(advantages * ratio, advantages * clipped_ratio)
     token_count = token_mask.sum().detach()
     clip_count = (
-        _clip_removes_gradient(advantages, ratio, cliprange)
+        token_mask & _clip_removes_gradient(advantages, ratio, cliprange)
     ).sum()
     return per_token_loss, {
         "clip_fraction": (clip_count / token_count.clamp_min(1)).detach(),

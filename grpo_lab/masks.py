@@ -5,8 +5,12 @@ Taught in ``notebooks/01_tokenization_and_masks.ipynb``.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
-from transformers import PreTrainedTokenizerBase
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 def tokenize_prompt_and_output(

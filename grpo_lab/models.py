@@ -89,6 +89,8 @@ def build_bpe_tokenizer(
 
 def tokenizer_training_corpus(seed: int = 0, num_lines: int = 2000) -> list[str]:
     """Deterministic lines of numbers, arithmetic, words and math text."""
+    if num_lines < 1:
+        raise ValueError(f"num_lines must be a positive integer, got {num_lines}")
     rng = random.Random(seed)
     makers = (_arithmetic_line, _digits_line, _words_line, _math_line)
     return [makers[index % len(makers)](rng) for index in range(num_lines)]

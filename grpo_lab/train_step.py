@@ -8,10 +8,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
-from transformers import PreTrainedTokenizerBase
 
 from grpo_lab.advantages import (
     compute_group_normalized_rewards,
@@ -25,6 +24,9 @@ from grpo_lab.losses import (
     compute_policy_gradient_loss,
 )
 from grpo_lab.masks import tokenize_prompt_and_output
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 BATCH_KEYS = ("input_ids", "labels", "response_mask")
 _COUNT_KEYS = ("clip_count", "clip_total", "importance_ratio_count")
@@ -171,14 +173,9 @@ def policy_gradient_update(
     active = _select_rows(batch, advantages, old_log_probs, active_indices)
     # Keep the configured microbatch size; fewer active rows mean fewer microbatches.
     microbatch_size = -(-batch_size // gradient_accumulation_steps)
-    accumulator = _DiagnosticAccumulator(device)
-    for rows in torch.arange(active_indices.numel()).split(microbatch_size):
-        microbatch = {
-            key: value.index_select(0, rows.to(value.device)).to(device)
-            for key, value in active.items()
-        }
-        scale = rows.numel() / batch_size if loss_normalization == "sequence" else 1.0
-        _backward_microbatch(model, microbatch, scale, accumulator, settings)
+    accumulator = _accumulate_gradients(
+        model, active, microbatch_size, batch_size, settings, device
+    )
     gradient_norm = _checked_gradient_norm(model, max_grad_norm, device)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -210,6 +207,32 @@ def _select_rows(
         key: value.index_select(0, indices.to(value.device))
         for key, value in tensors.items()
     }
+
+
+def _accumulate_gradients(
+    model: torch.nn.Module,
+    active: dict[str, torch.Tensor],
+    microbatch_size: int,
+    batch_size: int,
+    settings: _UpdateSettings,
+    device: torch.device,
+) -> _DiagnosticAccumulator:
+    """Backpropagate every microbatch of the active rows; gradients add up."""
+    accumulator = _DiagnosticAccumulator(device)
+    active_count = active["advantages"].shape[0]
+    for rows in torch.arange(active_count).split(microbatch_size):
+        microbatch = {
+            key: value.index_select(0, rows.to(value.device)).to(device)
+            for key, value in active.items()
+        }
+        # A sequence-mean over b rows, weighted b / B, sums to the mean over B rows.
+        scale = (
+            rows.numel() / batch_size
+            if settings.loss_normalization == "sequence"
+            else 1.0
+        )
+        _backward_microbatch(model, microbatch, scale, accumulator, settings)
+    return accumulator
 
 
 def _backward_microbatch(

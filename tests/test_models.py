@@ -85,6 +85,10 @@ def test_bpe_tokenizer_round_trips_any_text(bpe_tokenizer, text):
 def test_bpe_tokenizer_errors():
     with pytest.raises(ValueError, match=r"vocab_size must be at least 258 .*got 100"):
         build_bpe_tokenizer(vocab_size=100)
+    with pytest.raises(
+        ValueError, match=r"num_lines must be a positive integer, got 0"
+    ):
+        tokenizer_training_corpus(num_lines=0)
 
 
 @pytest.mark.parametrize("kind", ["char", "bpe"])

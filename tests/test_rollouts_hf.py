@@ -63,7 +63,7 @@ def test_first_token_frequencies_match_softmax_of_logits_over_temperature(
     # A sharper model than the fixture so that temperature changes the target.
     model = build_tiny_qwen2(tokenizer, hidden_size=32, num_layers=1, seed=3)
     with torch.no_grad():
-        model.model.embed_tokens.weight.mul_(40.0)  # logits spread over a few nats
+        model.model.embed_tokens.weight.mul_(5.0)  # entropy ~4.2 nats, top-1 ~0.13
     # Hub checkpoints ship sampling tweaks; the backend must ignore them.
     model.generation_config.top_k = 5
     model.generation_config.repetition_penalty = 3.0
@@ -86,7 +86,9 @@ def test_first_token_frequencies_match_softmax_of_logits_over_temperature(
     # mean = degrees, sd = sqrt(2 * degrees); a top-k or a penalty adds thousands.
     assert chi_square < degrees + 6 * (2 * degrees) ** 0.5, (chi_square, degrees)
     total_variation = 0.5 * (counts / sample_count - probabilities.double()).abs().sum()
-    assert total_variation < 0.05
+    # Sampling noise alone gives about sum_v sqrt(2 p_v / (pi n)) / 2 ~ 0.05 here;
+    # a top-50 cut would add the 0.23 mass beyond the top 50 tokens.
+    assert total_variation < 0.1
     # Tokens outside the top 50 (and the configured top 5) are sampled too.
     outside_top_50 = probabilities.argsort(descending=True)[50:]
     assert counts[outside_top_50].sum() > 0
@@ -96,7 +98,7 @@ def test_first_token_frequencies_match_softmax_of_logits_over_temperature(
 def test_top_p_keeps_only_the_nucleus(tokenizer):
     model = build_tiny_qwen2(tokenizer, hidden_size=32, num_layers=1, seed=3)
     with torch.no_grad():
-        model.model.embed_tokens.weight.mul_(40.0)
+        model.model.embed_tokens.weight.mul_(5.0)
     prompt_ids = tokenizer.encode("12345>")
     probabilities = first_token_distribution(model, prompt_ids, 1.0)
     sorted_probabilities, order = probabilities.sort(descending=True)

@@ -12,6 +12,7 @@ Taught in ``notebooks/`` on the training loop.
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import re
 from dataclasses import dataclass
@@ -166,7 +167,7 @@ def latest_checkpoint(
     for path in reversed(list_checkpoints(run_dir)):
         try:
             return path, load_checkpoint_file(path)
-        except (OSError, RuntimeError, ValueError, EOFError):
+        except (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError):
             continue
     return None
 

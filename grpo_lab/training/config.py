@@ -56,8 +56,11 @@ class TrainConfig:
     epochs_per_rollout_batch: int = 1
     # Microbatches per optimizer step (train_batch_size / microbatch size).
     gradient_accumulation_steps: int = 1
-    # AdamW learning rate.
+    # AdamW learning rate (after warm-up).
     lr: float = 1e-3
+    # Steps over which the learning rate ramps linearly from lr / warm-up to lr:
+    # Adam's first updates move every weight by ~lr whatever its gradient's noise.
+    lr_warmup_steps: int = 0
     # AdamW weight decay.
     weight_decay: float = 0.0
     # AdamW beta2; lower values adapt faster to the noisy policy gradient.
@@ -300,7 +303,13 @@ def _check_sizes(config: TrainConfig) -> None:
                 f"{small} must divide {large} ({getattr(config, large)}), "
                 f"got {getattr(config, small)}"
             )
-    for name in ("eval_every", "eval_size", "checkpoint_every", "sft_max_steps"):
+    for name in (
+        "eval_every",
+        "eval_size",
+        "checkpoint_every",
+        "sft_max_steps",
+        "lr_warmup_steps",
+    ):
         if getattr(config, name) < 0:
             raise ValueError(f"{name} must be >= 0, got {getattr(config, name)!r}")
 

@@ -114,6 +114,7 @@ def train(config: TrainConfig, progress: bool = True) -> RunResult:
     try:
         for step in steps:
             started = time.perf_counter()
+            set_learning_rate(policy.optimizer, learning_rate_at(config, step))
             rollouts, examples = sample_rollout_batch(config, task, policy, step)
             weights_match_completed_step = False
             record = grpo_update(config, task, policy, rollouts, examples)
@@ -268,6 +269,19 @@ def warm_up_settings(config: TrainConfig, task: Task) -> WarmUpSettings:
         sampling=sampling_settings(config, task, derived_seed(config, "sft", 1)),
         train_seed=derived_seed(config, "sft", 2),
     )
+
+
+def learning_rate_at(config: TrainConfig, step: int) -> float:
+    """lr * min(1, step / lr_warmup_steps): a linear warm-up, then constant."""
+    if config.lr_warmup_steps == 0:
+        return config.lr
+    return config.lr * min(1.0, step / config.lr_warmup_steps)
+
+
+def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Write ``lr`` into every parameter group."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
 
 
 def derived_seed(config: TrainConfig, purpose: str, step: int) -> int:

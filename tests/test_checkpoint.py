@@ -1,0 +1,167 @@
+"""Checkpoints: complete state, atomic files, skipping broken files, exact resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from grpo_lab.training import checkpoint as checkpoints
+from grpo_lab.training.metrics import read_metrics, step_records, without_timing
+
+
+def tiny_model_and_optimizer(seed: int = 0):
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def draws() -> tuple:
+    return random.random(), float(np.random.rand()), torch.rand(1).item()
+
+
+def test_round_trip_restores_weights_optimizer_and_every_rng(tmp_path):
+    model, optimizer = tiny_model_and_optimizer()
+    config = {"lr": 0.1, "task_options": {"n_digits": 5}}
+    random.seed(1)
+    np.random.seed(1)
+    torch.manual_seed(1)
+    path = checkpoints.save_checkpoint(tmp_path, 7, model, optimizer, config, 12)
+    expected_draws = draws()
+    assert path == tmp_path / "checkpoints" / "step_000007.pt"
+
+    other_model, other_optimizer = tiny_model_and_optimizer(seed=5)
+    found_path, payload = checkpoints.latest_checkpoint(tmp_path)
+    state = checkpoints.restore_checkpoint(
+        payload, found_path, other_model, other_optimizer
+    )
+    assert (state.step, state.metrics_offset, state.config) == (7, 12, config)
+    assert draws() == expected_draws
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(other_model.state_dict()[name], tensor)
+    moments = optimizer.state_dict()["state"][0]["exp_avg_sq"]
+    assert torch.equal(other_optimizer.state_dict()["state"][0]["exp_avg_sq"], moments)
+
+
+def test_no_temporary_files_and_only_the_newest_are_kept(tmp_path):
+    model, optimizer = tiny_model_and_optimizer()
+    for step in (2, 4, 6):
+        checkpoints.save_checkpoint(tmp_path, step, model, optimizer, {}, 0, keep_last=2)
+    names = sorted(os.listdir(tmp_path / "checkpoints"))
+    assert names == ["step_000004.pt", "step_000006.pt"]
+
+
+def test_a_broken_newest_checkpoint_is_skipped(tmp_path):
+    model, optimizer = tiny_model_and_optimizer()
+    checkpoints.save_checkpoint(tmp_path, 3, model, optimizer, {}, 5)
+    (tmp_path / "checkpoints" / "step_000009.pt").write_bytes(b"not a checkpoint")
+    (tmp_path / "checkpoints" / ".step_000010.pt.123.tmp").write_bytes(b"partial")
+    path, payload = checkpoints.latest_checkpoint(tmp_path)
+    assert path.name == "step_000003.pt" and payload["metrics_offset"] == 5
+
+
+def test_no_checkpoint_gives_none(tmp_path):
+    assert checkpoints.latest_checkpoint(tmp_path) is None
+    assert checkpoints.list_checkpoints(tmp_path) == []
+
+
+def test_bad_files_and_arguments_raise(tmp_path):
+    model, optimizer = tiny_model_and_optimizer()
+    torch.save({"step": 1}, tmp_path / "partial.pt")
+    with pytest.raises(ValueError, match="lacks"):
+        checkpoints.load_checkpoint_file(tmp_path / "partial.pt")
+    path = checkpoints.save_checkpoint(tmp_path, 1, model, optimizer, {}, 0)
+    payload = torch.load(path, weights_only=True)
+    payload["format_version"] = 99
+    torch.save(payload, tmp_path / "future.pt")
+    with pytest.raises(ValueError, match="format_version must be 1"):
+        checkpoints.load_checkpoint_file(tmp_path / "future.pt")
+    with pytest.raises(ValueError, match="step must be >= 0"):
+        checkpoints.save_checkpoint(tmp_path, -1, model, optimizer, {}, 0)
+    with pytest.raises(ValueError, match="keep_last must be >= 1"):
+        checkpoints.save_checkpoint(tmp_path, 1, model, optimizer, {}, 0, keep_last=0)
+
+
+# A run small enough to finish in seconds; eval and checkpoints every 2 steps.
+TINY_RUN_FLAGS = [
+    "--profile", "cpu",
+    "--tiny-hidden-size", "32",
+    "--tiny-num-layers", "1",
+    "--tiny-intermediate-size", "64",
+    "--task-options", '{"n_digits": 3}',
+    "--steps", "8",
+    "--rollout-batch-size", "32",
+    "--group-size", "4",
+    "--train-batch-size", "32",
+    "--max-new-tokens", "5",
+    "--lr", "3e-3",
+    "--eval-every", "2",
+    "--eval-size", "16",
+    "--checkpoint-every", "2",
+    "--sft-max-steps", "3",
+    "--sft-eval-every", "3",
+    "--sft-eval-size", "8",
+    "--sft-batch-size", "8",
+    "--no-progress",
+]  # fmt: skip
+
+
+def run_cli(arguments: list[str], cwd: Path) -> subprocess.Popen:
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "grpo_lab.cli", "train", *arguments],
+        cwd=cwd,
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def comparable(run_dir: Path) -> list[dict]:
+    return [without_timing(record) for record in read_metrics(run_dir)]
+
+
+@pytest.mark.slow
+def test_a_run_killed_with_sigkill_resumes_to_the_same_metrics(tmp_path):
+    # Uninterrupted reference run.
+    reference = tmp_path / "reference"
+    finished = run_cli([*TINY_RUN_FLAGS, "--run-dir", str(reference)], tmp_path)
+    output, _ = finished.communicate(timeout=300)
+    assert finished.returncode == 0, output
+
+    # The same run, killed once its second checkpoint after step 0 exists.
+    killed = tmp_path / "killed"
+    process = run_cli(
+        [*TINY_RUN_FLAGS, "--run-dir", str(killed), "--steps", "400"], tmp_path
+    )
+    second_checkpoint = killed / "checkpoints" / "step_000004.pt"
+    deadline = time.monotonic() + 300
+    while not second_checkpoint.exists() and process.poll() is None:
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.communicate(timeout=60)
+    assert process.returncode == -signal.SIGKILL
+    lines_at_kill = len(read_metrics(killed))
+
+    # Resume with the reference's step count.
+    resumed = run_cli(["--resume", str(killed), "--steps", "8", "--no-progress"], tmp_path)
+    output, _ = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, output
+    assert json.loads((killed / "config.json").read_text())["steps"] == 8
+    assert lines_at_kill >= 1
+    assert len(step_records(read_metrics(killed))) == 9  # steps 0..8
+    assert comparable(killed) == comparable(reference)

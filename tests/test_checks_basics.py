@@ -1,0 +1,322 @@
+"""Exercise checks of notebooks 00-05: each accepts the reference, rejects
+plausible wrong answers with ExerciseFailed, and reports a stub as not attempted."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpo_lab.advantages import compute_group_normalized_rewards
+from grpo_lab.logprobs import compute_entropy
+from grpo_lab.losses import compute_policy_gradient_loss
+from grpo_lab.masks import pad_prompt_and_response_ids
+from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2
+from grpo_lab.teaching.checks import ExerciseFailed
+from grpo_lab.teaching.checks.advantages import check_group_normalized_advantages
+from grpo_lab.teaching.checks.gspo import check_sequence_ratio, reference_sequence_ratio
+from grpo_lab.teaching.checks.logprobs import (
+    check_token_entropy,
+    check_token_log_probs,
+    reference_token_log_probs,
+)
+from grpo_lab.teaching.checks.losses import check_clipped_loss
+from grpo_lab.teaching.checks.masks import check_response_mask
+from grpo_lab.teaching.checks.setup import check_greedy_next_token
+
+
+def stub(*args, **kwargs):
+    raise NotImplementedError()
+
+
+def assert_accepts(check, student_fn, capsys, *args):
+    assert check(student_fn, *args) is True
+    assert "correct" in capsys.readouterr().out
+
+
+def assert_rejects(check, student_fn, *args):
+    with pytest.raises(ExerciseFailed, match="For "):
+        check(student_fn, *args)
+
+
+def assert_not_attempted(check, capsys, *args):
+    assert check(stub, *args) is False
+    assert "not attempted yet" in capsys.readouterr().out
+
+
+# --- 00: greedy next token -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_model_and_tokenizer():
+    tokenizer = build_char_tokenizer()
+    return build_tiny_qwen2(tokenizer, hidden_size=32, num_layers=1, seed=0), tokenizer
+
+
+def greedy_reference(model, input_ids):
+    return model(input_ids).logits[:, -1, :].argmax(dim=-1)  # (B,)
+
+
+def greedy_first_position(model, input_ids):
+    return model(input_ids).logits[:, 0, :].argmax(dim=-1)
+
+
+def greedy_keeps_time_dim(model, input_ids):
+    return model(input_ids).logits[:, -1:, :].argmax(dim=-1)  # (B, 1)
+
+
+def test_greedy_check(tiny_model_and_tokenizer, capsys):
+    model, tokenizer = tiny_model_and_tokenizer
+    assert_accepts(check_greedy_next_token, greedy_reference, capsys, model, tokenizer)
+    assert_rejects(check_greedy_next_token, greedy_first_position, model, tokenizer)
+    assert_rejects(check_greedy_next_token, greedy_keeps_time_dim, model, tokenizer)
+    assert_not_attempted(check_greedy_next_token, capsys, model, tokenizer)
+
+
+# --- 01: response mask and shift ---------------------------------------------
+
+
+def mask_without_shift(prompt_ids, response_ids, pad_token_id):
+    # The mask over input_ids instead of labels: one position too late.
+    batch = pad_prompt_and_response_ids(prompt_ids, response_ids, pad_token_id)
+    full = [[0] * len(p) + [1] * len(r) for p, r in zip(prompt_ids, response_ids)]
+    longest = max(len(m) for m in full)
+    mask = torch.tensor([m + [0] * (longest - len(m)) for m in full])
+    return {**batch, "response_mask": mask[:, :-1]}
+
+
+def labels_not_shifted(prompt_ids, response_ids, pad_token_id):
+    batch = pad_prompt_and_response_ids(prompt_ids, response_ids, pad_token_id)
+    return {**batch, "labels": batch["input_ids"]}
+
+
+def mask_from_padding(prompt_ids, response_ids, pad_token_id):
+    batch = pad_prompt_and_response_ids(prompt_ids, response_ids, pad_token_id)
+    return {**batch, "response_mask": (batch["labels"] != pad_token_id).long()}
+
+
+def test_mask_check(capsys):
+    assert_accepts(check_response_mask, pad_prompt_and_response_ids, capsys)
+    for wrong in (mask_without_shift, labels_not_shifted, mask_from_padding):
+        assert_rejects(check_response_mask, wrong)
+    assert_not_attempted(check_response_mask, capsys)
+
+
+def test_mask_check_rejects_a_missing_key():
+    def no_mask(prompt_ids, response_ids, pad_token_id):
+        batch = pad_prompt_and_response_ids(prompt_ids, response_ids, pad_token_id)
+        return {"input_ids": batch["input_ids"], "labels": batch["labels"]}
+
+    with pytest.raises(ExerciseFailed, match="response_mask"):
+        check_response_mask(no_mask)
+
+
+# --- 02: log-probs and entropy -----------------------------------------------
+
+
+def log_probs_reference(logits, labels):
+    return reference_token_log_probs(logits, labels)
+
+
+def log_probs_unnormalized(logits, labels):
+    return logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # forgot logsumexp
+
+
+def log_probs_via_exp(logits, labels):
+    # log(softmax) by hand, without the max shift: overflows for logits ~1000.
+    probabilities = logits.exp() / logits.exp().sum(-1, keepdim=True)
+    return probabilities.log().gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+
+
+def log_probs_off_by_one(logits, labels):
+    return reference_token_log_probs(logits, labels.roll(1, dims=1))
+
+
+def test_log_prob_check(capsys):
+    assert_accepts(check_token_log_probs, log_probs_reference, capsys)
+    for wrong in (log_probs_unnormalized, log_probs_via_exp, log_probs_off_by_one):
+        assert_rejects(check_token_log_probs, wrong)
+    assert_not_attempted(check_token_log_probs, capsys)
+
+
+def test_reference_log_probs_match_log_softmax():
+    logits = torch.randn(2, 3, 7, generator=torch.Generator().manual_seed(0))
+    labels = torch.tensor([[0, 6, 3], [1, 1, 2]])
+    naive = torch.log_softmax(logits, -1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    assert torch.allclose(reference_token_log_probs(logits, labels), naive, atol=1e-6)
+
+
+def entropy_without_sign(logits):
+    return (torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
+
+
+def entropy_in_bits(logits):
+    return compute_entropy(logits) / torch.log(torch.tensor(2.0))
+
+
+def entropy_naive_log(logits):
+    probabilities = torch.softmax(logits, -1)
+    return -(probabilities * probabilities.log()).sum(-1)  # 0 * log 0 = nan
+
+
+def test_entropy_check(capsys):
+    assert_accepts(check_token_entropy, compute_entropy, capsys)
+    for wrong in (entropy_without_sign, entropy_in_bits, entropy_naive_log):
+        assert_rejects(check_token_entropy, wrong)
+    assert_not_attempted(check_token_entropy, capsys)
+
+
+# --- 03: group-normalized advantages -----------------------------------------
+
+
+def advantages_reference(raw_rewards, group_size, advantage_eps):
+    return compute_group_normalized_rewards(
+        raw_rewards, group_size, "mean", advantage_eps, "std"
+    )[0]
+
+
+def advantages_population_std(raw_rewards, group_size, advantage_eps):
+    grouped = raw_rewards.reshape(-1, group_size)
+    centered = grouped - grouped.mean(1, keepdim=True)
+    return (
+        centered / (grouped.std(1, unbiased=False, keepdim=True) + advantage_eps)
+    ).flatten()
+
+
+def advantages_batch_mean(raw_rewards, group_size, advantage_eps):
+    grouped = raw_rewards.reshape(-1, group_size)
+    centered = grouped - raw_rewards.mean()
+    return (centered / (grouped.std(1, keepdim=True) + advantage_eps)).flatten()
+
+
+def advantages_without_eps(raw_rewards, group_size, advantage_eps):
+    grouped = raw_rewards.reshape(-1, group_size)
+    centered = grouped - grouped.mean(1, keepdim=True)
+    return (centered / grouped.std(1, keepdim=True)).flatten()  # 0 / 0 = nan
+
+
+def advantages_transposed_groups(raw_rewards, group_size, advantage_eps):
+    # Groups read column-wise: the layout is group by group, not interleaved.
+    grouped = raw_rewards.reshape(group_size, -1).T
+    centered = grouped - grouped.mean(1, keepdim=True)
+    result = centered / (grouped.std(1, keepdim=True) + advantage_eps)
+    return result.T.flatten()
+
+
+def test_advantage_check(capsys):
+    assert_accepts(check_group_normalized_advantages, advantages_reference, capsys)
+    for wrong in (
+        advantages_population_std,
+        advantages_batch_mean,
+        advantages_without_eps,
+        advantages_transposed_groups,
+    ):
+        assert_rejects(check_group_normalized_advantages, wrong)
+    assert_not_attempted(check_group_normalized_advantages, capsys)
+
+
+# --- 04: clipped loss ---------------------------------------------------------
+
+
+def clipped_reference(advantages, policy_log_probs, old_log_probs, cliprange):
+    return compute_policy_gradient_loss(
+        advantages, policy_log_probs, "grpo", old_log_probs, cliprange
+    )[0]
+
+
+def _ratio_and_bounds(advantages, policy_log_probs, old_log_probs, cliprange):
+    ratio = torch.exp(policy_log_probs - old_log_probs)
+    clipped = ratio.clamp(1 - cliprange, 1 + cliprange)
+    return advantages.unsqueeze(-1), ratio, clipped
+
+
+def clipped_with_max(advantages, policy_log_probs, old_log_probs, cliprange):
+    a, ratio, clipped = _ratio_and_bounds(
+        advantages, policy_log_probs, old_log_probs, cliprange
+    )
+    return -torch.maximum(a * ratio, a * clipped)
+
+
+def clipped_log_ratio(advantages, policy_log_probs, old_log_probs, cliprange):
+    log_ratio = (policy_log_probs - old_log_probs).clamp(-cliprange, cliprange)
+    a = advantages.unsqueeze(-1)
+    return -torch.minimum(
+        a * (policy_log_probs - old_log_probs).exp(), a * log_ratio.exp()
+    )
+
+
+def clipped_without_sign(advantages, policy_log_probs, old_log_probs, cliprange):
+    a, ratio, clipped = _ratio_and_bounds(
+        advantages, policy_log_probs, old_log_probs, cliprange
+    )
+    return torch.minimum(a * ratio, a * clipped)
+
+
+def clipped_detached_ratio(advantages, policy_log_probs, old_log_probs, cliprange):
+    return clipped_reference(
+        advantages, policy_log_probs, old_log_probs, cliprange
+    ).detach()
+
+
+def clipped_only_clipped_term(advantages, policy_log_probs, old_log_probs, cliprange):
+    a, _, clipped = _ratio_and_bounds(
+        advantages, policy_log_probs, old_log_probs, cliprange
+    )
+    return -a * clipped
+
+
+def test_clipped_loss_check(capsys):
+    assert_accepts(check_clipped_loss, clipped_reference, capsys)
+    for wrong in (
+        clipped_with_max,
+        clipped_log_ratio,
+        clipped_without_sign,
+        clipped_detached_ratio,
+        clipped_only_clipped_term,
+    ):
+        assert_rejects(check_clipped_loss, wrong)
+    assert_not_attempted(check_clipped_loss, capsys)
+
+
+# --- 05: GSPO sequence ratio --------------------------------------------------
+
+
+def ratio_geometric(policy_log_probs, old_log_probs, response_mask):
+    log_ratio = (policy_log_probs - old_log_probs) * response_mask
+    return torch.exp(log_ratio.sum(1) / response_mask.sum(1))
+
+
+def ratio_arithmetic(policy_log_probs, old_log_probs, response_mask):
+    ratio = torch.exp(policy_log_probs - old_log_probs) * response_mask
+    return ratio.sum(1) / response_mask.sum(1)
+
+
+def ratio_product(policy_log_probs, old_log_probs, response_mask):
+    return torch.exp(((policy_log_probs - old_log_probs) * response_mask).sum(1))
+
+
+def ratio_ignores_mask(policy_log_probs, old_log_probs, response_mask):
+    return torch.exp((policy_log_probs - old_log_probs).mean(1))
+
+
+def test_sequence_ratio_check(capsys):
+    assert_accepts(check_sequence_ratio, ratio_geometric, capsys)
+    for wrong in (ratio_arithmetic, ratio_product, ratio_ignores_mask):
+        assert_rejects(check_sequence_ratio, wrong)
+    assert_not_attempted(check_sequence_ratio, capsys)
+
+
+def test_reference_sequence_ratio_by_hand():
+    # Token ratios 2 and 0.5 on the response: sqrt(2 * 0.5) = 1; 4 and 1: 2.
+    old = torch.zeros(2, 3)
+    policy = torch.tensor([[9.0, 2.0, 0.5], [9.0, 4.0, 1.0]]).log()
+    mask = torch.tensor([[0, 1, 1], [0, 1, 1]])
+    ratio = reference_sequence_ratio(policy, old, mask)
+    assert torch.allclose(ratio, torch.tensor([1.0, 2.0]), atol=1e-6)
+
+
+def test_a_student_exception_other_than_stub_propagates():
+    def broken(*args):
+        raise TypeError("typo in the student's code")
+
+    with pytest.raises(TypeError, match="typo"):
+        check_sequence_ratio(broken)

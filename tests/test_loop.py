@@ -1,0 +1,233 @@
+"""The GRPO loop: sampled ids trained, group-aligned batches, old log-probs, learning."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from grpo_lab.advantages import compute_group_normalized_rewards
+from grpo_lab.logprobs import get_response_log_probs, score_response_tokens
+from grpo_lab.models import build_char_tokenizer
+from grpo_lab.rollouts.base import Rollouts
+from grpo_lab.tasks import get_task
+from grpo_lab.training import loop
+from grpo_lab.training.config import TrainConfig
+from grpo_lab.training.metrics import read_metrics, step_records
+
+
+def tiny_config(tmp_path, **overrides) -> TrainConfig:
+    settings = {
+        "run_dir": str(tmp_path / "run"),
+        "tiny_hidden_size": 32,
+        "tiny_num_layers": 1,
+        "tiny_intermediate_size": 64,
+        "task_options": {"n_digits": 3},
+        "max_new_tokens": 5,
+        "rollout_batch_size": 32,
+        "group_size": 4,
+        "train_batch_size": 32,
+        "steps": 2,
+        "eval_every": 1,
+        "eval_size": 8,
+        "checkpoint_every": 1,
+        "sft_max_steps": 0,
+    }
+    return TrainConfig.for_profile("cpu", **{**settings, **overrides})
+
+
+class EvenFirstCharacter:
+    """Reward 1 when the response starts with an even digit: easy to learn."""
+
+    name = "even"
+    stop_strings = ()
+    max_new_tokens = 5
+
+    def reward_fn(self, response, ground_truth):
+        value = float(response[:1] in set("02468"))
+        return {"reward": value, "format_reward": value, "answer_reward": value}
+
+
+def test_training_uses_the_sampled_ids_not_a_re_tokenization():
+    tokenizer = build_char_tokenizer()
+    rollouts = Rollouts(
+        prompts=["1>"],
+        responses=["2"],
+        # Ids a re-tokenization of "2" could not give (an EOS the text hides).
+        prompt_token_ids=[[3, 83]],
+        response_token_ids=[[4, 1]],
+    )
+    batch = loop.rollout_token_batch(rollouts, tokenizer)
+    assert batch["input_ids"].tolist() == [[3, 83, 4]]
+    assert batch["labels"].tolist() == [[83, 4, 1]]
+    assert batch["response_mask"].tolist() == [[0, 1, 1]]
+    text_only = dataclasses.replace(rollouts, prompt_token_ids=None, response_token_ids=None)
+    assert loop.rollout_token_batch(text_only, tokenizer)["labels"].tolist() == [[83, 4]]
+
+
+def test_train_batches_hold_whole_groups(tmp_path):
+    config = tiny_config(
+        tmp_path, train_batch_size=8, importance_reweighting_method="grpo", cliprange=0.2
+    )
+    rows = loop.train_batch_rows(config)
+    assert rows == [slice(0, 8), slice(8, 16), slice(16, 24), slice(24, 32)]
+
+
+def test_seeds_depend_on_seed_purpose_and_step(tmp_path):
+    config = tiny_config(tmp_path)
+    assert loop.derived_seed(config, "rollouts", 3) == loop.derived_seed(config, "rollouts", 3)
+    seeds = {
+        loop.derived_seed(config, "rollouts", 3),
+        loop.derived_seed(config, "rollouts", 4),
+        loop.derived_seed(config, "prompts", 3),
+        loop.derived_seed(dataclasses.replace(config, seed=1), "rollouts", 3),
+    }
+    assert len(seeds) == 4
+
+
+def test_learning_rate_warms_up_linearly(tmp_path):
+    config = tiny_config(tmp_path, lr=1e-3, lr_warmup_steps=4)
+    # step / 4 of the full rate until step 4, then constant.
+    assert [loop.learning_rate_at(config, s) for s in (1, 2, 4, 9)] == pytest.approx(
+        [2.5e-4, 5e-4, 1e-3, 1e-3]
+    )
+
+
+def test_old_log_probs_are_scored_at_the_sampling_temperature(tmp_path):
+    config = tiny_config(
+        tmp_path,
+        temperature=0.7,
+        train_batch_size=8,
+        gradient_accumulation_steps=2,
+        importance_reweighting_method="grpo",
+        cliprange=0.2,
+    )
+    policy = loop.build_policy(config)
+    task = get_task("reverse", n_digits=3)
+    rollouts, _ = loop.sample_rollout_batch(config, task, policy, step=1)
+    batch = loop.rollout_token_batch(rollouts, policy.tokenizer)
+    old_log_probs = loop.score_old_log_probs(config, policy.model, batch)  # (32, T)
+    with torch.no_grad():
+        whole = score_response_tokens(
+            policy.model, batch["input_ids"], batch["labels"], temperature=0.7
+        )["log_probs"]
+        plain = get_response_log_probs(policy.model, batch["input_ids"], batch["labels"])
+    mask = batch["response_mask"].bool()
+    torch.testing.assert_close(old_log_probs[mask], whole[mask], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(old_log_probs[mask], plain["log_probs"][mask])
+
+
+def test_one_update_moves_log_probs_along_the_advantages(tmp_path):
+    config = tiny_config(tmp_path)
+    policy = loop.build_policy(config)
+    policy.optimizer = torch.optim.SGD(policy.model.parameters(), lr=0.5)
+    task = EvenFirstCharacter()
+    examples = get_task("reverse", n_digits=3).train(8, seed=0)
+    rollouts = policy.backend.generate(
+        [e.prompt for e in examples], 4, loop.sampling_settings(config, task, seed=1)
+    )
+    batch = loop.rollout_token_batch(rollouts, policy.tokenizer)
+
+    def response_log_probs():  # (B,)
+        with torch.no_grad():
+            scored = get_response_log_probs(
+                policy.model, batch["input_ids"], batch["labels"]
+            )["log_probs"]
+        return (scored * batch["response_mask"]).sum(dim=1)
+
+    before = response_log_probs()
+    record = loop.grpo_update(config, task, policy, rollouts, examples)
+    change = response_log_probs() - before
+    rewards = torch.tensor([task.reward_fn(r, "")["reward"] for r in rollouts.responses])
+    advantages, _ = compute_group_normalized_rewards(rewards, 4)
+    assert change[advantages > 0].mean() > 0 > change[advantages < 0].mean()
+    assert record["train/optimizer_steps"] == 1.0
+    assert record["train/reward_mean"] == pytest.approx(rewards.mean().item())
+
+
+def test_train_writes_the_run_folder_and_refuses_to_overwrite(tmp_path):
+    config = tiny_config(tmp_path)
+    result = loop.train(config, progress=False)
+    steps = step_records(result.history)
+    assert [record["step"] for record in steps] == [0, 1, 2]
+    for key in ("train/reward_mean", "train/format_reward_mean", "train/response_length",
+                "loss/loss", "loss/token_entropy", "loss/gradient_norm",
+                "time/step_seconds", "eval/accuracy_greedy", "eval/accuracy_sampled",
+                "eval/format_rate", "eval/response_length"):  # fmt: skip
+        assert key in steps[1], key
+    assert result.history == read_metrics(result.run_dir)
+    assert (result.run_dir / "config.json").exists()
+    assert (result.run_dir / "final_model" / "config.json").exists()
+    assert (result.run_dir / "checkpoints" / "step_000002.pt").exists()
+    with pytest.raises(ValueError, match="already holds a run"):
+        loop.train(config, progress=False)
+
+
+def test_off_policy_run_logs_clip_fraction(tmp_path):
+    config = tiny_config(
+        tmp_path,
+        steps=1,
+        train_batch_size=16,
+        epochs_per_rollout_batch=2,
+        importance_reweighting_method="grpo",
+        cliprange=0.2,
+        checkpoint_every=0,
+    )
+    record = step_records(loop.train(config, progress=False).history)[-1]
+    assert 0.0 <= record["loss/clip_fraction"] <= 1.0
+    assert record["train/optimizer_steps"] <= 4  # 2 epochs x 2 train batches
+
+
+def test_keyboard_interrupt_saves_a_checkpoint_and_resume_matches(tmp_path, monkeypatch):
+    reference = loop.train(tiny_config(tmp_path / "a", steps=3), progress=False)
+    original_update = loop.grpo_update
+    calls = {"count": 0}
+
+    def interrupting_update(*arguments, **keywords):
+        calls["count"] += 1
+        if calls["count"] == 3:  # during step 3's sampling-to-update hand-off
+            raise KeyboardInterrupt
+        return original_update(*arguments, **keywords)
+
+    monkeypatch.setattr(loop, "grpo_update", interrupting_update)
+    config = tiny_config(tmp_path / "b", steps=3, checkpoint_every=0)
+    with pytest.raises(KeyboardInterrupt):
+        loop.train(config, progress=False)
+    assert (tmp_path / "b" / "run" / "checkpoints" / "step_000002.pt").exists()
+    monkeypatch.setattr(loop, "grpo_update", original_update)
+    resumed = loop.train(dataclasses.replace(config, resume=True), progress=False)
+
+    def without_time(history):
+        return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in history]
+
+    assert without_time(resumed.history) == without_time(reference.history)
+
+
+@pytest.mark.slow
+def test_a_short_cpu_run_learns(tmp_path):
+    config = TrainConfig.for_profile(
+        "cpu",
+        run_dir=str(tmp_path / "run"),
+        tiny_hidden_size=64,
+        tiny_intermediate_size=256,
+        task_options={"n_digits": 3},
+        max_new_tokens=5,
+        steps=30,
+        eval_every=10,
+        eval_size=100,
+        checkpoint_every=0,
+        sft_target_accuracy=0.2,
+        sft_eval_every=5,
+    )
+    policy_before = loop.build_policy(config).model.state_dict()
+    result = loop.train(config, progress=False)
+    evaluations = [r for r in step_records(result.history) if "eval/accuracy_greedy" in r]
+    start, end = evaluations[0], evaluations[-1]
+    assert start["step"] == 0 and end["step"] == 30
+    assert end["eval/accuracy_greedy"] >= start["eval/accuracy_greedy"] + 0.2
+    assert end["eval/accuracy_sampled"] >= start["eval/accuracy_sampled"] + 0.2
+    trained = torch.load(
+        result.run_dir / "checkpoints" / "step_000030.pt", weights_only=True
+    )["model"]
+    assert any(not torch.equal(trained[k], v) for k, v in policy_before.items())

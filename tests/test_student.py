@@ -1,0 +1,153 @@
+"""Student copies: solution blocks become stubs, outputs are cleared, and every
+notebook in notebooks/ still runs to the end with the stubs in place."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+from grpo_lab.teaching.student import (
+    STUB,
+    strip_solutions,
+    student_notebook,
+    write_student_notebooks,
+)
+
+NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
+SOLVED = """\
+import torch
+
+def f(x):
+    y = x + 1
+    ### BEGIN SOLUTION
+    z = y * 2
+    return z
+    ### END SOLUTION
+
+print("after")"""
+
+
+def test_a_solution_block_becomes_an_indented_stub():
+    stripped = strip_solutions(SOLVED)
+    assert stripped == (
+        "import torch\n\ndef f(x):\n    y = x + 1\n"
+        f"    {STUB}\n\nprint('after')".replace("'", '"')
+    )
+
+
+def test_two_blocks_and_top_level_indentation():
+    source = "### BEGIN SOLUTION\na = 1\n### END SOLUTION\nb = 2\n  ### BEGIN SOLUTION\n  c\n  ### END SOLUTION"
+    assert strip_solutions(source) == f"{STUB}\nb = 2\n  {STUB}"
+
+
+def test_source_without_markers_is_unchanged():
+    assert strip_solutions("x = 1\n# ### BEGIN SOLUTION is only a comment here") == (
+        "x = 1\n# ### BEGIN SOLUTION is only a comment here"
+    )
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("a\n### END SOLUTION", "line 2 has '### END SOLUTION' with no"),
+        ("### BEGIN SOLUTION\na", "opened at line 1 has no '### END SOLUTION'"),
+        (
+            "### BEGIN SOLUTION\n### BEGIN SOLUTION\n### END SOLUTION",
+            "line 2 opens a solution block inside the one opened at line 1",
+        ),
+    ],
+)
+def test_unbalanced_markers_name_the_cell_and_line(source, message):
+    with pytest.raises(ValueError, match=r"demo\.ipynb, cell 3") as error:
+        strip_solutions(source, "demo.ipynb, cell 3")
+    assert message in str(error.value)
+
+
+def _solved_notebook() -> nbformat.NotebookNode:
+    cell = new_code_cell(SOLVED, execution_count=4)
+    cell.outputs = [new_output("stream", name="stdout", text="after\n")]
+    markdown = new_markdown_cell("### BEGIN SOLUTION stays in markdown")
+    return new_notebook(cells=[markdown, cell])
+
+
+def test_student_notebook_strips_code_and_outputs_but_not_markdown():
+    original = _solved_notebook()
+    copy = student_notebook(original, "demo.ipynb")
+    assert copy.cells[0].source == original.cells[0].source
+    assert STUB in copy.cells[1].source and "z = y * 2" not in copy.cells[1].source
+    assert copy.cells[1].outputs == [] and copy.cells[1].execution_count is None
+    assert "z = y * 2" in original.cells[1].source  # the source is not mutated
+
+
+def test_write_student_notebooks(tmp_path):
+    source_dir = tmp_path / "source"
+    source_dir.mkdir()
+    for name in ("01_b.ipynb", "00_a.ipynb"):
+        nbformat.write(_solved_notebook(), source_dir / name)
+    written = write_student_notebooks(source_dir, tmp_path / "out")
+    assert [path.name for path in written] == ["00_a.ipynb", "01_b.ipynb"]
+    copy = nbformat.read(written[0], as_version=4)
+    assert STUB in copy.cells[1].source
+    assert not list((tmp_path / "out").glob("*.tmp"))
+
+
+def test_an_unbalanced_notebook_writes_nothing(tmp_path):
+    source_dir = tmp_path / "source"
+    source_dir.mkdir()
+    nbformat.write(_solved_notebook(), source_dir / "00_good.ipynb")
+    broken = new_notebook(cells=[new_code_cell("### BEGIN SOLUTION\nx = 1")])
+    nbformat.write(broken, source_dir / "01_broken.ipynb")
+    with pytest.raises(ValueError, match=r"01_broken.ipynb, cell 0"):
+        write_student_notebooks(source_dir, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_source_dir(tmp_path):
+    with pytest.raises(ValueError, match="source_dir must be a directory"):
+        write_student_notebooks(tmp_path / "missing", tmp_path / "out")
+    with pytest.raises(ValueError, match=r"source_dir must hold \.ipynb files"):
+        write_student_notebooks(tmp_path, tmp_path / "out")
+
+
+def test_every_course_notebook_has_balanced_markers_and_an_exercise():
+    for path in sorted(NOTEBOOK_DIR.glob("*.ipynb")):
+        notebook = nbformat.read(path, as_version=4)
+        copy = student_notebook(notebook, path.name)
+        stubs = sum(
+            STUB in cell.source for cell in copy.cells if cell.cell_type == "code"
+        )
+        assert stubs >= 1, f"{path.name} has no exercise"
+
+
+@pytest.fixture(scope="module")
+def student_copies(tmp_path_factory):
+    return write_student_notebooks(NOTEBOOK_DIR, tmp_path_factory.mktemp("student"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name", sorted(path.name for path in NOTEBOOK_DIR.glob("*.ipynb"))
+)
+def test_student_copy_runs_to_the_end(name, student_copies, monkeypatch):
+    from nbclient import NotebookClient
+
+    monkeypatch.setenv("GRPO_LAB_PROFILE", "smoke")  # the kernel inherits it
+    path = next(p for p in student_copies if p.name == name)
+    notebook = nbformat.read(path, as_version=4)
+    client = NotebookClient(
+        notebook,
+        timeout=300,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(path.parent)}},  # runs/ stay in tmp
+    )
+    client.execute()
+    printed = "".join(
+        output.get("text", "")
+        for cell in notebook.cells
+        if cell.cell_type == "code"
+        for output in cell.outputs
+    )
+    assert "not attempted yet" in printed
