@@ -144,7 +144,7 @@ def trl_step_section(payload: dict | None) -> str:
         "(its `_prepare_inputs` bypassed) + `clip_grad_norm_` + `optimizer.step`. "
         "Group size "
         f"{payload['settings']['group_size']}, epsilon 0.2, beta 0, one iteration, "
-        "AdamW, float32. Seconds: median over "
+        "fused AdamW on both sides (TRL's default), float32. Seconds: median over "
         f"{payload['settings']['steps']} alternating steps after a warm-up; peak: "
         "fresh process per side, one step after a warm-up step.",
         "",

@@ -13,7 +13,8 @@ advantages; generation and rewards are outside the timed region on both sides.
 
 Settings matched: group size, epsilon 0.2, beta 0 (no KL, no reference model),
 one iteration per batch (so TRL's old log-probs are the detached current ones),
-no gradient accumulation, AdamW, max_grad_norm 1, float32.
+no gradient accumulation, max_grad_norm 1, float32, torch.optim.AdamW(fused=True)
+on both sides (TRL's default optim, "adamw_torch_fused").
 
 Agreement (one step from the same weights, gradients read before the update):
   TRL loss_type="grpo"    vs grpo_lab importance_reweighting_method="grpo" with
@@ -299,8 +300,9 @@ def _setup_side(side: str, settings: dict, tokenizer, device, out_dir: str):
     model = build_model(settings["model"], tokenizer, device)
     ours, trl_inputs, advantages = _batch_on(settings, model, tokenizer, device)
     if side == "ours":
+        # TRL's default optim is "adamw_torch_fused": the same kernel on both sides.
         optimizer = torch.optim.AdamW(
-            model.parameters(), lr=LEARNING_RATE, weight_decay=0.0
+            model.parameters(), lr=LEARNING_RATE, weight_decay=0.0, fused=True
         )
         return lambda: ours_step(model, optimizer, ours, advantages)
     trainer = build_trainer(model, tokenizer, settings, "grpo", out_dir)

@@ -12,6 +12,7 @@ docstring for the bound). Taught in
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import re
 import threading
@@ -338,6 +339,15 @@ def _prepare_math_verify() -> None:
     logger = logging.getLogger("math_verify")
     if not any(isinstance(handler, logging.NullHandler) for handler in logger.handlers):
         logger.addHandler(logging.NullHandler())
+    _warm_up_math_verify()
+
+
+@functools.cache
+def _warm_up_math_verify() -> None:
+    """Pay math-verify's one-off costs (grammar loading, sympy caches) once, on a
+    fixed harmless input and outside any deadline, so that a loaded machine does
+    not turn the first real answer's grading into a timeout."""
+    _math_verify_equal("\\frac{1}{2}", "0.5")
 
 
 class GradingTimeout(BaseException):

@@ -58,7 +58,9 @@ def test_round_trip_restores_weights_optimizer_and_every_rng(tmp_path):
 def test_no_temporary_files_and_only_the_newest_are_kept(tmp_path):
     model, optimizer = tiny_model_and_optimizer()
     for step in (2, 4, 6):
-        checkpoints.save_checkpoint(tmp_path, step, model, optimizer, {}, 0, keep_last=2)
+        checkpoints.save_checkpoint(
+            tmp_path, step, model, optimizer, {}, 0, keep_last=2
+        )
     names = sorted(os.listdir(tmp_path / "checkpoints"))
     assert names == ["step_000004.pt", "step_000006.pt"]
 
@@ -119,7 +121,11 @@ TINY_RUN_FLAGS = [
 
 
 def run_cli(arguments: list[str], cwd: Path) -> subprocess.Popen:
-    environment = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    environment = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     return subprocess.Popen(
         [sys.executable, "-m", "grpo_lab.cli", "train", *arguments],
         cwd=cwd,
@@ -158,7 +164,9 @@ def test_a_run_killed_with_sigkill_resumes_to_the_same_metrics(tmp_path):
     lines_at_kill = len(read_metrics(killed))
 
     # Resume with the reference's step count.
-    resumed = run_cli(["--resume", str(killed), "--steps", "8", "--no-progress"], tmp_path)
+    resumed = run_cli(
+        ["--resume", str(killed), "--steps", "8", "--no-progress"], tmp_path
+    )
     output, _ = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, output
     assert json.loads((killed / "config.json").read_text())["steps"] == 8

@@ -62,13 +62,20 @@ def test_training_uses_the_sampled_ids_not_a_re_tokenization():
     assert batch["input_ids"].tolist() == [[3, 83, 4]]
     assert batch["labels"].tolist() == [[83, 4, 1]]
     assert batch["response_mask"].tolist() == [[0, 1, 1]]
-    text_only = dataclasses.replace(rollouts, prompt_token_ids=None, response_token_ids=None)
-    assert loop.rollout_token_batch(text_only, tokenizer)["labels"].tolist() == [[83, 4]]
+    text_only = dataclasses.replace(
+        rollouts, prompt_token_ids=None, response_token_ids=None
+    )
+    assert loop.rollout_token_batch(text_only, tokenizer)["labels"].tolist() == [
+        [83, 4]
+    ]
 
 
 def test_train_batches_hold_whole_groups(tmp_path):
     config = tiny_config(
-        tmp_path, train_batch_size=8, importance_reweighting_method="grpo", cliprange=0.2
+        tmp_path,
+        train_batch_size=8,
+        importance_reweighting_method="grpo",
+        cliprange=0.2,
     )
     rows = loop.train_batch_rows(config)
     assert rows == [slice(0, 8), slice(8, 16), slice(16, 24), slice(24, 32)]
@@ -76,7 +83,9 @@ def test_train_batches_hold_whole_groups(tmp_path):
 
 def test_seeds_depend_on_seed_purpose_and_step(tmp_path):
     config = tiny_config(tmp_path)
-    assert loop.derived_seed(config, "rollouts", 3) == loop.derived_seed(config, "rollouts", 3)
+    assert loop.derived_seed(config, "rollouts", 3) == loop.derived_seed(
+        config, "rollouts", 3
+    )
     seeds = {
         loop.derived_seed(config, "rollouts", 3),
         loop.derived_seed(config, "rollouts", 4),
@@ -112,7 +121,9 @@ def test_old_log_probs_are_scored_at_the_sampling_temperature(tmp_path):
         whole = score_response_tokens(
             policy.model, batch["input_ids"], batch["labels"], temperature=0.7
         )["log_probs"]
-        plain = get_response_log_probs(policy.model, batch["input_ids"], batch["labels"])
+        plain = get_response_log_probs(
+            policy.model, batch["input_ids"], batch["labels"]
+        )
     mask = batch["response_mask"].bool()
     torch.testing.assert_close(old_log_probs[mask], whole[mask], atol=1e-5, rtol=1e-5)
     assert not torch.allclose(old_log_probs[mask], plain["log_probs"][mask])
@@ -139,7 +150,9 @@ def test_one_update_moves_log_probs_along_the_advantages(tmp_path):
     before = response_log_probs()
     record = loop.grpo_update(config, task, policy, rollouts, examples)
     change = response_log_probs() - before
-    rewards = torch.tensor([task.reward_fn(r, "")["reward"] for r in rollouts.responses])
+    rewards = torch.tensor(
+        [task.reward_fn(r, "")["reward"] for r in rollouts.responses]
+    )
     advantages, _ = compute_group_normalized_rewards(rewards, 4)
     assert change[advantages > 0].mean() > 0 > change[advantages < 0].mean()
     assert record["train/optimizer_steps"] == 1.0
@@ -179,27 +192,31 @@ def test_off_policy_run_logs_clip_fraction(tmp_path):
     assert record["train/optimizer_steps"] <= 4  # 2 epochs x 2 train batches
 
 
-def test_keyboard_interrupt_saves_a_checkpoint_and_resume_matches(tmp_path, monkeypatch):
+def test_keyboard_interrupt_saves_a_checkpoint_and_resume_matches(
+    tmp_path, monkeypatch
+):
     reference = loop.train(tiny_config(tmp_path / "a", steps=3), progress=False)
-    original_update = loop.grpo_update
+    original_sample = loop.sample_rollout_batch
     calls = {"count": 0}
 
-    def interrupting_update(*arguments, **keywords):
+    def interrupted_sampling(*arguments, **keywords):
         calls["count"] += 1
-        if calls["count"] == 3:  # during step 3's sampling-to-update hand-off
+        if calls["count"] == 3:  # Ctrl-C while step 3 samples: weights are step 2's
             raise KeyboardInterrupt
-        return original_update(*arguments, **keywords)
+        return original_sample(*arguments, **keywords)
 
-    monkeypatch.setattr(loop, "grpo_update", interrupting_update)
+    monkeypatch.setattr(loop, "sample_rollout_batch", interrupted_sampling)
     config = tiny_config(tmp_path / "b", steps=3, checkpoint_every=0)
     with pytest.raises(KeyboardInterrupt):
         loop.train(config, progress=False)
     assert (tmp_path / "b" / "run" / "checkpoints" / "step_000002.pt").exists()
-    monkeypatch.setattr(loop, "grpo_update", original_update)
+    monkeypatch.setattr(loop, "sample_rollout_batch", original_sample)
     resumed = loop.train(dataclasses.replace(config, resume=True), progress=False)
 
     def without_time(history):
-        return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in history]
+        return [
+            {k: v for k, v in r.items() if not k.startswith("time/")} for r in history
+        ]
 
     assert without_time(resumed.history) == without_time(reference.history)
 
@@ -222,7 +239,9 @@ def test_a_short_cpu_run_learns(tmp_path):
     )
     policy_before = loop.build_policy(config).model.state_dict()
     result = loop.train(config, progress=False)
-    evaluations = [r for r in step_records(result.history) if "eval/accuracy_greedy" in r]
+    evaluations = [
+        r for r in step_records(result.history) if "eval/accuracy_greedy" in r
+    ]
     start, end = evaluations[0], evaluations[-1]
     assert start["step"] == 0 and end["step"] == 30
     assert end["eval/accuracy_greedy"] >= start["eval/accuracy_greedy"] + 0.2

@@ -51,7 +51,9 @@ def test_seeded_sampling_repeats_and_leaves_global_rng_alone(model, tokenizer):
     first = backend.generate(["12>", "345>"], 4, sampling)
     assert torch.equal(torch.get_rng_state(), before)
     second = backend.generate(["12>", "345>"], 4, sampling)
-    other = backend.generate(["12>", "345>"], 4, SamplingSettings(max_new_tokens=6, seed=124))
+    other = backend.generate(
+        ["12>", "345>"], 4, SamplingSettings(max_new_tokens=6, seed=124)
+    )
     assert first.response_token_ids == second.response_token_ids
     assert first.response_token_ids != other.response_token_ids
 
@@ -117,8 +119,10 @@ def test_greedy_is_argmax_and_padding_does_not_change_it(model, tokenizer):
     greedy = SamplingSettings(temperature=0.0, max_new_tokens=5)
     batched = backend.generate(["9>", "12345>"], 2, greedy)
     assert batched.response_token_ids[0] == batched.response_token_ids[1]
-    for prompt, ids in [("9>", batched.response_token_ids[0]),
-                        ("12345>", batched.response_token_ids[2])]:
+    for prompt, ids in [
+        ("9>", batched.response_token_ids[0]),
+        ("12345>", batched.response_token_ids[2]),
+    ]:
         # A naive argmax loop, one token at a time, no padding, no cache.
         tokens = tokenizer.encode(prompt)
         expected = []
@@ -148,7 +152,9 @@ def test_generation_stops_at_stop_string(model, tokenizer):
     backend = HFRolloutBackend(model, tokenizer)
     stop = "a"
     rollouts = backend.generate(
-        ["12345>"], 64, SamplingSettings(max_new_tokens=40, stop_strings=(stop,), seed=0)
+        ["12345>"],
+        64,
+        SamplingSettings(max_new_tokens=40, stop_strings=(stop,), seed=0),
     )
     stopped = [text for text in rollouts.responses if stop in text]
     assert stopped, "the sampler never produced the stop string; pick another"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -70,7 +72,9 @@ def test_sft_steps_lower_the_loss_and_change_the_weights(tokenizer):
 def test_sampled_accuracy_is_the_mean_answer_reward():
     task = get_task("reverse", n_digits=3)
     examples = task.eval(4, seed=0)
-    accuracy = sampled_accuracy(AnswerBackend(task, 3), task, examples, SamplingSettings())
+    accuracy = sampled_accuracy(
+        AnswerBackend(task, 3), task, examples, SamplingSettings()
+    )
     assert accuracy == 0.75
 
 
@@ -111,3 +115,16 @@ def test_warm_up_runs_to_the_step_cap_below_the_target(tokenizer):
     )
     assert [r["sft/step"] for r in records] == [1, 2, 3, 4, 5]
     assert backend.calls == 3  # checks at steps 2, 4 and the last step 5
+
+
+def test_a_greedy_check_is_logged_as_greedy_accuracy(tokenizer):
+    task = get_task("reverse", n_digits=3)
+    model = build_tiny_qwen2(tokenizer, hidden_size=32, num_layers=1, seed=0)
+    greedy = dataclasses.replace(
+        settings(task, 2, 0.5), sampling=SamplingSettings(temperature=0.0)
+    )
+    records = warm_up(
+        model, tokenizer, AnswerBackend(task, 4), task, greedy, log=lambda r: None
+    )
+    assert records[-1]["sft/accuracy_greedy"] == 1.0
+    assert "sft/accuracy_sampled" not in records[-1]

@@ -1,4 +1,4 @@
-"""Rollouts with Hugging Face ``generate``: exact samples from the policy, on any device.
+"""Rollouts with Hugging Face ``generate``: exact policy samples, on any device.
 
 Sampling follows softmax(logits / T) restricted to the top-p nucleus and nothing
 else: no top-k, no repetition penalty, none of the generation defaults a hub

@@ -68,14 +68,22 @@ def plot_run_curves(
         for key, label in series:
             steps, values = curve(history, key)
             if steps:
-                axis.plot(steps, values, marker="." if len(steps) < 40 else None,
-                          label=label)
+                axis.plot(
+                    steps, values, marker="." if len(steps) < 40 else None, label=label
+                )
                 drawn = True
         if drawn:
             axis.legend(fontsize=8)
         else:
-            axis.text(0.5, 0.5, "not logged in this run", ha="center",
-                      va="center", transform=axis.transAxes, color="grey")
+            axis.text(
+                0.5,
+                0.5,
+                "not logged in this run",
+                ha="center",
+                va="center",
+                transform=axis.transAxes,
+                color="grey",
+            )
         axis.set(title=panel_title, xlabel="GRPO step")
         axis.grid(alpha=0.3)
     if title:

@@ -69,8 +69,8 @@ def _mask_cell(token: str, flag: int, pad_token: str) -> str:
         colour = PROMPT_COLOUR
     shown = html.escape(repr(token)[1:-1]) if token != pad_token else "·"
     return (
-        f"<td style='background:{colour};border:1px solid #ccc;padding:2px 5px;"
-        f"text-align:center'>{shown}</td>"
+        f"<td style='background:{colour};color:#000;border:1px solid #ccc;"
+        f"padding:2px 5px;text-align:center'>{shown}</td>"
     )
 
 

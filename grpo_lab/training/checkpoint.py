@@ -86,7 +86,7 @@ def save_checkpoint(
     metrics_offset: int,
     keep_last: int = 2,
 ) -> Path:
-    """Write ``checkpoints/step_XXXXXX.pt`` atomically; keep the newest ``keep_last``."""
+    """Write ``checkpoints/step_XXXXXX.pt`` atomically; keep the newest few."""
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
     if keep_last < 1:

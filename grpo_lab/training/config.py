@@ -93,8 +93,10 @@ class TrainConfig:
     eval_size: int = 200
     # Save a checkpoint every this many steps (0: only at the end).
     checkpoint_every: int = 20
-    # Supervised warm-up: stop once sampled held-out accuracy reaches this.
+    # Supervised warm-up: stop once held-out accuracy reaches this.
     sft_target_accuracy: float = 0.25
+    # Supervised warm-up: temperature of that accuracy check (0: greedy decoding).
+    sft_eval_temperature: float = 1.0
     # Supervised warm-up: most optimizer steps (0 skips the warm-up).
     sft_max_steps: int = 400
     # Supervised warm-up: demonstrations per optimizer step.
@@ -252,7 +254,7 @@ _CHOICES = {
 
 
 def default_profile() -> str:
-    """"gpu" when CUDA is available, else "cpu"."""
+    """ "gpu" when CUDA is available, else "cpu"."""
     return "gpu" if torch.cuda.is_available() else "cpu"
 
 
@@ -270,7 +272,7 @@ def _validate(config: TrainConfig) -> None:
         raise ValueError(
             "importance_reweighting_method must be 'noclip', 'grpo' or 'gspo' when "
             "training is off-policy (epochs_per_rollout_batch > 1 or "
-            f"train_batch_size < rollout_batch_size), got 'none'"
+            "train_batch_size < rollout_batch_size), got 'none'"
         )
     if config.loss_normalization == "constant" and not config.normalization_constant:
         raise ValueError(

@@ -43,7 +43,7 @@ import random
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -110,7 +110,9 @@ def train(config: TrainConfig, progress: bool = True) -> RunResult:
     start_step = resume_or_start(config, run_dir, policy, task, eval_examples)
     completed_step, weights_match_completed_step = start_step, True
     steps = range(start_step + 1, config.steps + 1)
-    bar = tqdm(steps, desc="GRPO", disable=not progress, initial=start_step)
+    bar = tqdm(
+        total=config.steps, initial=start_step, desc="GRPO", disable=not progress
+    )
     try:
         for step in steps:
             started = time.perf_counter()
@@ -145,7 +147,7 @@ def train(config: TrainConfig, progress: bool = True) -> RunResult:
 def prepare_run_dir(config: TrainConfig) -> Path:
     """Create the run folder and write config.json; refuse to overwrite a run."""
     if config.run_dir is None:
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+        stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
         run_dir = Path("runs") / f"{config.task}-{stamp}"
     else:
         run_dir = Path(config.run_dir)
@@ -266,7 +268,12 @@ def warm_up_settings(config: TrainConfig, task: Task) -> WarmUpSettings:
         eval_every=config.sft_eval_every,
         target_accuracy=config.sft_target_accuracy,
         held_out=task.eval(config.sft_eval_size, seed=derived_seed(config, "sft", 0)),
-        sampling=sampling_settings(config, task, derived_seed(config, "sft", 1)),
+        sampling=sampling_settings(
+            config,
+            task,
+            derived_seed(config, "sft", 1),
+            temperature=config.sft_eval_temperature,
+        ),
         train_seed=derived_seed(config, "sft", 2),
     )
 
@@ -309,7 +316,9 @@ def sample_rollout_batch(
     config: TrainConfig, task: Task, policy: Policy, step: int
 ) -> tuple[Rollouts, list[Example]]:
     """B prompts from the train split, G sampled responses each (B·G rollouts)."""
-    examples = task.train(config.prompts_per_step, derived_seed(config, "prompts", step))
+    examples = task.train(
+        config.prompts_per_step, derived_seed(config, "prompts", step)
+    )
     sampling = sampling_settings(config, task, derived_seed(config, "rollouts", step))
     with autocast(config):
         rollouts = policy.backend.generate(
@@ -326,7 +335,9 @@ def grpo_update(
     examples: list[Example],
 ) -> dict[str, Any]:
     """Rewards -> advantages -> tokens -> (old log-probs) -> optimizer steps."""
-    repeated_truths = [e.ground_truth for e in examples for _ in range(config.group_size)]
+    repeated_truths = [
+        e.ground_truth for e in examples for _ in range(config.group_size)
+    ]
     raw_rewards, reward_metadata = compute_rollout_rewards(
         task.reward_fn, rollouts.responses, repeated_truths
     )  # (B·G,)
@@ -456,7 +467,9 @@ def evaluate(
             prompts, 1, sampling_settings(config, task, None, temperature=0.0)
         )
         sampled = policy.backend.generate(
-            prompts, 1, sampling_settings(config, task, derived_seed(config, "eval", step))
+            prompts,
+            1,
+            sampling_settings(config, task, derived_seed(config, "eval", step)),
         )
     greedy_scores = [task.reward_fn(r, t) for r, t in zip(greedy.responses, truths)]
     sampled_scores = [task.reward_fn(r, t) for r, t in zip(sampled.responses, truths)]

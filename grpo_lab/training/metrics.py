@@ -45,7 +45,9 @@ def to_plain_number(value: Any) -> Any:
 
 def flatten_metrics(prefix: str, metadata: Mapping[str, Any]) -> dict[str, Any]:
     """``{"loss": t}`` with prefix "loss" -> ``{"loss/loss": float(t)}``."""
-    return {f"{prefix}/{key}": to_plain_number(value) for key, value in metadata.items()}
+    return {
+        f"{prefix}/{key}": to_plain_number(value) for key, value in metadata.items()
+    }
 
 
 def mean_metrics(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:

@@ -42,7 +42,7 @@ class WarmUpSettings:
     target_accuracy: float
     # Held-out examples for the accuracy check.
     held_out: list[Example]
-    # How the check samples; its seed (if any) is offset by the step.
+    # How the check samples (temperature 0: greedy); a seed is offset by the step.
     sampling: SamplingSettings
     # Step k trains on task.train(batch_size, seed=train_seed + k).
     train_seed: int
@@ -62,8 +62,10 @@ def demonstration_batch(
         for example in examples
     ]
     response_ids = [
-        tokenizer.encode(example.demonstration, add_special_tokens=False)
-        + [tokenizer.eos_token_id]
+        [
+            *tokenizer.encode(example.demonstration, add_special_tokens=False),
+            tokenizer.eos_token_id,
+        ]
         for example in examples
     ]
     return pad_prompt_and_response_ids(prompt_ids, response_ids, tokenizer.pad_token_id)
@@ -100,7 +102,7 @@ def sampled_accuracy(
     examples: list[Example],
     sampling: SamplingSettings,
 ) -> float:
-    """Mean answer reward of one sampled response per example."""
+    """Mean answer reward of one response per example (greedy at temperature 0)."""
     rollouts = backend.generate([e.prompt for e in examples], 1, sampling)
     rewards = [
         task.reward_fn(response, example.ground_truth)["answer_reward"]
@@ -120,22 +122,25 @@ def warm_up(
     """SFT until sampled held-out accuracy reaches the target or the step cap.
 
     Uses its own AdamW (the GRPO optimizer starts fresh afterwards). Each step's
-    record (``sft/step``, ``sft/loss``, and ``sft/accuracy_sampled`` on check
-    steps) goes to ``log`` and is returned.
+    record (``sft/step``, ``sft/loss``, and on check steps
+    ``sft/accuracy_sampled``, or ``sft/accuracy_greedy`` when the check samples
+    at temperature 0) goes to ``log`` and is returned.
     """
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr)
+    greedy = settings.sampling.temperature == 0
+    accuracy_key = "sft/accuracy_greedy" if greedy else "sft/accuracy_sampled"
     records = []
     for step in range(1, settings.max_steps + 1):
         examples = task.train(settings.batch_size, settings.train_seed + step)
         loss = sft_step(model, optimizer, demonstration_batch(examples, tokenizer))
         record: dict[str, Any] = {"sft/step": step, "sft/loss": loss}
         if step % settings.eval_every == 0 or step == settings.max_steps:
-            record["sft/accuracy_sampled"] = sampled_accuracy(
+            record[accuracy_key] = sampled_accuracy(
                 backend, task, settings.held_out, _reseeded(settings.sampling, step)
             )
         log(record)
         records.append(record)
-        if record.get("sft/accuracy_sampled", -1.0) >= settings.target_accuracy:
+        if record.get(accuracy_key, -1.0) >= settings.target_accuracy:
             break
     return records
 
