@@ -10,10 +10,12 @@ Then per seed (the seed drives the prompt draws and the samplers):
    (sft_max_steps 0).
 3. TRL: GRPOTrainer from the same checkpoint with matched settings: 32 prompts
    x group 8 = 256 responses per step, one optimizer step per rollout batch
-   (on-policy), AdamW lr 1e-3 constant, betas (0.9, 0.999), no weight decay,
-   max_grad_norm 1, beta 0 (no KL), loss_type "grpo" (per-response mean, then
-   mean over responses), group-std advantages, temperature 1, top_p 1, no
-   top-k, at most 7 new tokens, float32, same reward function.
+   (on-policy), AdamW with the profile's learning rate and warm-up steps,
+   betas (0.9, 0.999), no weight decay, max_grad_norm 1, beta 0 (no KL),
+   loss_type "grpo" (per-response mean, then mean over responses), group-std
+   advantages, temperature 1, top_p 1, no top-k, at most 7 new tokens,
+   float32, same reward function. (TRL's optimizer is its default fused AdamW,
+   grpo_lab's the loop's torch.optim.AdamW.)
 
 Both are evaluated by the same function (grpo_lab.training.loop.evaluate:
 greedy decoding on the same held-out prompts) every --eval-every steps.
@@ -215,8 +217,8 @@ def trl_config(config: TrainConfig, out_dir: Path):
         steps_per_generation=1,
         num_iterations=1,
         learning_rate=config.lr,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
+        lr_scheduler_type="constant_with_warmup",
+        warmup_steps=getattr(config, "lr_warmup_steps", 0),
         weight_decay=config.weight_decay,
         adam_beta1=0.9,
         adam_beta2=config.adam_beta2,
@@ -290,8 +292,8 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--warm-seed", type=int, default=0)
     parser.add_argument("--target", type=float, default=0.8)
-    parser.add_argument("--max-steps", type=int, default=40)
-    parser.add_argument("--eval-every", type=int, default=5)
+    parser.add_argument("--max-steps", type=int, default=60)
+    parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument(
         "--out", type=Path, default=DEFAULT_OUT_DIR / "time_to_accuracy.json"
     )
@@ -320,6 +322,7 @@ SUMMARY_COLUMNS = [
 
 def main(argv=None) -> None:
     arguments = parse_arguments(argv)
+    machine = machine_info()  # the load when the benchmark starts
     runs = []
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
@@ -339,10 +342,21 @@ def main(argv=None) -> None:
                     )
                 runs.append({**run, "seed": seed, "warm_up_seconds": warm_seconds})
                 print(format_table(runs[-1:], COLUMNS), flush=True)
-    payload = {
+                # Written after every run: an interrupted benchmark keeps its results.
+                write_json(
+                    arguments.out, results_payload(arguments, argv, machine, runs)
+                )
+    payload = results_payload(arguments, argv, machine, runs)
+    print(format_table(runs, COLUMNS))
+    print(format_table(payload["summary"], SUMMARY_COLUMNS))
+    print(f"wrote {arguments.out}")
+
+
+def results_payload(arguments, argv, machine: dict, runs: list[dict]) -> dict:
+    return {
         "benchmark": "time_to_accuracy",
         "command": command_line(__file__, argv),
-        "machine": machine_info(),
+        "machine": machine,
         "settings": {k: v for k, v in vars(arguments).items() if k != "out"},
         "config": base_config(arguments, 0, Path("run")).to_dict(),
         "description": (
@@ -355,10 +369,6 @@ def main(argv=None) -> None:
         "runs": runs,
         "summary": summary_rows(runs),
     }
-    write_json(arguments.out, payload)
-    print(format_table(runs, COLUMNS))
-    print(format_table(payload["summary"], SUMMARY_COLUMNS))
-    print(f"wrote {arguments.out}")
 
 
 if __name__ == "__main__":

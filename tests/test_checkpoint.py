@@ -170,6 +170,6 @@ def test_a_run_killed_with_sigkill_resumes_to_the_same_metrics(tmp_path):
     output, _ = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, output
     assert json.loads((killed / "config.json").read_text())["steps"] == 8
-    assert lines_at_kill >= 1
+    assert 1 <= lines_at_kill < len(read_metrics(killed))
     assert len(step_records(read_metrics(killed))) == 9  # steps 0..8
     assert comparable(killed) == comparable(reference)

@@ -223,30 +223,26 @@ def test_keyboard_interrupt_saves_a_checkpoint_and_resume_matches(
 
 @pytest.mark.slow
 def test_a_short_cpu_run_learns(tmp_path):
+    # The cpu profile, cut to 20 GRPO steps (about a minute on two cores).
     config = TrainConfig.for_profile(
         "cpu",
         run_dir=str(tmp_path / "run"),
-        tiny_hidden_size=64,
-        tiny_intermediate_size=256,
-        task_options={"n_digits": 3},
-        max_new_tokens=5,
-        steps=30,
-        eval_every=10,
+        steps=20,
+        eval_every=20,
         eval_size=100,
         checkpoint_every=0,
-        sft_target_accuracy=0.2,
-        sft_eval_every=5,
     )
     policy_before = loop.build_policy(config).model.state_dict()
     result = loop.train(config, progress=False)
-    evaluations = [
-        r for r in step_records(result.history) if "eval/accuracy_greedy" in r
-    ]
-    start, end = evaluations[0], evaluations[-1]
-    assert start["step"] == 0 and end["step"] == 30
-    assert end["eval/accuracy_greedy"] >= start["eval/accuracy_greedy"] + 0.2
-    assert end["eval/accuracy_sampled"] >= start["eval/accuracy_sampled"] + 0.2
+    steps = step_records(result.history)
+    start, end = steps[0], steps[-1]
+    assert (start["step"], end["step"]) == (0, 20)
+    # Seen over seeds 0-1: sampled accuracy ~0.3 -> ~0.5 after 20 steps.
+    assert end["eval/accuracy_sampled"] >= start["eval/accuracy_sampled"] + 0.1
+    first_rewards = [r["train/reward_mean"] for r in steps[1:6]]
+    last_rewards = [r["train/reward_mean"] for r in steps[-5:]]
+    assert sum(last_rewards) / 5 >= sum(first_rewards) / 5 + 0.08
     trained = torch.load(
-        result.run_dir / "checkpoints" / "step_000030.pt", weights_only=True
+        result.run_dir / "checkpoints" / "step_000020.pt", weights_only=True
     )["model"]
     assert any(not torch.equal(trained[k], v) for k, v in policy_before.items())

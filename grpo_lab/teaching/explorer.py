@@ -275,7 +275,7 @@ def final_values(results: Sequence[CachedRun], metric: str) -> dict[str, float |
 
 # The settings the widget offers, with the choices it offers for each.
 WIDGET_CHOICES: dict[str, tuple[Any, ...]] = {
-    "lr": (3e-4, 1e-3, 3e-3, 1e-2),
+    "lr": (1e-4, 3e-4, 1e-3, 3e-3),
     "group_size": (2, 4, 8, 16),
     "cliprange": (0.1, 0.2, 0.3),
     "importance_reweighting_method": ("none", "noclip", "grpo", "gspo"),

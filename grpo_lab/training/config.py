@@ -45,7 +45,7 @@ class TrainConfig:
     # Seed of the model weights, the prompt draws and every sampler.
     seed: int = 0
     # Number of GRPO steps (one rollout batch each).
-    steps: int = 60
+    steps: int = 150
     # Responses sampled per step: prompts per step times group_size.
     rollout_batch_size: int = 256
     # Responses sampled per prompt (G); advantages are normalized within a group.
@@ -57,7 +57,7 @@ class TrainConfig:
     # Microbatches per optimizer step (train_batch_size / microbatch size).
     gradient_accumulation_steps: int = 1
     # AdamW learning rate (after warm-up).
-    lr: float = 1e-3
+    lr: float = 3e-4
     # Steps over which the learning rate ramps linearly from lr / warm-up to lr:
     # Adam's first updates move every weight by ~lr whatever its gradient's noise.
     lr_warmup_steps: int = 0
@@ -88,11 +88,11 @@ class TrainConfig:
     # Longest response in tokens (None: the task's own max_new_tokens).
     max_new_tokens: int | None = None
     # Evaluate on held-out prompts every this many steps (0: never).
-    eval_every: int = 5
+    eval_every: int = 10
     # Held-out prompts per evaluation.
     eval_size: int = 200
     # Save a checkpoint every this many steps (0: only at the end).
-    checkpoint_every: int = 20
+    checkpoint_every: int = 25
     # Supervised warm-up: stop once held-out accuracy reaches this.
     sft_target_accuracy: float = 0.25
     # Supervised warm-up: temperature of that accuracy check (0: greedy decoding).
@@ -104,7 +104,7 @@ class TrainConfig:
     # Supervised warm-up: AdamW learning rate.
     sft_lr: float = 1e-3
     # Supervised warm-up: measure sampled accuracy every this many steps.
-    sft_eval_every: int = 10
+    sft_eval_every: int = 5
     # Supervised warm-up: held-out prompts per accuracy check.
     sft_eval_size: int = 64
     # Where config.json, metrics.jsonl and checkpoints go (None: runs/<task>-<time>).
@@ -178,25 +178,30 @@ class TrainConfig:
         return cls(**values)
 
 
-# A 0.54 M-parameter model learns to reverse 5 digits in under a minute of CPU.
+# A 0.5 M-parameter character model learns to reverse 5 digits in a few CPU
+# minutes: SFT until a quarter of sampled answers are right, then GRPO.
 CPU_DEFAULTS: dict[str, Any] = {
     "model": "tiny",
     "task": "reverse",
     "task_options": {"n_digits": 5},
-    "steps": 40,
+    "steps": 150,
     "rollout_batch_size": 32 * 8,
     "group_size": 8,
     "train_batch_size": 32 * 8,
     "epochs_per_rollout_batch": 1,
     "gradient_accumulation_steps": 1,
-    "lr": 1e-3,
+    # 1e-3 collapses within a few steps (reward -> 0, no signal left); 3e-4 and
+    # 5e-4 learn at about the same pace.
+    "lr": 3e-4,
     "temperature": 1.0,
     "top_p": 1.0,
     "max_new_tokens": 7,
-    "eval_every": 5,
+    "eval_every": 10,
     "eval_size": 200,
-    "checkpoint_every": 10,
+    "checkpoint_every": 25,
     "sft_target_accuracy": 0.25,
+    "sft_eval_temperature": 1.0,
+    "sft_eval_every": 5,
     "sft_max_steps": 400,
     "backend": "hf",
     "device": "cpu",
