@@ -271,7 +271,8 @@ def worker_main(spec_text: str) -> None:
     print(json.dumps(result))
 
 
-def run_all(arguments: argparse.Namespace, digest_dir: Path) -> list[dict]:
+def run_all(arguments: argparse.Namespace, digest_dir: Path, save=None) -> list[dict]:
+    """Every case; ``save(rows)`` after each, so a stopped run keeps its rows."""
     rows = []
     cases = [
         (head, vocab_size, seq_len)
@@ -296,6 +297,9 @@ def run_all(arguments: argparse.Namespace, digest_dir: Path) -> list[dict]:
             naive_path = digest_dir / f"{head}_{vocab_size}_{seq_len}_naive.pt"
             row.update(compare_digests(naive_path, digest_path))
             rows.append(row)
+            add_ratios(rows)
+            if save is not None:
+                save(rows)
             print(
                 f"{method:>10} {head} V={vocab_size} T={seq_len}: "
                 f"{row['peak_bytes'] / 2**20:9.1f} MiB {row['seconds']:7.2f} s",
@@ -345,12 +349,23 @@ def main(argv=None) -> None:
     if arguments.worker:
         worker_main(arguments.worker)
         return
+    machine = machine_info()  # the load when the benchmark starts
+
+    def save(rows: list[dict]) -> None:
+        write_json(arguments.out, results_payload(arguments, argv, machine, rows))
+
     with tempfile.TemporaryDirectory() as digest_dir:
-        rows = run_all(arguments, Path(digest_dir))
-    payload = {
+        rows = run_all(arguments, Path(digest_dir), save)
+    save(rows)
+    print(format_table(rows, COLUMNS))
+    print(f"wrote {arguments.out}")
+
+
+def results_payload(arguments, argv, machine: dict, rows: list[dict]) -> dict:
+    return {
         "benchmark": "logprob_memory",
         "command": command_line(__file__, argv),
-        "machine": machine_info(),
+        "machine": machine,
         "settings": {
             key: value
             for key, value in vars(arguments).items()
@@ -364,9 +379,6 @@ def main(argv=None) -> None:
         ),
         "rows": rows,
     }
-    write_json(arguments.out, payload)
-    print(format_table(rows, COLUMNS))
-    print(f"wrote {arguments.out}")
 
 
 if __name__ == "__main__":

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
 from bench_utils import BENCHMARK_DIR, DEFAULT_OUT_DIR, format_table
 from gpu_throughput import ROLLOUT_COLUMNS, TRAIN_COLUMNS
 from logprob_memory import COLUMNS as LOGPROB_COLUMNS
+from logprob_memory import add_ratios
 from time_to_accuracy import COLUMNS as ACCURACY_COLUMNS
 from time_to_accuracy import SUMMARY_COLUMNS as ACCURACY_SUMMARY_COLUMNS
 from trl_train_step import AGREEMENT_COLUMNS, TIMING_COLUMNS
@@ -96,6 +98,74 @@ def logprob_section(payload: dict | None, title: str) -> str:
         *logprob_verdicts(rows),
     ]
     return "\n".join(lines) + "\n"
+
+
+LOGPROB_NOTES = """Reading the log-prob tables:
+
+- naive keeps the (B, T, V) logits, their log-softmax and, in backward, the
+  gradients of both; the default path (chunk 0) still materializes the model's
+  (B, T, V) logits and their gradient, but no log-softmax table; the chunked
+  path holds one (B, c, V) chunk at a time and recomputes it in backward, so
+  its time includes a second head forward per chunk.
+- What no method removes sets a floor under every peak: the decoder layer's
+  activations, the (B, T, H) hidden states and their gradient, and allocator
+  slack (resident memory counts it). Chunks above ~256 positions raise the peak
+  again at V = 151,936 (a float32 (1, 512, V) chunk is 297 MiB, and its
+  backward holds a few).
+- With the head trainable, its (V, H) weight gradient and the embedding's
+  (0.87 GiB each at V = 151,936) are allocated by every method, which is why
+  the ratios there are smaller than with the head frozen.
+- Times were measured on 2 shared cores under load; they vary by tens of
+  percent between identical cases (compare the naive rows of the two runs).
+"""
+
+
+STOPPED_GRID_LOG = "logprob_memory_grid_stopped.log"
+LOG_LINE = re.compile(
+    r"^\s*(?P<method>\S+) (?P<head>frozen|trainable) V=(?P<vocab_size>\d+) "
+    r"T=(?P<seq_len>\d+):\s+(?P<peak_mib>[\d.]+) MiB\s+(?P<seconds>[\d.]+) s$"
+)
+
+
+def stopped_grid_section(out_dir: Path) -> str:
+    """The cases a stopped full-grid run printed before it was stopped."""
+    path = out_dir / STOPPED_GRID_LOG
+    if not path.exists():
+        return ""
+    rows = []
+    for line in path.read_text().splitlines():
+        match = LOG_LINE.match(line)
+        if match:
+            row = match.groupdict()
+            rows.append(
+                {
+                    "method": row["method"],
+                    "head": row["head"],
+                    "vocab_size": int(row["vocab_size"]),
+                    "seq_len": int(row["seq_len"]),
+                    "peak_bytes": float(row["peak_mib"]) * 2**20,
+                    "seconds": float(row["seconds"]),
+                }
+            )
+    add_ratios(rows)
+    columns = [c for c in LOGPROB_COLUMNS if not c[0].startswith("max_abs")]
+    return "\n".join(
+        [
+            "## Log-prob memory and time, full grid (CPU, stopped run)",
+            "",
+            "Command: `.venv/bin/python benchmarks/logprob_memory.py` (defaults: "
+            "batch 1, hidden 1536, float32, frozen head, fresh process per case), "
+            f"started 21:47 UTC on the same machine; its printed lines, kept in "
+            f"`benchmarks/out/{STOPPED_GRID_LOG}`. It was stopped before its last "
+            "four cases (chunk 64-512 at vocabulary 151,936 and T=2048: those are "
+            "in the table above, from a separate run); only peak and time were "
+            "printed, so the agreement columns are missing here. Ratios are "
+            "against naive from the same run.",
+            "",
+            format_table(rows, columns),
+            "",
+        ]
+    )
 
 
 def logprob_verdicts(rows: list[dict]) -> list[str]:
@@ -281,6 +351,8 @@ def render(out_dir: Path, gpu_dir: Path | None, gpu_only: bool) -> str:
         logprob_section(
             load(out_dir / "logprob_memory.json"), "Log-prob memory and time (CPU)"
         ),
+        stopped_grid_section(out_dir),
+        LOGPROB_NOTES,
         logprob_section(
             load(out_dir / "logprob_memory_trainable.json"),
             "Log-prob memory and time, trainable head (CPU)",

@@ -16,7 +16,11 @@ NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
 FORBIDDEN = {
     "pip install": re.compile(r"^\s*[!%]\s*pip\s+install", re.M),
-    "a hard-coded CUDA device": re.compile(r"""["']cuda(:\d+)?["']"""),
+    # A CUDA device chosen without asking whether one is there.
+    "a hard-coded CUDA device": re.compile(
+        r"""^(?!.*is_available\(\)).*(\.to\(|device\s*=\s*|torch\.device\()["']cuda""",
+        re.M,
+    ),
     "a download from the hub": re.compile(r"\bload_dataset\(|snapshot_download\("),
 }
 
