@@ -289,3 +289,30 @@ def test_real_tiny_run_is_cached(tmp_path):
     assert second.history == first.history
     entry = tmp_path / first.key
     assert sorted(p.name for p in entry.iterdir()) == ["config.json", "history.json"]
+
+
+@pytest.mark.slow
+def test_warmed_up_model_is_built_once_and_loads(tmp_path, monkeypatch):
+    warm_up_config = TrainConfig.for_profile(
+        "cpu",
+        tiny_hidden_size=16,
+        sft_max_steps=2,
+        sft_eval_every=1,
+        sft_eval_size=4,
+    )
+    folder = explorer.warmed_up_model(warm_up_config, tmp_path)
+    assert Path(folder).parent == tmp_path
+    assert (Path(folder) / "config.json").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+    def no_second_warm_up(config):
+        raise AssertionError("the warm-up ran again")
+
+    monkeypatch.setattr("grpo_lab.training.loop.build_policy", no_second_warm_up)
+    assert explorer.warmed_up_model(warm_up_config, tmp_path) == folder
+
+    from grpo_lab.models import load_pretrained
+
+    model, tokenizer = load_pretrained(folder, dtype="float32")
+    assert model.config.hidden_size == 16
+    assert tokenizer.decode(tokenizer.encode("12 34")) == "12 34"

@@ -415,3 +415,35 @@ def _closest_choice(value: Any, choices: Sequence[Any]) -> Any:
     ):
         return min(choices, key=lambda choice: abs(choice - value))
     return choices[len(choices) // 2]
+
+
+def warmed_up_model(config: TrainConfig, cache_dir: str | Path) -> str:
+    """A folder holding ``config``'s model after the supervised warm-up alone.
+
+    Short explorer runs start from it (``model=<folder>``, ``sft_max_steps=0``):
+    every run then begins where GRPO has a signal (a model that never samples a
+    correct answer gets all-zero advantages), and the warm-up is paid once per
+    warm-up config. Written to a temporary folder and renamed into place.
+    """
+    folder = Path(cache_dir) / f"warm-{config_cache_key(config)}"
+    if (folder / "config.json").exists():
+        return str(folder)
+    from grpo_lab.tasks import get_task
+    from grpo_lab.training.loop import build_policy, save_final_model, warm_up_settings
+    from grpo_lab.training.sft import warm_up
+
+    policy = build_policy(config)
+    task = get_task(config.task, **config.task_options)
+    settings = warm_up_settings(config, task)
+    warm_up(
+        policy.model, policy.tokenizer, policy.backend, task, settings, log=_ignore
+    )
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    workspace = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    save_final_model(policy, workspace)
+    workspace.rename(folder)
+    return str(folder)
+
+
+def _ignore(record: dict[str, Any]) -> None:
+    """The warm-up's metrics lines are not kept: only its model is."""
