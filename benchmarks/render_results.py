@@ -157,8 +157,9 @@ def stopped_grid_section(out_dir: Path) -> str:
             "batch 1, hidden 1536, float32, frozen head, fresh process per case), "
             f"started 21:47 UTC on the same machine; its printed lines, kept in "
             f"`benchmarks/out/{STOPPED_GRID_LOG}`. It was stopped before its last "
-            "four cases (chunk 64-512 at vocabulary 151,936 and T=2048: those are "
-            "in the table above, from a separate run); only peak and time were "
+            "four cases (chunk 64-512 at vocabulary 151,936 and T=2048); the "
+            "table above is a separate run of that length (naive, default, chunk "
+            "128; stopped at the deadline before chunk 256). Only peak and time were "
             "printed, so the agreement columns are missing here. Ratios are "
             "against naive from the same run.",
             "",
@@ -230,7 +231,14 @@ def trl_step_section(payload: dict | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-TRL_LOSS_NOTES = """Where the definitions coincide and where they differ:
+TRL_LOSS_NOTES = """Reading: on these CPU batches the loss-and-backward step costs about the
+same on both sides (the model's forward and backward dominate both); the
+whole-loop gap in the time-to-accuracy section below therefore comes from
+outside this step (generation and per-step bookkeeping). TRL 1.16 scores with
+its own chunked head (`add_fused_lm_head`); off Triton devices it scores every
+position, prompt included, and computes the entropy at each.
+
+Where the definitions coincide and where they differ:
 
 - TRL `loss_type="grpo"` is `mean_i( sum_t -min(r A_i, clip(r) A_i) / |o_i| )`;
   with one iteration per batch its old log-probs are the detached current ones,
