@@ -24,14 +24,14 @@ lab: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check grpo_lab tests benchmarks
-	$(PY) -m pytest -n $(JOBS) --dist loadfile tests
-	$(PY) -m pytest -n $(JOBS) --dist loadfile --nbval-lax notebooks
+	$(PY) -m pytest -n $(JOBS) --dist worksteal --durations=15 tests
+	$(PY) -m pytest -n $(JOBS) --dist loadfile --durations=0 --nbval-lax notebooks
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -n $(JOBS) --dist loadfile -m "not slow" tests
 
 notebooks: $(STAMP)
-	$(PY) -m pytest -n $(JOBS) --dist loadfile --nbval-lax notebooks
+	$(PY) -m pytest -n $(JOBS) --dist loadfile --durations=0 --nbval-lax notebooks
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check grpo_lab tests benchmarks
