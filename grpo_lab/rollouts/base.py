@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -46,3 +47,25 @@ class RolloutBackend(Protocol):
     ) -> Rollouts: ...
 
     def sync(self, policy: torch.nn.Module) -> None: ...
+
+
+def check_generate_arguments(
+    prompts: Sequence[str], group_size: int, sampling: SamplingSettings
+) -> None:
+    """ValueError naming the first bad argument of ``generate``."""
+    if not prompts:
+        raise ValueError("prompts must not be empty, got []")
+    if isinstance(group_size, bool) or not isinstance(group_size, int):
+        raise ValueError(f"group_size must be a positive int, got {group_size!r}")
+    if group_size < 1:
+        raise ValueError(f"group_size must be a positive int, got {group_size!r}")
+    if not sampling.temperature >= 0:
+        raise ValueError(
+            f"sampling.temperature must be >= 0, got {sampling.temperature!r}"
+        )
+    if not 0 < sampling.top_p <= 1:
+        raise ValueError(f"sampling.top_p must be in (0, 1], got {sampling.top_p!r}")
+    if sampling.max_new_tokens < 1:
+        raise ValueError(
+            f"sampling.max_new_tokens must be positive, got {sampling.max_new_tokens!r}"
+        )

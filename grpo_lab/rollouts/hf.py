@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from grpo_lab.rollouts.base import Rollouts, SamplingSettings
+from grpo_lab.rollouts.base import Rollouts, SamplingSettings, check_generate_arguments
 
 
 class HFRolloutBackend:
@@ -54,7 +54,7 @@ class HFRolloutBackend:
         ``sampling.seed`` set, the draw is reproducible and the global torch
         generator is left as it was (the RNG is forked, then seeded).
         """
-        _check_generate_arguments(prompts, group_size, sampling)
+        check_generate_arguments(prompts, group_size, sampling)
         repeated_prompts = [prompt for prompt in prompts for _ in range(group_size)]
         prompt_ids = [
             self.tokenizer.encode(prompt, add_special_tokens=False)
@@ -135,27 +135,6 @@ class HFRolloutBackend:
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-
-def _check_generate_arguments(
-    prompts: list[str], group_size: int, sampling: SamplingSettings
-) -> None:
-    if not prompts:
-        raise ValueError("prompts must not be empty, got []")
-    if isinstance(group_size, bool) or not isinstance(group_size, int):
-        raise ValueError(f"group_size must be a positive int, got {group_size!r}")
-    if group_size < 1:
-        raise ValueError(f"group_size must be a positive int, got {group_size!r}")
-    if sampling.temperature < 0:
-        raise ValueError(
-            f"sampling.temperature must be >= 0, got {sampling.temperature!r}"
-        )
-    if not 0 < sampling.top_p <= 1:
-        raise ValueError(f"sampling.top_p must be in (0, 1], got {sampling.top_p!r}")
-    if sampling.max_new_tokens < 1:
-        raise ValueError(
-            f"sampling.max_new_tokens must be positive, got {sampling.max_new_tokens!r}"
-        )
 
 
 def _device_of(model: torch.nn.Module) -> torch.device:

@@ -49,7 +49,7 @@ import torch
 
 from grpo_lab.logprobs import score_response_tokens
 from grpo_lab.masks import pad_prompt_and_response_ids
-from grpo_lab.rollouts.base import Rollouts, SamplingSettings
+from grpo_lab.rollouts.base import Rollouts, SamplingSettings, check_generate_arguments
 
 # Sources checked (vllm-project/vllm unless named; commit prefixes):
 #   vllm/entrypoints/llm.py @10fdb8f0 (apply_model, collective_rpc,
@@ -188,28 +188,6 @@ def require_cuda() -> None:
 def is_greedy(sampling: SamplingSettings) -> bool:
     """True when vLLM decodes greedily: temperature below 1e-5."""
     return sampling.temperature < GREEDY_TEMPERATURE
-
-
-def check_generate_arguments(
-    prompts: Sequence[str], group_size: int, sampling: SamplingSettings
-) -> None:
-    """ValueError naming the first bad argument of ``generate``."""
-    if not prompts:
-        raise ValueError("prompts must not be empty, got []")
-    if isinstance(group_size, bool) or not isinstance(group_size, int):
-        raise ValueError(f"group_size must be a positive int, got {group_size!r}")
-    if group_size < 1:
-        raise ValueError(f"group_size must be a positive int, got {group_size!r}")
-    if not sampling.temperature >= 0:
-        raise ValueError(
-            f"sampling.temperature must be >= 0, got {sampling.temperature!r}"
-        )
-    if not 0 < sampling.top_p <= 1:
-        raise ValueError(f"sampling.top_p must be in (0, 1], got {sampling.top_p!r}")
-    if sampling.max_new_tokens < 1:
-        raise ValueError(
-            f"sampling.max_new_tokens must be positive, got {sampling.max_new_tokens!r}"
-        )
 
 
 def vllm_sampling_kwargs(
