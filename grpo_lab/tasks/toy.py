@@ -29,8 +29,42 @@ from grpo_lab.tasks.splits import (
 ANSWER_SLACK_TOKENS = 2
 
 
+class _ExactMatchToyTask:
+    """What the toy tasks share: hashed splits over an enumerable problem space,
+    i.i.d. train draws, distinct eval draws, exact-match reward. Subclasses give
+    ``eval_fraction``, ``draw_example(rng)`` and ``all_examples()``."""
+
+    eval_fraction: float
+
+    def draw_example(self, rng: random.Random) -> Example:
+        raise NotImplementedError
+
+    def all_examples(self) -> list[Example]:
+        raise NotImplementedError
+
+    def eval_examples(self) -> list[Example]:
+        """Every eval problem, in enumeration order."""
+        return [
+            example
+            for example in self.all_examples()
+            if is_eval_prompt(example.prompt, self.eval_fraction)
+        ]
+
+    def train(self, n: int, seed: int) -> list[Example]:
+        """``n`` i.i.d. train examples."""
+        return sample_train_examples(self.draw_example, self.eval_fraction, n, seed)
+
+    def eval(self, n: int, seed: int) -> list[Example]:
+        """``n`` distinct eval examples."""
+        return sample_distinct_examples(eval_pool(self), n, seed, "eval")
+
+    def reward_fn(self, response: str, ground_truth: str) -> dict[str, float]:
+        """Exact match: see ``grpo_lab.rewards.exact_match_reward``."""
+        return exact_match_reward(response, ground_truth)
+
+
 @dataclass(frozen=True)
-class ReverseTask:
+class ReverseTask(_ExactMatchToyTask):
     """Reverse a string of ``n_digits`` digits: ``"01234>"`` -> ``"43210"``."""
 
     # Digits per prompt; the problem space holds 10**n_digits prompts.
@@ -63,33 +97,13 @@ class ReverseTask:
         """Every problem, in numeric order."""
         return [self.example(digits) for digits in self._all_digit_strings()]
 
-    def eval_examples(self) -> list[Example]:
-        """Every eval problem, in numeric order."""
-        return [
-            self.example(digits)
-            for digits in self._all_digit_strings()
-            if is_eval_prompt(f"{digits}>", self.eval_fraction)
-        ]
-
     def _all_digit_strings(self) -> list[str]:
         width = self.n_digits
         return [f"{value:0{width}d}" for value in range(10**width)]
 
-    def train(self, n: int, seed: int) -> list[Example]:
-        """``n`` i.i.d. train examples."""
-        return sample_train_examples(self.draw_example, self.eval_fraction, n, seed)
-
-    def eval(self, n: int, seed: int) -> list[Example]:
-        """``n`` distinct eval examples."""
-        return sample_distinct_examples(eval_pool(self), n, seed, "eval")
-
-    def reward_fn(self, response: str, ground_truth: str) -> dict[str, float]:
-        """Exact match: see ``grpo_lab.rewards.exact_match_reward``."""
-        return exact_match_reward(response, ground_truth)
-
 
 @dataclass(frozen=True)
-class AdditionTask:
+class AdditionTask(_ExactMatchToyTask):
     """Add two numbers in ``[0, max_value)``: ``"23+19="`` -> ``"42"``."""
 
     # Operands are drawn from range(max_value).
@@ -124,28 +138,6 @@ class AdditionTask:
         """Every problem, ordered by (a, b)."""
         values = range(self.max_value)
         return [self.example(a, b) for a in values for b in values]
-
-    def eval_examples(self) -> list[Example]:
-        """Every eval problem, ordered by (a, b)."""
-        values = range(self.max_value)
-        return [
-            self.example(a, b)
-            for a in values
-            for b in values
-            if is_eval_prompt(f"{a}+{b}=", self.eval_fraction)
-        ]
-
-    def train(self, n: int, seed: int) -> list[Example]:
-        """``n`` i.i.d. train examples."""
-        return sample_train_examples(self.draw_example, self.eval_fraction, n, seed)
-
-    def eval(self, n: int, seed: int) -> list[Example]:
-        """``n`` distinct eval examples."""
-        return sample_distinct_examples(eval_pool(self), n, seed, "eval")
-
-    def reward_fn(self, response: str, ground_truth: str) -> dict[str, float]:
-        """Exact match: see ``grpo_lab.rewards.exact_match_reward``."""
-        return exact_match_reward(response, ground_truth)
 
 
 @functools.lru_cache(maxsize=8)
