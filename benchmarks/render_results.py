@@ -278,8 +278,8 @@ def accuracy_section(payload: dict | None) -> str:
         "",
         format_table(payload["summary"], ACCURACY_SUMMARY_COLUMNS),
         "",
-        "Greedy held-out accuracy by step (step: accuracy; seconds exclude "
-        "evaluation):",
+        "Held-out accuracy by step (step: sampled / greedy accuracy; seconds "
+        "exclude evaluation):",
         "",
         *[accuracy_curve(run) for run in payload["runs"]],
     ]
@@ -296,10 +296,16 @@ def accuracy_sections(out_dir: Path) -> list[str]:
 
 def accuracy_curve(run: dict) -> str:
     points = ", ".join(
-        f"{e['step']}: {e['accuracy_greedy']:.2f} ({e['seconds']:.0f} s)"
+        f"{e['step']}: {_accuracy_pair(e)} ({e['seconds']:.0f} s)"
         for e in run["evaluations"]
     )
     return f"- {run['framework']}, seed {run['seed']}: {points}"
+
+
+def _accuracy_pair(evaluation: dict) -> str:
+    sampled = evaluation.get("accuracy_sampled")
+    greedy = f"{evaluation['accuracy_greedy']:.2f}"
+    return greedy if sampled is None else f"{sampled:.2f} / {greedy}"
 
 
 ACCURACY_NOTES = """Notes:

@@ -13,13 +13,13 @@ backward. Taught in ``notebooks/02_logprobs_and_entropy.ipynb``.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 from torch.autograd.function import once_differentiable
-from torch.utils.checkpoint import checkpoint
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -223,8 +223,9 @@ def get_response_log_probs(
     ``logits_chunk_size``: ``None`` reads ``model.config.grpo_logits_chunk_size``
     (default 0). 0 runs the model's own forward. A positive size (for the model
     types in ``CHUNKED_HEAD_MODEL_TYPES``) runs the decoder once and the output
-    head on that many positions at a time, each chunk checkpointed so its
-    (B, chunk, V) logits are recomputed in backward instead of kept.
+    head on that many positions at a time; each chunk's (B, chunk, V) logits are
+    dropped after forward and recomputed in backward (checkpointing by hand, which
+    also sums the head's weight gradient into one buffer).
     Taught in ``notebooks/02_logprobs_and_entropy.ipynb``.
     """
     return score_response_tokens(
@@ -262,14 +263,14 @@ def score_response_tokens(
         )
     decoder, output_head = _decoder_and_head(model)
     hidden_states = decoder(input_ids=input_ids, use_cache=False).last_hidden_state
-
-    def score_logits(logits, label_chunk):
-        return _response_log_probs_from_logits(
-            logits, label_chunk, return_token_entropy, temperature
-        )
-
+    _check_label_range(labels, output_head.weight.shape[0])
     return _score_hidden_in_chunks(
-        output_head, score_logits, hidden_states, labels, chunk_size
+        output_head,
+        hidden_states,
+        labels,
+        chunk_size,
+        return_token_entropy,
+        temperature,
     )
 
 
@@ -319,7 +320,10 @@ def _check_logits_match_labels(logits: torch.Tensor, labels: torch.Tensor) -> No
             f"logits must have shape {(*labels.shape, 'V')} to match labels, "
             f"got {tuple(logits.shape)}"
         )
-    vocab_size = logits.shape[-1]
+    _check_label_range(labels, logits.shape[-1])
+
+
+def _check_label_range(labels: torch.Tensor, vocab_size: int) -> None:
     if ((labels < 0) | (labels >= vocab_size)).any():
         raise ValueError(
             f"labels must be token ids in [0, {vocab_size}), got values in "
@@ -338,12 +342,13 @@ def _decoder_and_head(
     if (
         model_type not in CHUNKED_HEAD_MODEL_TYPES
         or not isinstance(decoder, torch.nn.Module)
-        or not isinstance(head, torch.nn.Module)
+        or not isinstance(head, torch.nn.Linear)
     ):
         raise ValueError(
             "logits_chunk_size > 0 needs a causal LM whose logits are exactly "
             "lm_head(model.model(...)): model_type in "
-            f"{sorted(CHUNKED_HEAD_MODEL_TYPES)} with .model and an output head; "
+            f"{sorted(CHUNKED_HEAD_MODEL_TYPES)} with .model and an nn.Linear "
+            "output head; "
             f"got {type(model).__name__} with model_type={model_type!r}. "
             "Use logits_chunk_size=0."
         )
@@ -351,25 +356,147 @@ def _decoder_and_head(
 
 
 def _score_hidden_in_chunks(
-    output_head: torch.nn.Module,
-    score_logits: Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]],
+    output_head: torch.nn.Linear,
     hidden_states: torch.Tensor,
     labels: torch.Tensor,
     chunk_size: int,
+    return_token_entropy: bool,
+    temperature: float,
 ) -> dict[str, torch.Tensor]:
-    """Run head + scoring on ``chunk_size`` positions at a time; concat on dim 1."""
+    """Head + scoring, ``chunk_size`` positions at a time: (B, T, H) -> (B, T)."""
+    device_type = hidden_states.device.type
+    compute_dtype = (
+        torch.get_autocast_dtype(device_type)
+        if torch.is_autocast_enabled(device_type)
+        else None
+    )
+    log_probs, entropy = _ChunkedHeadLogProb.apply(
+        hidden_states,
+        output_head.weight,
+        output_head.bias,
+        labels,
+        _HeadSettings(chunk_size, temperature, return_token_entropy, compute_dtype),
+    )
+    result = {"log_probs": log_probs}  # (B, T)
+    if return_token_entropy:
+        result["token_entropy"] = entropy  # (B, T)
+    return result
 
-    def score_chunk(hidden_chunk, label_chunk):
-        return score_logits(output_head(hidden_chunk), label_chunk)
 
-    chunks = []
-    for start in range(0, hidden_states.shape[1], chunk_size):
-        hidden_chunk = hidden_states[:, start : start + chunk_size, :]  # (B, c, H)
-        label_chunk = labels[:, start : start + chunk_size]  # (B, c)
-        if torch.is_grad_enabled():
-            chunks.append(
-                checkpoint(score_chunk, hidden_chunk, label_chunk, use_reentrant=False)
-            )
+@dataclass(frozen=True)
+class _HeadSettings:
+    # Positions per chunk: the largest logits ever held are (B, chunk_size, V).
+    chunk_size: int
+    # Score softmax(z / temperature).
+    temperature: float
+    # Also return the (no-grad) entropy per position.
+    with_entropy: bool
+    # The matmul dtype autocast chose at forward time (None: the inputs' own).
+    compute_dtype: torch.dtype | None
+
+
+class _ChunkedHeadLogProb(torch.autograd.Function):
+    """log p(label) under softmax(lm_head(h) / T), never holding (B, T, V) logits.
+
+    Activation checkpointing by hand. Forward runs the head on ``chunk_size``
+    positions at a time and keeps only the hidden states, the labels and a (B, T)
+    log-normalizer. Backward recomputes each chunk's logits, turns them into the
+    logits' gradient g * (onehot - p) / T (:func:`_log_prob_gradient`), and
+    accumulates the head's weight gradient into a single (V, H) buffer, where
+    ``torch.utils.checkpoint`` around ``lm_head`` would allocate a fresh (V, H)
+    gradient per chunk and add it to ``.grad``. Outputs (log_probs, entropy);
+    the entropy is a diagnostic without gradient (zeros unless requested).
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, labels, settings):
+        dtype = _probability_dtype(settings.compute_dtype or weight.dtype)
+        log_probs = hidden.new_empty(labels.shape, dtype=dtype)  # (B, T)
+        log_normalizer = torch.empty_like(log_probs)  # (B, T)
+        entropy = torch.zeros_like(log_probs)  # (B, T)
+        with _head_matmuls(hidden, weight, bias, settings) as head:
+            for positions in _position_chunks(labels.shape[1], settings.chunk_size):
+                logits = head(hidden[:, positions])  # (B, c, V)
+                selected, normalizer = _selected_logits_and_log_normalizer(
+                    logits, labels[:, positions], settings.temperature
+                )  # (B, c), (B, c)
+                log_probs[:, positions] = selected - normalizer
+                log_normalizer[:, positions] = normalizer
+                if settings.with_entropy:
+                    entropy[:, positions] = _chunked_token_entropy(
+                        logits, normalizer, settings.temperature
+                    )
+        ctx.save_for_backward(hidden, weight, bias, labels, log_normalizer)
+        ctx.settings = settings
+        ctx.mark_non_differentiable(entropy)
+        return log_probs, entropy
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_log_probs, _grad_entropy):
+        hidden, weight, bias, labels, log_normalizer = ctx.saved_tensors
+        settings = ctx.settings
+        grad_hidden = torch.zeros_like(hidden)  # (B, T, H)
+        grad_weight = torch.zeros_like(weight) if weight.requires_grad else None
+        grad_bias = (
+            torch.zeros_like(bias) if bias is not None and bias.requires_grad else None
+        )
+        with _head_matmuls(hidden, weight, bias, settings) as head:
+            for positions in _position_chunks(labels.shape[1], settings.chunk_size):
+                hidden_chunk = hidden[:, positions]  # (B, c, H)
+                grad_logits = _log_prob_gradient(
+                    head(hidden_chunk),
+                    labels[:, positions],
+                    log_normalizer[:, positions],
+                    grad_log_probs[:, positions],
+                    settings.temperature,
+                )  # (B, c, V)
+                grad_hidden[:, positions] = head.input_gradient(grad_logits)
+                if grad_weight is not None:
+                    head.accumulate_weight_gradient(
+                        grad_weight, grad_logits, hidden_chunk
+                    )
+                if grad_bias is not None:
+                    grad_bias += grad_logits.sum(dim=(0, 1)).to(grad_bias.dtype)
+        return grad_hidden, grad_weight, grad_bias, None, None
+
+
+def _position_chunks(seq_len: int, chunk_size: int) -> list[slice]:
+    return [slice(start, start + chunk_size) for start in range(0, seq_len, chunk_size)]
+
+
+class _HeadMatmuls:
+    """z = h W^T + b and its two gradients, in the dtype autocast chose."""
+
+    def __init__(self, weight, bias, compute_dtype):
+        self.dtype = compute_dtype or weight.dtype
+        self.weight = weight.to(self.dtype)  # (V, H), a copy only under autocast
+        self.bias = None if bias is None else bias.to(self.dtype)
+
+    def __call__(self, hidden_chunk: torch.Tensor) -> torch.Tensor:
+        # (B, c, H) -> (B, c, V)
+        return torch.nn.functional.linear(
+            hidden_chunk.to(self.dtype), self.weight, self.bias
+        )
+
+    def input_gradient(self, grad_logits: torch.Tensor) -> torch.Tensor:
+        # dL/dh = dL/dz W: (B, c, V) -> (B, c, H)
+        return grad_logits.to(self.dtype) @ self.weight
+
+    def accumulate_weight_gradient(
+        self, grad_weight: torch.Tensor, grad_logits: torch.Tensor, hidden_chunk
+    ) -> None:
+        # dL/dW += (dL/dz)^T h over the chunk's B * c positions: (V, H)
+        grad_rows = grad_logits.to(self.dtype).reshape(-1, grad_logits.shape[-1])
+        hidden_rows = hidden_chunk.to(self.dtype).reshape(-1, hidden_chunk.shape[-1])
+        if grad_weight.dtype == self.dtype:
+            grad_weight.addmm_(grad_rows.T, hidden_rows)
         else:
-            chunks.append(score_chunk(hidden_chunk, label_chunk))
-    return {key: torch.cat([c[key] for c in chunks], dim=1) for key in chunks[0]}
+            grad_weight += (grad_rows.T @ hidden_rows).to(grad_weight.dtype)
+
+
+@contextlib.contextmanager
+def _head_matmuls(hidden, weight, bias, settings: _HeadSettings):
+    """The head's matmuls with autocast off (its dtype was fixed at forward)."""
+    with torch.autocast(hidden.device.type, enabled=False):
+        yield _HeadMatmuls(weight, bias, settings.compute_dtype)

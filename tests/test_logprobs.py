@@ -637,3 +637,68 @@ def test_logits_must_match_labels():
     logits, labels = random_case((2, 4, 5), torch.float32)
     with pytest.raises(ValueError, match=r"logits must have shape \(2, 3, 'V'\)"):
         get_response_log_probs(FixedLogits(logits), labels[:, :3], labels[:, :3])
+
+
+# ------------------------------------------------- chunked head: autocast, memory
+
+
+def test_chunked_head_under_autocast_matches_the_model_forward():
+    # Under bfloat16 autocast the head's matmul runs in bfloat16 in both paths;
+    # the chunked path fixes that dtype at forward and reuses it in backward.
+    # Values agree; gradients are as close to float32 as the model's own.
+    model = tiny_causal_lm(Qwen2Config, tie_word_embeddings=True)
+    input_ids, labels = token_batch(model)
+    exact = scores_and_parameter_grads(model, package_score(0, 1.0), input_ids, labels)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        full = scores_and_parameter_grads(
+            model, package_score(0, 1.0), input_ids, labels
+        )
+        chunked = scores_and_parameter_grads(
+            model, package_score(3, 1.0), input_ids, labels
+        )
+    assert chunked[0].dtype == torch.float32
+    torch.testing.assert_close(chunked[0], full[0], rtol=0, atol=1e-6)
+    torch.testing.assert_close(chunked[1], full[1], rtol=0, atol=1e-6)
+    for name, grad in chunked[2].items():
+        assert grad.dtype == torch.float32
+        chunked_error = (grad - exact[2][name]).abs().max()
+        full_error = (full[2][name] - exact[2][name]).abs().max()
+        assert chunked_error <= 2 * full_error + 1e-6, name
+
+
+def linear_head_case(head_requires_grad):
+    generator = torch.Generator().manual_seed(3)
+    hidden = torch.randn(2, 64, 256, generator=generator).requires_grad_()  # (B,T,H)
+    head = torch.nn.Linear(256, 4096, bias=False)  # V = 4096
+    head.weight.requires_grad_(head_requires_grad)
+    labels = torch.randint(0, 4096, (2, 64), generator=generator)  # (B, T)
+    return hidden, head, labels
+
+
+def chunked_head_backward(hidden, head, labels, chunk_size=8):
+    scored = logprobs_module._score_hidden_in_chunks(
+        head, hidden, labels, chunk_size, return_token_entropy=True, temperature=1.0
+    )
+    scored["log_probs"].sum().backward()
+
+
+def test_chunked_head_allocates_its_weight_gradient_once():
+    # A (V, H) weight gradient per chunk, added to .grad (what checkpointing the
+    # head does), would peak at two (V, H) tensors or more; one buffer is one.
+    hidden, head, labels = linear_head_case(head_requires_grad=True)
+    chunked_head_backward(hidden, head, labels)  # warm-up
+    head.weight.grad, hidden.grad = None, None
+    peak = peak_allocated_bytes(lambda: chunked_head_backward(hidden, head, labels))
+    weight_gradient_bytes = head.weight.numel() * 4  # 4 MiB
+    chunk_logits_bytes = 2 * 8 * 4096 * 4  # 256 KiB
+    assert weight_gradient_bytes <= peak
+    assert peak < weight_gradient_bytes + 8 * chunk_logits_bytes
+
+
+def test_chunked_head_matches_naive_for_a_frozen_head():
+    hidden, head, labels = linear_head_case(head_requires_grad=False)
+    chunked_head_backward(hidden, head, labels)
+    assert head.weight.grad is None
+    chunked_grad, hidden.grad = hidden.grad, None
+    naive_log_probs(head(hidden), labels).sum().backward()
+    torch.testing.assert_close(chunked_grad, hidden.grad, rtol=1e-5, atol=1e-6)

@@ -56,10 +56,11 @@ class HFRolloutBackend:
         """
         check_generate_arguments(prompts, group_size, sampling)
         repeated_prompts = [prompt for prompt in prompts for _ in range(group_size)]
-        prompt_ids = [
+        encoded = [
             self.tokenizer.encode(prompt, add_special_tokens=False)
-            for prompt in repeated_prompts
-        ]
+            for prompt in prompts
+        ]  # once per prompt; each response gets its own copy of the ids
+        prompt_ids = [list(ids) for ids in encoded for _ in range(group_size)]
         chunk = self.max_batch_size or len(prompt_ids)
         response_ids: list[list[int]] = []
         with _seeded_rng(sampling.seed, _device_of(self.model)):

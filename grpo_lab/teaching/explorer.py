@@ -435,9 +435,7 @@ def warmed_up_model(config: TrainConfig, cache_dir: str | Path) -> str:
     policy = build_policy(config)
     task = get_task(config.task, **config.task_options)
     settings = warm_up_settings(config, task)
-    warm_up(
-        policy.model, policy.tokenizer, policy.backend, task, settings, log=_ignore
-    )
+    warm_up(policy.model, policy.tokenizer, policy.backend, task, settings, log=_ignore)
     folder.parent.mkdir(parents=True, exist_ok=True)
     workspace = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     save_final_model(policy, workspace)

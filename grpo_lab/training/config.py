@@ -45,7 +45,7 @@ class TrainConfig:
     # Seed of the model weights, the prompt draws and every sampler.
     seed: int = 0
     # Number of GRPO steps (one rollout batch each).
-    steps: int = 150
+    steps: int = 400
     # Responses sampled per step: prompts per step times group_size.
     rollout_batch_size: int = 256
     # Responses sampled per prompt (G); advantages are normalized within a group.
@@ -184,7 +184,7 @@ CPU_DEFAULTS: dict[str, Any] = {
     "model": "tiny",
     "task": "reverse",
     "task_options": {"n_digits": 5},
-    "steps": 150,
+    "steps": 400,
     "rollout_batch_size": 32 * 8,
     "group_size": 8,
     "train_batch_size": 32 * 8,
