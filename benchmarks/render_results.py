@@ -120,6 +120,19 @@ LOGPROB_NOTES = """Reading the log-prob tables:
 """
 
 
+TRAINABLE_NOTES = """Reading the trainable-head tables:
+
+- Every method ends backward holding the head's (V, H) weight gradient, and
+  with tied embeddings the embedding's backward builds a second dense (V, H)
+  gradient that is added into it: 0.87 GiB each at V = 151,936, H = 1536 in
+  float32, whatever B and T are. Naive's (B, T, V) tables grow with B * T, so
+  the chunked path's ratio grows with the batch.
+- The chunked path sums the head's weight gradient chunk by chunk into one
+  buffer (a hand-written checkpoint); `torch.utils.checkpoint` around the head
+  would allocate a fresh (V, H) gradient per chunk and add it to `.grad`.
+"""
+
+
 STOPPED_GRID_LOG = "logprob_memory_grid_stopped.log"
 LOG_LINE = re.compile(
     r"^\s*(?P<method>\S+) (?P<head>frozen|trainable) V=(?P<vocab_size>\d+) "
@@ -357,6 +370,20 @@ def gpu_sections(gpu_dir: Path | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def trainable_head_sections(out_dir: Path) -> list[str]:
+    """One section per logprob_memory_trainable*.json (batch 1, batch 2, ...)."""
+    paths = sorted(out_dir.glob("logprob_memory_trainable*.json"))
+    if not paths:
+        return [logprob_section(None, "Log-prob memory and time, trainable head")]
+    sections = []
+    for path in paths:
+        payload = load(path)
+        batch = payload["settings"]["batch_size"]
+        title = f"Log-prob memory and time, trainable head, batch {batch} (CPU)"
+        sections.append(logprob_section(payload, title))
+    return [*sections, TRAINABLE_NOTES]
+
+
 def render(out_dir: Path, gpu_dir: Path | None, gpu_only: bool) -> str:
     if gpu_only:
         return gpu_sections(gpu_dir)
@@ -367,10 +394,7 @@ def render(out_dir: Path, gpu_dir: Path | None, gpu_only: bool) -> str:
         ),
         stopped_grid_section(out_dir),
         LOGPROB_NOTES,
-        logprob_section(
-            load(out_dir / "logprob_memory_trainable.json"),
-            "Log-prob memory and time, trainable head (CPU)",
-        ),
+        *trainable_head_sections(out_dir),
         trl_step_section(load(out_dir / "trl_train_step.json")),
         *accuracy_sections(out_dir),
         gpu_sections(gpu_dir),

@@ -17,14 +17,24 @@ import time
 
 from bench_utils import BENCHMARK_DIR, DEFAULT_OUT_DIR, REPO_ROOT
 
-# name: (script, extra arguments at full size). The trainable-head run is the
-# largest case only: its weight-gradient temporaries are the same for every method.
+# name: (script, extra arguments at full size). The trainable-head runs take the
+# largest case only, at batch 1 and 2: the (V, H) gradients every method holds
+# weigh less against (B, T, V) logits as the batch grows.
+TRAINABLE_HEAD = [
+    "--heads",
+    "trainable",
+    "--vocab-sizes",
+    "151936",
+    "--seq-lens",
+    "2048",
+    "--chunk-sizes",
+    "256",
+]
 BENCHMARKS = {
     "logprob_memory": ("logprob_memory.py", []),
-    "logprob_memory_trainable": (
-        "logprob_memory.py",
-        ["--heads", "trainable", "--vocab-sizes", "151936", "--seq-lens", "2048",
-         "--chunk-sizes", "256"],
+    "logprob_memory_trainable": ("logprob_memory.py", TRAINABLE_HEAD),
+    "logprob_memory_trainable_b2": (
+        "logprob_memory.py", [*TRAINABLE_HEAD, "--batch-size", "2"],
     ),
     "trl_train_step": ("trl_train_step.py", []),
     "time_to_accuracy": ("time_to_accuracy.py", []),
