@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from bench_utils import BENCHMARK_DIR, DEFAULT_OUT_DIR, format_table
+from cpu_profile import COLUMNS as CPU_PROFILE_COLUMNS
 from gpu_throughput import ROLLOUT_COLUMNS, TRAIN_COLUMNS
 from logprob_memory import COLUMNS as LOGPROB_COLUMNS
 from logprob_memory import add_ratios
@@ -38,6 +39,7 @@ How to rerun:
 | what | command |
 | --- | --- |
 | every CPU benchmark, then this file | `make bench` (runs `benchmarks/run_cpu.py`) |
+| the cpu profile, 3 seeds, end to end | `.venv/bin/python benchmarks/cpu_profile.py` |
 | log-prob memory and time | `.venv/bin/python benchmarks/logprob_memory.py` |
 | one train step against TRL | `.venv/bin/python benchmarks/trl_train_step.py` |
 | time to accuracy against TRL | `.venv/bin/python benchmarks/time_to_accuracy.py` |
@@ -370,6 +372,40 @@ def gpu_sections(gpu_dir: Path | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def cpu_profile_section(payload: dict | None) -> str:
+    title = "The cpu training profile end to end (`grpo-lab train --profile cpu`)"
+    if payload is None:
+        return f"## {title}\n\nNot run.\n"
+    target = payload["settings"]["target"]
+    lines = [
+        f"## {title}",
+        "",
+        provenance(payload),
+        "One fresh `grpo-lab train --profile cpu --seed S` process per seed, with "
+        "the profile's defaults; wall time covers the whole command (model build, "
+        "supervised warm-up, GRPO steps, evaluations every 10 steps, checkpoints, "
+        "final save). Accuracy is on 200 held-out prompts: one answer sampled at "
+        "temperature 1 (the distribution being trained), and greedy decoding. Step "
+        f'0 is right after the warm-up; "first ≥ target" is the first evaluated '
+        f"step at or above {target}.",
+        "",
+        format_table(payload["runs"], CPU_PROFILE_COLUMNS),
+        "",
+        "Held-out accuracy by step (step: sampled / greedy):",
+        "",
+        *[
+            f"- seed {run['seed']}: "
+            + ", ".join(
+                f"{e['step']}: {_accuracy_pair(e)}"
+                for e in run["evaluations"]
+                if e["step"] % 50 == 0 or e is run["evaluations"][-1]
+            )
+            for run in payload["runs"]
+        ],
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def trainable_head_sections(out_dir: Path) -> list[str]:
     """One section per logprob_memory_trainable*.json (batch 1, batch 2, ...)."""
     paths = sorted(out_dir.glob("logprob_memory_trainable*.json"))
@@ -395,6 +431,7 @@ def render(out_dir: Path, gpu_dir: Path | None, gpu_only: bool) -> str:
         stopped_grid_section(out_dir),
         LOGPROB_NOTES,
         *trainable_head_sections(out_dir),
+        cpu_profile_section(load(out_dir / "cpu_profile.json")),
         trl_step_section(load(out_dir / "trl_train_step.json")),
         *accuracy_sections(out_dir),
         gpu_sections(gpu_dir),

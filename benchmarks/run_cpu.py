@@ -31,6 +31,7 @@ TRAINABLE_HEAD = [
     "256",
 ]
 BENCHMARKS = {
+    "cpu_profile": ("cpu_profile.py", []),
     "logprob_memory": ("logprob_memory.py", []),
     "logprob_memory_trainable": ("logprob_memory.py", TRAINABLE_HEAD),
     "logprob_memory_trainable_b2": (

@@ -103,6 +103,7 @@ def _log_prob_gradient(
     log_normalizer: torch.Tensor,
     grad_log_probs: torch.Tensor,
     temperature: float,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """d/dz of sum g * log p(label): g * (onehot(label) - softmax(z / T)) / T.
 
@@ -111,13 +112,17 @@ def _log_prob_gradient(
     exp(z / T - logsumexp) from the saved log-normalizer, a chunk of rows at a
     time, and written into one (B, T, V) buffer in the logits' dtype. The float32
     operations are those autograd runs for gather - logsumexp (-g * p, then + g
-    at the label), so the gradient is the same, bit for bit on CPU.
+    at the label), so the gradient is the same, bit for bit on CPU. ``out`` may
+    be ``logits`` itself, when nothing else reads them: each row chunk is read
+    before it is overwritten.
     """
     logit_rows = logits.reshape(-1, logits.shape[-1])  # (B*T, V)
     label_rows = labels.reshape(-1, 1)  # (B*T, 1)
     normalizer_rows = log_normalizer.reshape(-1, 1)  # (B*T, 1)
     grad_rows = grad_log_probs.reshape(-1, 1)  # (B*T, 1)
-    grad_logit_rows = torch.empty_like(logit_rows)  # (B*T, V), logits' dtype
+    if out is None:  # contiguous, whatever the logits' strides
+        out = logits.new_empty(logits.shape)  # (B, T, V), logits' dtype
+    grad_logit_rows = out.view(logit_rows.shape)  # (B*T, V)
     for rows in _row_chunks(*logit_rows.shape):
         scaled = _probability_logits(logit_rows[rows], temperature)  # (c, V)
         probabilities = (scaled - normalizer_rows[rows]).exp_()  # (c, V)
@@ -126,7 +131,7 @@ def _log_prob_gradient(
         if temperature != 1.0:
             grad_chunk.div_(temperature)
         grad_logit_rows[rows] = grad_chunk
-    return grad_logit_rows.view(logits.shape)
+    return out
 
 
 class _SelectedLogProb(torch.autograd.Function):
@@ -444,13 +449,16 @@ class _ChunkedHeadLogProb(torch.autograd.Function):
         with _head_matmuls(hidden, weight, bias, settings) as head:
             for positions in _position_chunks(labels.shape[1], settings.chunk_size):
                 hidden_chunk = hidden[:, positions]  # (B, c, H)
+                logits = head(hidden_chunk)  # (B, c, V), recomputed
                 grad_logits = _log_prob_gradient(
-                    head(hidden_chunk),
+                    logits,
                     labels[:, positions],
                     log_normalizer[:, positions],
                     grad_log_probs[:, positions],
                     settings.temperature,
+                    out=logits,  # the recomputed logits are ours to overwrite
                 )  # (B, c, V)
+                del logits
                 grad_hidden[:, positions] = head.input_gradient(grad_logits)
                 if grad_weight is not None:
                     head.accumulate_weight_gradient(

@@ -116,8 +116,9 @@ def test_render_results_writes_every_table_with_its_command(smoke_dir, tmp_path)
     assert "trainable head, T=64: chunked head" in text
     assert "Qwen2.5-1.5B shape" in text and "tokens/s" in text
     # Files absent from these folders are said to be missing, not invented: the
-    # trainable-head CPU run, both TRL benchmarks and the GPU log-prob run.
-    assert text.count("Not run.") == 4
+    # trainable-head CPU run, the cpu profile, both TRL benchmarks and the GPU
+    # log-prob run.
+    assert text.count("Not run.") == 5
 
 
 @pytest.mark.slow
@@ -182,3 +183,16 @@ def test_time_to_accuracy_smoke_runs_both_trainers(tmp_path):
         assert [e["step"] for e in run["evaluations"]] == [0, 1, 2]
         assert run["seconds_per_step"] > 0
     assert [row["framework"] for row in payload["summary"]] == ["grpo_lab", "TRL"]
+
+
+def test_cpu_profile_smoke_runs_the_real_command(tmp_path):
+    import cpu_profile
+
+    out = tmp_path / "cpu_profile.json"
+    cpu_profile.main(["--smoke", "--seeds", "0", "--out", str(out)])
+    (run,) = read(out)["runs"]
+    assert run["seed"] == 0 and run["wall_seconds"] > 0
+    assert run["grpo_steps"] == 2 and 1 <= run["sft_steps"] <= 2
+    assert [e["step"] for e in run["evaluations"]] == [0, 1, 2]
+    for key in ("sampled_start", "sampled_end", "greedy_start", "greedy_end"):
+        assert 0.0 <= run[key] <= 1.0
