@@ -16,7 +16,7 @@ import re
 import sys
 from pathlib import Path
 
-from bench_utils import BENCHMARK_DIR, DEFAULT_OUT_DIR, format_table
+from bench_utils import BENCHMARK_DIR, DEFAULT_OUT_DIR, REPO_ROOT, format_table
 from cpu_profile import COLUMNS as CPU_PROFILE_COLUMNS
 from gpu_throughput import ROLLOUT_COLUMNS, TRAIN_COLUMNS
 from logprob_memory import COLUMNS as LOGPROB_COLUMNS
@@ -74,7 +74,8 @@ def machine_line(payload: dict) -> str:
 
 
 def provenance(payload: dict) -> str:
-    return f"Command: `{payload['command']}`  \nMachine: {machine_line(payload)}\n"
+    command = payload["command"].replace(f"{REPO_ROOT}/", "")  # as typed at the root
+    return f"Command: `{command}`  \nMachine: {machine_line(payload)}\n"
 
 
 def logprob_section(payload: dict | None, title: str) -> str:
@@ -117,8 +118,8 @@ LOGPROB_NOTES = """Reading the log-prob tables:
 - With the head trainable, its (V, H) weight gradient and the embedding's
   (0.87 GiB each at V = 151,936) are allocated by every method, which is why
   the ratios there are smaller than with the head frozen.
-- Times were measured on 2 shared cores under load; they vary by tens of
-  percent between identical cases (compare the naive rows of the two runs).
+- Times come from 2 cores; with other jobs running they vary by tens of
+  percent between identical cases, so compare times within one table only.
 """
 
 
@@ -246,12 +247,13 @@ def trl_step_section(payload: dict | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-TRL_LOSS_NOTES = """Reading: on these CPU batches the loss-and-backward step costs about the
-same on both sides (the model's forward and backward dominate both); the
-whole-loop gap in the time-to-accuracy section below therefore comes from
-outside this step (generation and per-step bookkeeping). TRL 1.16 scores with
-its own chunked head (`add_fused_lm_head`); off Triton devices it scores every
-position, prompt included, and computes the entropy at each.
+TRL_LOSS_NOTES = """Reading: the ratio columns compare the two on the same batch in one
+process. Both run the same model forward and backward; what differs is the
+scoring around it. TRL 1.16 scores with its own chunked head
+(`add_fused_lm_head`); off Triton devices it scores every position, prompt
+included, and computes the entropy at each. grpo_lab scores the (B, T)
+response positions it needs with the lean default path, which keeps no
+(B, T, V) log-softmax table. Both sides' times include the AdamW step.
 
 Where the definitions coincide and where they differ:
 
@@ -331,11 +333,13 @@ ACCURACY_NOTES = """Notes:
 - Seconds per step include sampling, rewards and the update on both sides.
   TRL's generation goes through its own `generate` call and bookkeeping;
   grpo_lab's through `grpo_lab.rollouts.hf`.
-- An earlier run of this script at the previous cpu-profile learning rate,
-  1e-3, collapsed on both sides from the same warm start (greedy accuracy 0.74
-  at step 0, 0 by step 5 for grpo_lab and 0 at step 40 for TRL; seed 0): one
-  fresh-AdamW step at that rate moves every weight by about 1e-3. The profile
-  now uses 3e-4, which the table above uses.
+- grpo_lab runs all its steps while TRL stops at the target, and later steps
+  cost less (more groups are all correct, and all-equal groups are skipped), so
+  the "shared steps" columns time both over the same first N steps, N being the
+  last evaluated step both runs have.
+- At lr 1e-3 both sides collapse from the same warm start (an earlier run:
+  greedy accuracy 0.74 at step 0, 0 by step 5 for grpo_lab and 0 at step 40
+  for TRL; seed 0); the cpu profile uses 3e-4.
 """
 
 
