@@ -210,6 +210,16 @@ def test_plot_comparison_rejects_a_metric_no_run_logged(base_config, tmp_path):
         explorer.plot_comparison(runs, "eval/accuracy")
 
 
+def test_plot_comparison_notes_loss_diagnostics_no_update_logged(base_config, tmp_path):
+    # Runs whose every update was skipped log no loss/ diagnostics at all.
+    runs = explorer.sweep(base_config, "lr", [1e-3], tmp_path, FakeTrain())
+    figure = explorer.plot_comparison(runs, "loss/token_entropy")
+    (axis,) = figure.axes
+    assert [len(line.get_xdata()) for line in axis.get_lines()] == [0]
+    assert "not logged" in axis.texts[0].get_text()
+    matplotlib.pyplot.close(figure)
+
+
 def test_final_values(base_config, tmp_path):
     runs = explorer.sweep(base_config, "lr", [1e-3, 1e-2], tmp_path, FakeTrain())
     assert explorer.final_values(runs, "train/reward_mean") == pytest.approx(

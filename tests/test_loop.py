@@ -157,6 +157,22 @@ def test_one_update_moves_log_probs_along_the_advantages(tmp_path):
     assert change[advantages > 0].mean() > 0 > change[advantages < 0].mean()
     assert record["train/optimizer_steps"] == 1.0
     assert record["train/reward_mean"] == pytest.approx(rewards.mean().item())
+    for key in ("loss/loss", "loss/token_entropy", "loss/gradient_norm"):
+        assert key in record, key
+    assert record["loss/token_entropy"] > 0
+
+
+def test_a_skipped_update_logs_no_loss_diagnostics(tmp_path):
+    # A random model gets every reversal wrong: every group has equal rewards, the
+    # update is skipped, and the entropy, loss and gradient norm it never measured
+    # are left out of the line instead of being logged as 0.
+    result = loop.train(tiny_config(tmp_path, steps=1), progress=False)
+    (record,) = [r for r in step_records(result.history) if r["step"] == 1]
+    assert record["train/equal_reward_group_fraction"] == 1.0
+    assert record["train/optimizer_steps"] == 0.0
+    assert record["loss/active_response_count"] == 0.0
+    for key in ("loss/loss", "loss/token_entropy", "loss/gradient_norm"):
+        assert key not in record, key
 
 
 def test_train_writes_the_run_folder_and_refuses_to_overwrite(tmp_path):
@@ -165,9 +181,9 @@ def test_train_writes_the_run_folder_and_refuses_to_overwrite(tmp_path):
     steps = step_records(result.history)
     assert [record["step"] for record in steps] == [0, 1, 2]
     for key in ("train/reward_mean", "train/format_reward_mean", "train/response_length",
-                "loss/loss", "loss/token_entropy", "loss/gradient_norm",
-                "time/step_seconds", "eval/accuracy_greedy", "eval/accuracy_sampled",
-                "eval/format_rate", "eval/response_length"):  # fmt: skip
+                "train/optimizer_steps", "time/step_seconds", "eval/accuracy_greedy",
+                "eval/accuracy_sampled", "eval/format_rate", "eval/response_length",
+                ):  # fmt: skip
         assert key in steps[1], key
     assert result.history == read_metrics(result.run_dir)
     assert (result.run_dir / "config.json").exists()
@@ -177,7 +193,23 @@ def test_train_writes_the_run_folder_and_refuses_to_overwrite(tmp_path):
         loop.train(config, progress=False)
 
 
-def test_off_policy_run_logs_clip_fraction(tmp_path):
+class EvenFirstReverse:
+    """The 3-digit reverse task's prompts, rewarded by EvenFirstCharacter."""
+
+    reward_fn = EvenFirstCharacter.reward_fn
+
+    def __init__(self, **options):
+        self.task = get_task("reverse", **options)
+
+    def __getattr__(self, name):
+        return getattr(self.task, name)
+
+
+def test_off_policy_run_logs_clip_fraction(tmp_path, monkeypatch):
+    # A reward a random model earns about half the time, so groups disagree.
+    monkeypatch.setattr(
+        loop, "get_task", lambda name, **options: EvenFirstReverse(**options)
+    )
     config = tiny_config(
         tmp_path,
         steps=1,
@@ -189,7 +221,7 @@ def test_off_policy_run_logs_clip_fraction(tmp_path):
     )
     record = step_records(loop.train(config, progress=False).history)[-1]
     assert 0.0 <= record["loss/clip_fraction"] <= 1.0
-    assert record["train/optimizer_steps"] <= 4  # 2 epochs x 2 train batches
+    assert 0 < record["train/optimizer_steps"] <= 4  # 2 epochs x 2 train batches
 
 
 def test_keyboard_interrupt_saves_a_checkpoint_and_resume_matches(

@@ -239,7 +239,10 @@ def plot_comparison(
 ) -> Figure:
     """One line per run: ``metric`` against the GRPO step."""
     curves = {run.label: metric_curve(run.history, metric) for run in results}
-    if not any(steps for steps, _ in curves.values()):
+    logged = any(steps for steps, _ in curves.values())
+    # loss/* diagnostics are left out of steps whose update was skipped (every
+    # group's rewards equal), so a short run may never log them.
+    if not logged and not metric.startswith("loss/"):
         raise ValueError(
             f"metric must be logged by at least one run, got {metric!r}; "
             "read_metrics(run_dir) shows the keys a run logged"
@@ -248,6 +251,11 @@ def plot_comparison(
         figure, axis = plt.subplots(figsize=(6.4, 3.6))
     else:
         figure = axis.figure
+    if not logged:
+        axis.text(
+            0.5, 0.5, "not logged: a skipped update logs no loss/ diagnostics",
+            ha="center", va="center", transform=axis.transAxes, color="grey",
+        )  # fmt: skip
     for label, (steps, values) in curves.items():
         sparse = len(steps) < 0.5 * max(len(s) for s, _ in curves.values())
         axis.plot(

@@ -370,7 +370,7 @@ def grpo_update(
                 temperature=config.temperature,
                 logits_chunk_size=config.logits_chunk_size,
             )
-            update_records.append(metadata)
+            update_records.append(_measured_diagnostics(metadata))
     policy.backend.sync(policy.model)
     return {
         **flatten_metrics("train", reward_metadata),
@@ -431,6 +431,24 @@ def train_batch_rows(config: TrainConfig) -> list[slice]:
         slice(start, start + size)
         for start in range(0, config.rollout_batch_size, size)
     ]
+
+
+# What a skipped update (every advantage zero) still reports truthfully.
+_SKIPPED_UPDATE_KEYS = ("optimizer_step", "active_response_count")
+
+
+def _measured_diagnostics(metadata: dict[str, Any]) -> dict[str, Any]:
+    """The update's diagnostics, or only its counts when it scored nothing.
+
+    A train batch whose groups all have equal rewards is skipped: nothing is
+    scored, and its entropy, loss and gradient norm would read as 0. Leaving
+    them out keeps the step's means over updates that measured something, and a
+    step with no such update logs no entropy at all (a gap in the curve, not a
+    dive to 0).
+    """
+    if metadata["active_response_count"] > 0:
+        return metadata
+    return {key: metadata[key] for key in _SKIPPED_UPDATE_KEYS}
 
 
 def _response_statistics(
