@@ -333,10 +333,10 @@ ACCURACY_NOTES = """Notes:
 - Seconds per step include sampling, rewards and the update on both sides.
   TRL's generation goes through its own `generate` call and bookkeeping;
   grpo_lab's through `grpo_lab.rollouts.hf`.
-- grpo_lab runs all its steps while TRL stops at the target, and later steps
-  cost less (more groups are all correct, and all-equal groups are skipped), so
-  the "shared steps" columns time both over the same first N steps, N being the
-  last evaluated step both runs have.
+- Both sides run every step. Later steps cost grpo_lab less (more groups are
+  all correct, and it does not score groups whose rewards are all equal), so
+  time per step is given over two identical step ranges: all steps ("shared
+  steps"), and the steps until both runs had reached the target.
 - At lr 1e-3 both sides collapse from the same warm start (an earlier run:
   greedy accuracy 0.74 at step 0, 0 by step 5 for grpo_lab and 0 at step 40
   for TRL; seed 0); the cpu profile uses 3e-4.

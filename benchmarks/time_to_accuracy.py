@@ -22,7 +22,8 @@ sampled response at temperature 1, and greedy decoding, on the same held-out
 prompts) every --eval-every steps. Time to accuracy = training wall time
 (rollouts + reward + update; evaluation excluded on both sides) up to the first
 evaluation whose --accuracy ("sampled" by default, the distribution being
-trained) reaches --target. Differences that remain: the prompts are drawn from the same
+trained) reaches --target. Both sides run every step (--max-steps), so their
+time per step is also compared over identical step ranges. Differences that remain: the prompts are drawn from the same
 generator but in a different order (grpo_lab draws 32 fresh prompts per step,
 TRL shuffles a dataset of the same size), the random streams of the samplers
 differ, and TRL's advantage is (r - mean) / (std + 1e-4) with the unbiased std.
@@ -128,11 +129,12 @@ def run_ours(config: TrainConfig, warm_folder: Path, target: float, measure: str
 
 
 class HeldOutAccuracy:
-    """A TRL callback: grpo_lab's evaluate() every k steps; stops at the target."""
+    """A TRL callback: grpo_lab's evaluate() every k steps (may stop at the target)."""
 
-    def __init__(self, config, task, tokenizer, target, measure):
+    def __init__(self, config, task, tokenizer, target, measure, stop_at_target):
         self.config, self.task, self.tokenizer = config, task, tokenizer
         self.target, self.measure = target, measure
+        self.stop_at_target = stop_at_target
         self.eval_examples = task.eval(config.eval_size, seed=config.seed)
         self.evaluations: list[dict] = []
         self.started = 0.0
@@ -149,7 +151,8 @@ class HeldOutAccuracy:
                 outer.evaluate(0, model)  # the accuracy training starts from
 
             def on_step_end(self, args, state, control, model=None, **kwargs):
-                if outer.evaluate(state.global_step, model):
+                reached = outer.evaluate(state.global_step, model)
+                if reached and outer.stop_at_target:
                     control.should_training_stop = True
 
         return _Callback()
@@ -177,7 +180,12 @@ class HeldOutAccuracy:
 
 
 def run_trl(
-    config: TrainConfig, warm_folder: Path, target: float, measure: str, out_dir: Path
+    config: TrainConfig,
+    warm_folder: Path,
+    target: float,
+    measure: str,
+    out_dir: Path,
+    stop_at_target: bool,
 ):
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -197,7 +205,7 @@ def run_trl(
             for completion, truth in zip(completions, ground_truth)
         ]
 
-    accuracy = HeldOutAccuracy(config, task, tokenizer, target, measure)
+    accuracy = HeldOutAccuracy(config, task, tokenizer, target, measure, stop_at_target)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer = GRPOTrainer(
@@ -271,11 +279,12 @@ def summarize(
 
 
 def add_common_step_pace(runs: list[dict]) -> None:
-    """s/step of each run of a seed over the steps every run of that seed took.
+    """s/step of each run of a seed over the same first N steps.
 
-    grpo_lab runs all its steps while TRL stops at the target, and later steps
-    are cheaper (more groups are all correct and skipped), so both are timed over
-    the same first N steps: N = the last evaluated step they share.
+    Later steps cost grpo_lab less (more groups are all correct, and such groups
+    are skipped), so paces are compared over identical step ranges: all the
+    steps both runs took (N = the last evaluated step they share), and the steps
+    until both had reached the target (N = the later of their target steps).
     """
     for seed in {run["seed"] for run in runs}:
         same_seed = [run for run in runs if run["seed"] == seed]
@@ -285,12 +294,19 @@ def add_common_step_pace(runs: list[dict]) -> None:
         if not shared:
             continue
         common = max(shared)
+        both_reached = [run["steps_to_target"] for run in same_seed]
+        to_target = max(both_reached) if all(both_reached) else None
         for run in same_seed:
-            seconds = next(
-                e["seconds"] for e in run["evaluations"] if e["step"] == common
-            )
             run["common_steps"] = common
-            run["seconds_per_common_step"] = seconds / common
+            run["seconds_per_common_step"] = _pace(run, common)
+            if to_target in shared:
+                run["target_steps"] = to_target
+                run["seconds_per_step_to_target"] = _pace(run, to_target)
+
+
+def _pace(run: dict, steps: int) -> float:
+    seconds = next(e["seconds"] for e in run["evaluations"] if e["step"] == steps)
+    return seconds / steps
 
 
 def summary_rows(runs: list[dict]) -> list[dict]:
@@ -311,6 +327,9 @@ def summary_rows(runs: list[dict]) -> list[dict]:
                 "mean_seconds_per_common_step": _mean(
                     [r.get("seconds_per_common_step") for r in mine]
                 ),
+                "mean_seconds_per_step_to_target": _mean(
+                    [r.get("seconds_per_step_to_target") for r in mine]
+                ),
             }
         )
     ours, theirs = rows
@@ -318,6 +337,7 @@ def summary_rows(runs: list[dict]) -> list[dict]:
         "mean_seconds_to_target",
         "mean_seconds_per_step",
         "mean_seconds_per_common_step",
+        "mean_seconds_per_step_to_target",
     ):
         if ours[key] and theirs[key]:
             theirs[key.replace("mean_", "trl_over_ours_")] = theirs[key] / ours[key]
@@ -341,6 +361,10 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--max-steps", type=int, default=400)
     parser.add_argument("--eval-every", type=int, default=20)
     parser.add_argument(
+        "--stop-at-target", action="store_true",
+        help="stop TRL at the target (default: both sides run every step)",
+    )  # fmt: skip
+    parser.add_argument(
         "--out", type=Path, default=DEFAULT_OUT_DIR / "time_to_accuracy.json"
     )
     parser.add_argument("--smoke", action="store_true", help="a few tiny steps")
@@ -353,8 +377,10 @@ def parse_arguments(argv=None) -> argparse.Namespace:
 COLUMNS = [
     ("framework", "framework"), ("seed", "seed"), ("reached", "reached target"),
     ("steps_to_target", "steps"), ("seconds_to_target", "seconds"),
-    ("seconds_per_step", "s/step"), ("common_steps", "shared steps"),
-    ("seconds_per_common_step", "s/step over shared steps"),
+    ("common_steps", "shared steps"),
+    ("seconds_per_common_step", "s/step, shared steps"),
+    ("target_steps", "steps until both at target"),
+    ("seconds_per_step_to_target", "s/step, until both at target"),
     ("last_step", "last eval step"),
     ("last_accuracy_greedy", "last greedy acc."),
     ("last_accuracy_sampled", "last sampled acc."), ("warm_up_seconds", "warm-up s"),
@@ -364,10 +390,11 @@ SUMMARY_COLUMNS = [
     ("mean_steps_to_target", "mean steps"),
     ("mean_seconds_to_target", "mean seconds"),
     ("trl_over_ours_seconds_to_target", "TRL / grpo_lab seconds"),
-    ("mean_seconds_per_step", "mean s/step"),
-    ("trl_over_ours_seconds_per_step", "TRL / grpo_lab s/step"),
     ("mean_seconds_per_common_step", "mean s/step, shared steps"),
     ("trl_over_ours_seconds_per_common_step", "TRL / grpo_lab s/step, shared steps"),
+    ("mean_seconds_per_step_to_target", "mean s/step, until both at target"),
+    ("trl_over_ours_seconds_per_step_to_target",
+     "TRL / grpo_lab s/step, until both at target"),
 ]  # fmt: skip
 
 
@@ -396,6 +423,7 @@ def main(argv=None) -> None:
                         arguments.target,
                         arguments.accuracy,
                         scratch / f"trl-{seed}",
+                        arguments.stop_at_target,
                     )
                 runs.append({**run, "seed": seed, "warm_up_seconds": warm_seconds})
                 add_common_step_pace(runs)
