@@ -441,11 +441,10 @@ class _ChunkedHeadLogProb(torch.autograd.Function):
     def backward(ctx, grad_log_probs, _grad_entropy):
         hidden, weight, bias, labels, log_normalizer = ctx.saved_tensors
         settings = ctx.settings
-        grad_hidden = torch.zeros_like(hidden)  # (B, T, H)
-        grad_weight = torch.zeros_like(weight) if weight.requires_grad else None
-        grad_bias = (
-            torch.zeros_like(bias) if bias is not None and bias.requires_grad else None
-        )
+        needs_hidden, needs_weight, needs_bias = ctx.needs_input_grad[:3]
+        grad_hidden = torch.zeros_like(hidden) if needs_hidden else None  # (B, T, H)
+        grad_weight = torch.zeros_like(weight) if needs_weight else None  # (V, H)
+        grad_bias = torch.zeros_like(bias) if needs_bias else None  # (V,)
         with _head_matmuls(hidden, weight, bias, settings) as head:
             for positions in _position_chunks(labels.shape[1], settings.chunk_size):
                 hidden_chunk = hidden[:, positions]  # (B, c, H)
@@ -459,7 +458,8 @@ class _ChunkedHeadLogProb(torch.autograd.Function):
                     out=logits,  # the recomputed logits are ours to overwrite
                 )  # (B, c, V)
                 del logits
-                grad_hidden[:, positions] = head.input_gradient(grad_logits)
+                if grad_hidden is not None:
+                    grad_hidden[:, positions] = head.input_gradient(grad_logits)
                 if grad_weight is not None:
                     head.accumulate_weight_gradient(
                         grad_weight, grad_logits, hidden_chunk

@@ -702,3 +702,12 @@ def test_chunked_head_matches_naive_for_a_frozen_head():
     chunked_grad, hidden.grad = hidden.grad, None
     naive_log_probs(head(hidden), labels).sum().backward()
     torch.testing.assert_close(chunked_grad, hidden.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_chunked_head_trains_the_head_alone_when_hidden_states_are_frozen():
+    hidden, head, labels = linear_head_case(head_requires_grad=True)
+    hidden = hidden.detach()  # a frozen decoder: only the head takes a gradient
+    chunked_head_backward(hidden, head, labels)
+    chunked_grad, head.weight.grad = head.weight.grad, None
+    naive_log_probs(head(hidden), labels).sum().backward()
+    torch.testing.assert_close(chunked_grad, head.weight.grad, rtol=1e-5, atol=1e-5)
