@@ -73,6 +73,16 @@ def machine_line(payload: dict) -> str:
     return "; ".join(parts)
 
 
+def not_run(title: str) -> str:
+    """The section of a benchmark whose JSON is missing: said, not invented."""
+    return f"## {title}\n\nNot run.\n"
+
+
+def heading(title: str, payload: dict) -> list[str]:
+    """A section's first lines: its title, then the command and machine."""
+    return [f"## {title}", "", provenance(payload)]
+
+
 def provenance(payload: dict) -> str:
     command = payload["command"].replace(f"{REPO_ROOT}/", "")  # as typed at the root
     return f"Command: `{command}`  \nMachine: {machine_line(payload)}\n"
@@ -80,13 +90,11 @@ def provenance(payload: dict) -> str:
 
 def logprob_section(payload: dict | None, title: str) -> str:
     if payload is None:
-        return f"## {title}\n\nNot run.\n"
+        return not_run(title)
     rows = payload["rows"]
     settings = payload["settings"]
     lines = [
-        f"## {title}",
-        "",
-        provenance(payload),
+        *heading(title, payload),
         f"Batch {settings['batch_size']}, hidden {settings['hidden_size']}, dtype "
         f"{settings['dtype']}, one-layer Qwen2 with tied embeddings; backward "
         "through sum(w * log p). Peak: " + payload["memory_measure"] + ". "
@@ -220,11 +228,9 @@ def _reduction(row: dict) -> float:
 def trl_step_section(payload: dict | None) -> str:
     title = "One GRPO step against TRL GRPOTrainer (CPU)"
     if payload is None:
-        return f"## {title}\n\nNot run.\n"
+        return not_run(title)
     lines = [
-        f"## {title}",
-        "",
-        provenance(payload),
+        *heading(title, payload),
         "Same weights, token ids and advantages on both sides; generation and "
         "rewards outside the timed region. grpo_lab: `policy_gradient_update` "
         "(on-policy). TRL: `GRPOTrainer.training_step` on the prepared batch "
@@ -284,11 +290,9 @@ def accuracy_section(payload: dict | None) -> str:
         seeds = sorted({run["seed"] for run in payload["runs"]})
         title += f", seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
     if payload is None:
-        return f"## {title}\n\nNot run.\n"
+        return not_run(title)
     lines = [
-        f"## {title}",
-        "",
-        provenance(payload),
+        *heading(title, payload),
         payload.get("description", ""),
         "",
         format_table(payload["runs"], ACCURACY_COLUMNS),
@@ -379,12 +383,10 @@ def gpu_sections(gpu_dir: Path | None) -> str:
 def cpu_profile_section(payload: dict | None) -> str:
     title = "The cpu training profile end to end (`grpo-lab train --profile cpu`)"
     if payload is None:
-        return f"## {title}\n\nNot run.\n"
+        return not_run(title)
     target = payload["settings"]["target"]
     lines = [
-        f"## {title}",
-        "",
-        provenance(payload),
+        *heading(title, payload),
         "One fresh `grpo-lab train --profile cpu --seed S` process per seed, with "
         "the profile's defaults; wall time covers the whole command (model build, "
         "supervised warm-up, GRPO steps, evaluations every 10 steps, checkpoints, "
