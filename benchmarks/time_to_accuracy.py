@@ -323,7 +323,6 @@ def summary_rows(runs: list[dict]) -> list[dict]:
                 "mean_seconds_to_target": _mean(
                     [r["seconds_to_target"] for r in reached]
                 ),
-                "mean_seconds_per_step": _mean([r["seconds_per_step"] for r in mine]),
                 "mean_seconds_per_common_step": _mean(
                     [r.get("seconds_per_common_step") for r in mine]
                 ),
@@ -335,7 +334,6 @@ def summary_rows(runs: list[dict]) -> list[dict]:
     ours, theirs = rows
     for key in (
         "mean_seconds_to_target",
-        "mean_seconds_per_step",
         "mean_seconds_per_common_step",
         "mean_seconds_per_step_to_target",
     ):
