@@ -21,6 +21,15 @@ from typing import TYPE_CHECKING
 import torch
 from torch.autograd.function import once_differentiable
 
+from grpo_lab.prefix_sharing import (
+    PrefixSplit,
+    can_share_prefix,
+    check_shared_prefix_length,
+    forward_with_shared_prefix,
+    join_prefix_and_tail,
+    split_at_prefix,
+)
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
@@ -250,6 +259,7 @@ def score_response_tokens(
     return_token_entropy: bool = False,
     logits_chunk_size: int | None = None,
     temperature: float = 1.0,
+    shared_prefix_length: int = 0,
 ) -> dict[str, torch.Tensor]:
     """:func:`get_response_log_probs` under the sampling distribution softmax(z / T).
 
@@ -257,10 +267,22 @@ def score_response_tokens(
     old log-probs must be scored from logits / T too (as TRL does). Naive form:
     ``log_softmax(logits / T).gather``; entropy is that of softmax(z / T). T = 1 is
     exactly :func:`get_response_log_probs`.
+
+    ``shared_prefix_length`` c > 0: rows whose first c input ids and labels are
+    equal (the G responses of one prompt) run those c positions once, and only
+    their remaining T - c positions per row (:mod:`grpo_lab.prefix_sharing`).
+    The same values, with less work; 0 runs every row whole.
     """
     chunk_size = _resolved_chunk_size(model, logits_chunk_size)
     _check_temperature(temperature)
     _check_labels_match_input_ids(input_ids, labels)
+    check_shared_prefix_length(shared_prefix_length, input_ids.shape[1])
+    if shared_prefix_length and can_share_prefix(model):
+        split = split_at_prefix(input_ids, labels, shared_prefix_length)
+        if split.distinct_count < input_ids.shape[0]:
+            return _score_with_shared_prefix(
+                model, split, chunk_size, return_token_entropy, temperature
+            )
     if chunk_size == 0:
         logits = model(input_ids).logits  # (B, T, V)
         return _response_log_probs_from_logits(
@@ -277,6 +299,51 @@ def score_response_tokens(
         return_token_entropy,
         temperature,
     )
+
+
+def _score_with_shared_prefix(
+    model: PreTrainedModel,
+    split: PrefixSplit,
+    chunk_size: int,
+    return_token_entropy: bool,
+    temperature: float,
+) -> dict[str, torch.Tensor]:
+    """Score each distinct prefix once and every row's tail; join to (B, T)."""
+    if chunk_size == 0:
+        prefix_output, tail_output = forward_with_shared_prefix(model, split)
+        parts = [
+            _response_log_probs_from_logits(
+                output.logits, labels, return_token_entropy, temperature
+            )
+            for output, labels in [
+                (prefix_output, split.prefix_labels),  # (U, c, V)
+                (tail_output, split.tail_labels),  # (B, T - c, V)
+            ]
+        ]
+    else:
+        decoder, output_head = _decoder_and_head(model)
+        prefix_output, tail_output = forward_with_shared_prefix(decoder, split)
+        _check_label_range(split.tail_labels, output_head.weight.shape[0])
+        _check_label_range(split.prefix_labels, output_head.weight.shape[0])
+        parts = [
+            _score_hidden_in_chunks(
+                output_head,
+                output.last_hidden_state,
+                labels,
+                chunk_size,
+                return_token_entropy,
+                temperature,
+            )
+            for output, labels in [
+                (prefix_output, split.prefix_labels),  # (U, c, H)
+                (tail_output, split.tail_labels),  # (B, T - c, H)
+            ]
+        ]
+    prefix_scores, tail_scores = parts
+    return {
+        key: join_prefix_and_tail(split, prefix_scores[key], tail_scores[key])
+        for key in prefix_scores
+    }  # (B, T) each
 
 
 def _resolved_chunk_size(model: torch.nn.Module, logits_chunk_size) -> int:

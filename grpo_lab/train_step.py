@@ -24,6 +24,7 @@ from grpo_lab.losses import (
     compute_policy_gradient_loss,
 )
 from grpo_lab.masks import tokenize_prompt_and_output
+from grpo_lab.prefix_sharing import prompt_only_columns
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -44,6 +45,7 @@ class _UpdateSettings:
     normalization_constant: int | None
     temperature: float = 1.0
     logits_chunk_size: int | None = None
+    share_prompt_prefix: bool = False
 
 
 def grpo_train_step(
@@ -132,6 +134,7 @@ def policy_gradient_update(
     *,
     temperature: float = 1.0,
     logits_chunk_size: int | None = None,
+    share_prompt_prefix: bool = False,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
     """One optimizer step on a tokenized batch with precomputed advantages.
 
@@ -147,7 +150,10 @@ def policy_gradient_update(
     scored, since their gradient is exactly zero, but still count in B. Tokens
     are scored from ``logits / temperature``, the distribution rollouts sampled
     at that temperature come from; ``logits_chunk_size`` is passed to
-    :func:`grpo_lab.logprobs.score_response_tokens`.
+    :func:`grpo_lab.logprobs.score_response_tokens`. ``share_prompt_prefix``
+    runs the prompt columns every row of a microbatch is still in
+    (:func:`grpo_lab.prefix_sharing.prompt_only_columns`) once per distinct
+    prompt instead of once per response: the same gradient, with less work.
 
     Raises ``RuntimeError`` before ``optimizer.step`` (parameters untouched) if a
     loss, a diagnostic mean or the gradient norm is not finite. When every
@@ -160,6 +166,7 @@ def policy_gradient_update(
         normalization_constant,
         temperature,
         logits_chunk_size,
+        share_prompt_prefix,
     )
     batch_size = _check_batch(batch, advantages, old_log_probs)
     _check_update_settings(
@@ -243,6 +250,7 @@ def _backward_microbatch(
     settings: _UpdateSettings,
 ) -> None:
     """Score one microbatch, check it is finite, backpropagate loss * scale."""
+    mask = microbatch["response_mask"]  # (b, T)
     scored = score_response_tokens(
         model,
         microbatch["input_ids"],
@@ -250,8 +258,10 @@ def _backward_microbatch(
         return_token_entropy=True,
         logits_chunk_size=settings.logits_chunk_size,
         temperature=settings.temperature,
+        shared_prefix_length=(
+            prompt_only_columns(mask) if settings.share_prompt_prefix else 0
+        ),
     )
-    mask = microbatch["response_mask"]  # (b, T)
     per_token_loss, loss_metadata = compute_policy_gradient_loss(
         microbatch["advantages"],
         scored["log_probs"],

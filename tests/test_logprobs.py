@@ -499,6 +499,111 @@ def test_chunk_size_none_reads_the_model_config():
         get_response_log_probs(model, input_ids, labels)
 
 
+# ---------------------------------------------------------------- shared prefix
+
+
+def grouped_token_batch(model, prompts=3, group_size=4, prompt_len=5, seq_len=9):
+    """G rows per prompt: equal first ``prompt_len`` ids (and labels), then random."""
+    input_ids, labels = token_batch(model, prompts * group_size, seq_len)
+    prompt_ids = torch.randint(2, 50, (prompts, prompt_len + 1)).repeat_interleave(
+        group_size, dim=0
+    )  # (B, P + 1)
+    input_ids[:, :prompt_len] = prompt_ids[:, :prompt_len]
+    labels[:, :prompt_len] = prompt_ids[:, 1:]  # labels = the next prompt token
+    return input_ids, labels
+
+
+def assert_scores_close_to_scale(actual, expected, relative=1e-5):
+    """Equal up to float32 rounding of sums taken in another order: each error
+    within ``relative`` times the largest magnitude of that tensor."""
+    for got, want in zip(actual[:2], expected[:2]):
+        assert (got - want).abs().max() <= relative * want.abs().max()
+    for name, grad in actual[2].items():
+        want = expected[2][name]
+        assert (grad - want).abs().max() <= relative * want.abs().max(), name
+
+
+def shared_score(chunk_size, temperature, prefix_length):
+    def score(model, input_ids, labels):
+        scored = score_response_tokens(
+            model,
+            input_ids,
+            labels,
+            return_token_entropy=True,
+            logits_chunk_size=chunk_size,
+            temperature=temperature,
+            shared_prefix_length=prefix_length,
+        )
+        return scored["log_probs"], scored["token_entropy"]
+
+    return score
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "olmo2", "llama"])
+@pytest.mark.parametrize("chunk_size", [0, 3])
+@pytest.mark.parametrize("prefix_length", [1, 4, 5, 8])
+def test_shared_prefix_equals_scoring_every_row_whole(
+    model_type, chunk_size, prefix_length
+):
+    # prefix_length 8 runs past the shared prompt: rows then differ, nothing merges
+    # beyond what is equal, and the values must still match.
+    model = tiny_causal_lm(CONFIGS[model_type], tie_word_embeddings=True)
+    input_ids, labels = grouped_token_batch(model)
+    whole = scores_and_parameter_grads(
+        model, package_score(chunk_size, 0.8), input_ids, labels
+    )
+    shared = scores_and_parameter_grads(
+        model, shared_score(chunk_size, 0.8, prefix_length), input_ids, labels
+    )
+    assert_scores_close_to_scale(shared, whole)
+
+
+def test_shared_prefix_runs_each_prompt_once(monkeypatch):
+    model = tiny_causal_lm(Qwen2Config, tie_word_embeddings=False)
+    input_ids, labels = grouped_token_batch(model)  # 12 rows x 9, 3 prompts x 5
+    shapes = []
+    model.model.embed_tokens.register_forward_hook(
+        lambda module, args, output: shapes.append(tuple(args[0].shape))
+    )
+    score_response_tokens(model, input_ids, labels, shared_prefix_length=5)
+    assert shapes == [(3, 5), (12, 4)]  # 15 + 48 positions instead of 108
+
+
+def test_rows_with_different_prefix_labels_are_not_merged():
+    model = tiny_causal_lm(Qwen2Config, tie_word_embeddings=False)
+    input_ids, labels = grouped_token_batch(model)
+    labels[1, 2] = (labels[0, 2] + 1) % model.config.vocab_size  # row 1 differs
+    whole = score_response_tokens(model, input_ids, labels)["log_probs"]
+    shared = score_response_tokens(model, input_ids, labels, shared_prefix_length=5)
+    torch.testing.assert_close(shared["log_probs"], whole, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(shared["log_probs"][1], shared["log_probs"][0])
+
+
+def test_shared_prefix_falls_back_under_gradient_checkpointing():
+    # transformers drops the key/value cache while checkpointing in training mode.
+    model = tiny_causal_lm(Qwen2Config, tie_word_embeddings=False)
+    model.gradient_checkpointing_enable()
+    model.train()
+    input_ids, labels = grouped_token_batch(model)
+    whole = scores_and_parameter_grads(model, package_score(0, 1.0), input_ids, labels)
+    shared = scores_and_parameter_grads(
+        model, shared_score(0, 1.0, 5), input_ids, labels
+    )
+    assert_scores_close_to_scale(shared, whole)
+
+
+@pytest.mark.parametrize("prefix_length", [-1, 9, True, 2.0, "3"])
+def test_bad_shared_prefix_length_is_rejected(prefix_length):
+    model = tiny_causal_lm(Qwen2Config, tie_word_embeddings=False)
+    input_ids, labels = grouped_token_batch(model)  # T = 9
+    with pytest.raises(ValueError) as error:
+        score_response_tokens(
+            model, input_ids, labels, shared_prefix_length=prefix_length
+        )
+    assert "shared_prefix_length must be an int in [0, 8]" in str(error.value)
+    assert f"got {prefix_length!r}" in str(error.value)
+
+
 # ---------------------------------------------------------------- unsupported
 
 

@@ -136,6 +136,69 @@ def test_greedy_is_argmax_and_padding_does_not_change_it(model, tokenizer):
         assert ids == expected
 
 
+# Mixed lengths (left padding), a 1-token prompt, and repeats within a group.
+SHARING_PROMPTS = ["12345>", "7>", ">", "98>"]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_shared_prompt_prefill_samples_exactly_what_plain_generate_does(
+    tokenizer, temperature
+):
+    model = build_tiny_qwen2(tokenizer, hidden_size=32, num_layers=2, seed=4)
+    # An untied random head, so that greedy outputs depend on the prompt, and
+    # sharp attention, so that they depend on positions too.
+    generator = torch.Generator().manual_seed(0)
+    head_shape = model.lm_head.weight.shape
+    model.lm_head.weight = torch.nn.Parameter(
+        torch.randn(head_shape, generator=generator)
+    )
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(8.0)
+            layer.self_attn.k_proj.weight.mul_(8.0)
+    sampling = SamplingSettings(temperature=temperature, max_new_tokens=6, seed=3)
+    shared, plain = (
+        HFRolloutBackend(model, tokenizer, share_prompt_prefill=share).generate(
+            SHARING_PROMPTS, 5, sampling
+        )
+        for share in (True, False)
+    )
+    assert shared.response_token_ids == plain.response_token_ids
+    assert shared.responses == plain.responses
+    distinct_responses = len(set(map(tuple, shared.response_token_ids)))
+    assert distinct_responses >= (3 if temperature == 0 else 10)
+
+
+def test_shared_prompt_prefill_runs_each_prompt_once(model, tokenizer):
+    rows_seen = []
+    handle = model.model.embed_tokens.register_forward_hook(
+        lambda module, args, output: rows_seen.append(tuple(args[0].shape))
+    )
+    try:
+        HFRolloutBackend(model, tokenizer).generate(
+            SHARING_PROMPTS, 5, SamplingSettings(max_new_tokens=1, seed=0)
+        )
+    finally:
+        handle.remove()
+    # 4 distinct prompts prefilled on 5 of their 6 padded columns, then every
+    # one of the 20 rows runs its last prompt token only.
+    assert rows_seen == [(4, 5), (20, 1)]
+
+
+def test_prompts_that_never_repeat_are_not_prefilled_twice(model, tokenizer):
+    rows_seen = []
+    handle = model.model.embed_tokens.register_forward_hook(
+        lambda module, args, output: rows_seen.append(tuple(args[0].shape))
+    )
+    try:
+        HFRolloutBackend(model, tokenizer).generate(
+            SHARING_PROMPTS, 1, SamplingSettings(max_new_tokens=1, seed=0)
+        )
+    finally:
+        handle.remove()
+    assert rows_seen == [(4, 6)]  # plain generate: one prefill of the whole batch
+
+
 def test_stop_string_cuts_text_and_ids(tokenizer):
     backend = HFRolloutBackend(
         build_tiny_qwen2(tokenizer, hidden_size=32, num_layers=1), tokenizer

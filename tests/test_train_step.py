@@ -264,6 +264,44 @@ def test_logits_chunk_size_gives_the_same_gradients(make_tiny_qwen2, batch):
     assert_gradients_close(gradients[1], gradients[0])
 
 
+@pytest.mark.parametrize(("method", "normalization"), CASES)
+def test_sharing_prompt_prefixes_gives_the_same_gradients(
+    make_tiny_qwen2, batch, method, normalization, monkeypatch
+):
+    import grpo_lab.train_step as train_step_module
+
+    prefix_lengths = []
+    prompt_only_columns = train_step_module.prompt_only_columns
+
+    def recording_prompt_only_columns(mask):
+        prefix_lengths.append(prompt_only_columns(mask))
+        return prefix_lengths[-1]
+
+    monkeypatch.setattr(
+        train_step_module, "prompt_only_columns", recording_prompt_only_columns
+    )
+    gradients, metadata = [], []
+    for share in (False, True):
+        _, step_metadata, optimizer = run_update(
+            make_tiny_qwen2(),
+            batch,
+            method,
+            normalization,
+            2,
+            share_prompt_prefix=share,
+        )
+        gradients.append(optimizer.gradients)
+        metadata.append(step_metadata)
+    # Active rows 0, 1, 4, 5 | 7 in microbatches of 4: "12+3=" and "40+2=" leave
+    # 4 prompt-only columns, "9+9=" alone 3 (one row: nothing to share).
+    assert prefix_lengths == [4, 3]
+    assert_gradients_close(gradients[1], gradients[0], atol=1e-5)
+    for key, value in metadata[0].items():
+        torch.testing.assert_close(
+            torch.as_tensor(metadata[1][key]), torch.as_tensor(value)
+        )
+
+
 def test_max_grad_norm_clips_and_reports_the_norm_before_clipping(
     make_tiny_qwen2, batch
 ):

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
+from grpo_lab.prefix_sharing import distinct_rows
 from grpo_lab.rollouts.base import Rollouts, SamplingSettings, check_generate_arguments
 
 
@@ -23,6 +24,9 @@ class HFRolloutBackend:
 
     The backend samples from the live policy module, so ``sync`` has nothing to do.
     ``max_batch_size`` bounds how many sequences are generated at once (None: all).
+    ``share_prompt_prefill`` runs each distinct prompt once (all but its last
+    token) and hands ``generate`` a copy of that key/value cache per response,
+    instead of running the prompt G times: the same samples, with less work.
     """
 
     def __init__(
@@ -30,6 +34,7 @@ class HFRolloutBackend:
         model: PreTrainedModel,
         tokenizer: PreTrainedTokenizerBase,
         max_batch_size: int | None = None,
+        share_prompt_prefill: bool = True,
     ) -> None:
         if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
             raise ValueError(
@@ -43,6 +48,7 @@ class HFRolloutBackend:
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
+        self.share_prompt_prefill = share_prompt_prefill
 
     def generate(
         self, prompts: list[str], group_size: int, sampling: SamplingSettings
@@ -90,14 +96,21 @@ class HFRolloutBackend:
         input_ids, attention_mask = _left_pad(prompt_ids, self.tokenizer.pad_token_id)
         was_training = self.model.training
         self.model.eval()
+        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
         try:
             with torch.no_grad(), _exact_generation_config(self.model, self.tokenizer):
+                prefilled = (
+                    _prefill_distinct_prompts(self.model, input_ids, attention_mask)
+                    if self.share_prompt_prefill
+                    else {}
+                )
                 sequences = self.model.generate(
-                    input_ids=input_ids.to(device),  # (b, P)
-                    attention_mask=attention_mask.to(device),  # (b, P)
+                    input_ids=input_ids,  # (b, P)
+                    attention_mask=attention_mask,  # (b, P)
                     generation_config=_generation_config(self.model, sampling),
                     # Stop strings are matched on text: generate needs the tokenizer.
                     tokenizer=self.tokenizer,
+                    **prefilled,
                 )
         finally:
             self.model.train(was_training)
@@ -162,6 +175,37 @@ def _left_pad(
     padded = [[pad_token_id] * (width - len(ids)) + ids for ids in prompt_ids]
     mask = [[0] * (width - len(ids)) + [1] * len(ids) for ids in prompt_ids]
     return torch.tensor(padded), torch.tensor(mask)  # (b, P), (b, P)
+
+
+def _prefill_distinct_prompts(
+    model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> dict[str, object]:
+    """``past_key_values`` for ``generate``: each distinct prompt prefilled once.
+
+    The cache covers every column but the last, so ``generate`` still runs the
+    last prompt token per row and samples from its logits. Rows that repeat a
+    prompt (left padding included) share its prefill, copied row by row.
+    Positions follow ``generate``'s own rule for left padding: cumsum(mask) - 1,
+    and 0 on padding. Returns {} when no prompt repeats or prompts are 1 token.
+    """
+    width = input_ids.shape[1]
+    if width < 2:
+        return {}
+    keys = torch.cat([input_ids[:, :-1], attention_mask[:, :-1]], dim=1)
+    distinct, row_to_prompt = distinct_rows(keys)  # (U, 2(P-1)), (b,)
+    if distinct.shape[0] == input_ids.shape[0]:
+        return {}
+    prefix_ids, prefix_mask = distinct.split(width - 1, dim=1)  # (U, P-1) each
+    positions = (prefix_mask.cumsum(-1) - 1).masked_fill(prefix_mask == 0, 0)
+    cache = model(
+        input_ids=prefix_ids,
+        attention_mask=prefix_mask,
+        position_ids=positions,
+        use_cache=True,
+        logits_to_keep=1,  # the prefill's logits are not needed
+    ).past_key_values
+    cache.batch_select_indices(row_to_prompt)
+    return {"past_key_values": cache}
 
 
 def _eos_token_ids(

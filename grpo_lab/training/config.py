@@ -128,6 +128,8 @@ class TrainConfig:
     gradient_checkpointing: bool = False
     # Output-head chunk (positions) when scoring; 0 runs the model's forward.
     logits_chunk_size: int = 0
+    # Run each prompt once per group, not once per response, when sampling and scoring.
+    share_prompt_prefix: bool = True
 
     def __post_init__(self) -> None:
         _validate(self)

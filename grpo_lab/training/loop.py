@@ -29,6 +29,10 @@ How this departs from textbook GRPO (DeepSeekMath), and why:
 7. The CPU profile starts with a short supervised warm-up (``training/sft.py``):
    a random model never samples a correct answer, and GRPO cannot learn from
    groups that all score 0.
+8. Each prompt runs once per group, not once per response, both when sampling
+   (its key/value cache is computed once and copied G times) and when scoring
+   (``share_prompt_prefix``, :mod:`grpo_lab.prefix_sharing`). The numbers are
+   the same; the work on prompt tokens drops G-fold.
 
 Every random draw (prompts, samples, evaluation samples) is seeded from
 ``(config.seed, purpose, step)``, so a resumed run repeats an uninterrupted
@@ -59,6 +63,7 @@ from grpo_lab.advantages import (
 from grpo_lab.logprobs import score_response_tokens
 from grpo_lab.masks import pad_prompt_and_response_ids, tokenize_prompt_and_output
 from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2, load_pretrained
+from grpo_lab.prefix_sharing import prompt_only_columns
 from grpo_lab.rollouts import make_backend
 from grpo_lab.rollouts.base import RolloutBackend, Rollouts, SamplingSettings
 from grpo_lab.tasks import get_task
@@ -202,7 +207,11 @@ def build_backend(
     """The hf backend wraps the live model; vllm loads its own copy, then syncs."""
     if config.backend == "hf":
         return make_backend(
-            "hf", model, tokenizer, max_batch_size=config.rollout_max_batch_size
+            "hf",
+            model,
+            tokenizer,
+            max_batch_size=config.rollout_max_batch_size,
+            share_prompt_prefill=config.share_prompt_prefix,
         )
     backend = make_backend(
         "vllm",
@@ -369,6 +378,7 @@ def grpo_update(
                 normalization_constant=config.normalization_constant,
                 temperature=config.temperature,
                 logits_chunk_size=config.logits_chunk_size,
+                share_prompt_prefix=config.share_prompt_prefix,
             )
             update_records.append(_measured_diagnostics(metadata))
     policy.backend.sync(policy.model)
@@ -410,12 +420,16 @@ def score_old_log_probs(
     with torch.no_grad(), autocast(config):
         for start in range(0, batch["input_ids"].shape[0], microbatch_size):
             rows = slice(start, start + microbatch_size)
+            mask = batch["response_mask"][rows]  # (b, T)
             scored = score_response_tokens(
                 model,
                 batch["input_ids"][rows].to(device),  # (b, T)
                 batch["labels"][rows].to(device),  # (b, T)
                 temperature=config.temperature,
                 logits_chunk_size=config.logits_chunk_size,
+                shared_prefix_length=(
+                    prompt_only_columns(mask) if config.share_prompt_prefix else 0
+                ),
             )
             chunks.append(scored["log_probs"].float())  # (b, T)
     return torch.cat(chunks, dim=0)  # (B, T)

@@ -1,0 +1,137 @@
+"""Run a prompt once for its whole group: shared prefixes in causal models.
+
+GRPO samples G responses per prompt, so a rollout batch holds every prompt G
+times. In a causal model the keys and values at a position depend only on the
+tokens up to it, so rows that start with the same tokens compute the same
+prefix G times. Running each distinct prefix once and copying its key/value
+cache to every row that starts with it gives the same numbers with less work:
+
+    plain:   model(input_ids)                         # B rows x T positions
+    shared:  cache = model(distinct_prefixes).cache   # U rows x c positions
+             model(input_ids[:, c:], cache[row_to_prefix])  # B rows x (T - c)
+
+The copy is an ``index_select``, so in backward the G rows' gradients add up in
+their prefix's keys and values, exactly as the plain forward's would. It is
+exact up to float rounding (the same sums, in batches of another shape).
+
+The model is only asked for ``use_cache=True`` and ``past_key_values``, and the
+cache it returns only for ``batch_select_indices`` (a transformers
+``DynamicCache``); nothing here imports transformers. Gradient checkpointing
+in transformers turns the cache off while training, so callers fall back to
+the plain forward then (:func:`can_share_prefix`).
+Taught in ``notebooks/07_training_step.ipynb``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class PrefixSplit:
+    """A batch cut after column c: distinct prefixes, and every row's tail."""
+
+    # Each distinct first-c tokens once. (U, c)
+    prefix_ids: torch.Tensor
+    # The labels of those c positions (equal for every row of the prefix). (U, c)
+    prefix_labels: torch.Tensor
+    # The prefix each row starts with: prefix_ids[row_to_prefix] == input_ids[:, :c].
+    row_to_prefix: torch.Tensor  # (B,)
+    # The remaining columns of every row. (B, T - c)
+    tail_ids: torch.Tensor
+    # Their labels. (B, T - c)
+    tail_labels: torch.Tensor
+
+    @property
+    def distinct_count(self) -> int:
+        return self.prefix_ids.shape[0]
+
+
+def distinct_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each distinct row once, and where each row went: (N, K) -> (U, K), (N,).
+
+    ``distinct[row_to_distinct]`` rebuilds ``rows``.
+    """
+    distinct, row_to_distinct = torch.unique(rows, dim=0, return_inverse=True)
+    return distinct, row_to_distinct
+
+
+def split_at_prefix(
+    input_ids: torch.Tensor, labels: torch.Tensor, prefix_length: int
+) -> PrefixSplit:
+    """Cut (B, T) ids and labels after ``prefix_length`` columns; dedupe prefixes.
+
+    Rows count as sharing a prefix when their first ``prefix_length`` input ids
+    and labels are all equal (labels too, so the prefix's log-probs are every
+    such row's log-probs).
+    """
+    check_shared_prefix_length(prefix_length, input_ids.shape[1], minimum=1)
+    keys = torch.cat([input_ids[:, :prefix_length], labels[:, :prefix_length]], 1)
+    distinct, row_to_prefix = distinct_rows(keys)  # (U, 2c), (B,)
+    return PrefixSplit(
+        prefix_ids=distinct[:, :prefix_length],
+        prefix_labels=distinct[:, prefix_length:],
+        row_to_prefix=row_to_prefix,
+        tail_ids=input_ids[:, prefix_length:],
+        tail_labels=labels[:, prefix_length:],
+    )
+
+
+def forward_with_shared_prefix(
+    model: torch.nn.Module, split: PrefixSplit
+) -> tuple[Any, Any]:
+    """model on each distinct prefix once, then on every row's tail after it.
+
+    Returns both outputs: the prefix's (U rows, c positions) and the tails'
+    (B rows, T - c positions), whose keys and values include their row's prefix.
+    """
+    prefix_output = model(input_ids=split.prefix_ids, use_cache=True)
+    cache = prefix_output.past_key_values
+    cache.batch_select_indices(split.row_to_prefix.to(split.prefix_ids.device))
+    tail_output = model(input_ids=split.tail_ids, past_key_values=cache, use_cache=True)
+    return prefix_output, tail_output
+
+
+def join_prefix_and_tail(
+    split: PrefixSplit, prefix_values: torch.Tensor, tail_values: torch.Tensor
+) -> torch.Tensor:
+    """Per-position values back in the batch's layout: (U, c), (B, T - c) -> (B, T)."""
+    rows = split.row_to_prefix.to(prefix_values.device)
+    return torch.cat([prefix_values.index_select(0, rows), tail_values], dim=1)
+
+
+def prompt_only_columns(response_mask: torch.Tensor) -> int:
+    """Leading columns where no row has a response label: (B, T) -> c < T.
+
+    Every row is still inside its prompt there, so the G rows of a group agree
+    on them: the longest prefix worth sharing. At most T - 1 (one column must
+    remain for the tail).
+    """
+    has_response = response_mask.bool().any(dim=0)  # (T,)
+    width = response_mask.shape[1]
+    first_response_column = (
+        int(has_response.to(torch.int8).argmax()) if has_response.any() else width
+    )
+    return min(first_response_column, width - 1)
+
+
+def can_share_prefix(model: torch.nn.Module) -> bool:
+    """False while transformers' gradient checkpointing drops the cache."""
+    return not (model.training and getattr(model, "is_gradient_checkpointing", False))
+
+
+def check_shared_prefix_length(prefix_length, width: int, minimum: int = 0) -> None:
+    """A ValueError unless ``prefix_length`` is an int in [minimum, width - 1]."""
+    if (
+        not isinstance(prefix_length, int)
+        or isinstance(prefix_length, bool)
+        or not minimum <= prefix_length < width
+    ):
+        raise ValueError(
+            f"shared_prefix_length must be an int in [{minimum}, {width - 1}] for "
+            f"sequences of {width} positions (0: no sharing; one position must "
+            f"remain after the prefix), got {prefix_length!r}"
+        )
