@@ -233,7 +233,9 @@ def trl_step_section(payload: dict | None) -> str:
         *heading(title, payload),
         "Same weights, token ids and advantages on both sides; generation and "
         "rewards outside the timed region. grpo_lab: `policy_gradient_update` "
-        "(on-policy). TRL: `GRPOTrainer.training_step` on the prepared batch "
+        '(on-policy), as is and with `share_prompt_prefix=True` ("shared-prompt" '
+        "columns: each of the batch's prompts runs once for its group, as in the "
+        "training loop). TRL: `GRPOTrainer.training_step` on the prepared batch "
         "(its `_prepare_inputs` bypassed) + `clip_grad_norm_` + `optimizer.step`. "
         "Group size "
         f"{payload['settings']['group_size']}, epsilon 0.2, beta 0, one iteration, "
@@ -337,6 +339,11 @@ ACCURACY_NOTES = """Notes:
 - Seconds per step include sampling, rewards and the update on both sides.
   TRL's generation goes through its own `generate` call and bookkeeping;
   grpo_lab's through `grpo_lab.rollouts.hf`.
+- grpo_lab runs each prompt once for its group of 8, both when sampling (one
+  prefill per distinct prompt, its key/value cache copied to the 8 rows) and
+  in the update (`share_prompt_prefix`, the cpu profile's default); TRL runs
+  every prompt 8 times. With 6-token prompts and responses of 5 digits plus
+  EOS, a group's update runs 5 + 8 × 7 = 61 positions instead of 8 × 12 = 96.
 - Both sides run every step. Later steps cost grpo_lab less (more groups are
   all correct, and it does not score groups whose rewards are all equal), so
   time per step is given over two identical step ranges: all steps ("shared

@@ -4,7 +4,9 @@ Both sides start from the same weights and see the same token ids and the same
 advantages; generation and rewards are outside the timed region on both sides.
 
   grpo_lab  policy_gradient_update(model, AdamW, 1, max_grad_norm, batch, advantages)
-            (on-policy: importance_reweighting_method="none")
+            (on-policy: importance_reweighting_method="none"); timed twice:
+            as is, and with share_prompt_prefix=True (each of the batch's
+            prompts runs once for its group; the training loop's setting)
   TRL       GRPOTrainer.training_step(model, inputs) with generation bypassed
             (its _prepare_inputs returns the prepared batch), then
             clip_grad_norm_, optimizer.step, optimizer.zero_grad: what the
@@ -26,7 +28,7 @@ Agreement (one step from the same weights, gradients read before the update):
   grpo_lab's on-policy "none" loss, -A * log p, has a different value but the
   same gradient; its gradient is compared too.
 
-Time per step: steps alternate between the two sides in one process (median of
+Time per step: steps alternate between the sides in one process (median of
 --steps). Peak memory: each side in a fresh process, one step after a warm-up
 step, peak above the memory held after setup.
 
@@ -74,6 +76,9 @@ MODEL_SHAPES = {
               "intermediate_size": 1408, "vocab_size": 32000},
 }  # fmt: skip
 LEARNING_RATE = 1e-5
+# grpo_lab as is, grpo_lab with share_prompt_prefix=True, and TRL.
+OUR_SIDES = ("ours", "ours_shared")
+SIDES = (*OUR_SIDES, "trl")
 MAX_GRAD_NORM = 1.0
 CLIPRANGE = 0.2
 
@@ -205,8 +210,16 @@ def trl_step(trainer, inputs) -> None:
     trainer.optimizer.zero_grad(set_to_none=True)
 
 
-def ours_step(model, optimizer, batch, advantages) -> None:
-    policy_gradient_update(model, optimizer, 1, MAX_GRAD_NORM, batch, advantages)
+def ours_step(model, optimizer, batch, advantages, share_prompt_prefix) -> None:
+    policy_gradient_update(
+        model,
+        optimizer,
+        1,
+        MAX_GRAD_NORM,
+        batch,
+        advantages,
+        share_prompt_prefix=share_prompt_prefix,
+    )
 
 
 class GradientRecorder(torch.optim.Optimizer):
@@ -299,12 +312,13 @@ def _batch_on(settings, model, tokenizer, device):
 def _setup_side(side: str, settings: dict, tokenizer, device, out_dir: str):
     model = build_model(settings["model"], tokenizer, device)
     ours, trl_inputs, advantages = _batch_on(settings, model, tokenizer, device)
-    if side == "ours":
+    if side in OUR_SIDES:
         # TRL's default optim is "adamw_torch_fused": the same kernel on both sides.
         optimizer = torch.optim.AdamW(
             model.parameters(), lr=LEARNING_RATE, weight_decay=0.0, fused=True
         )
-        return lambda: ours_step(model, optimizer, ours, advantages)
+        share = side == "ours_shared"
+        return lambda: ours_step(model, optimizer, ours, advantages, share)
     trainer = build_trainer(model, tokenizer, settings, "grpo", out_dir)
     return lambda: trl_step(trainer, trl_inputs)
 
@@ -314,7 +328,7 @@ def timing(settings: dict, tokenizer, device) -> dict:
     with tempfile.TemporaryDirectory() as out_dir:
         steps = {
             side: _setup_side(side, settings, tokenizer, device, out_dir)
-            for side in ("ours", "trl")
+            for side in SIDES
         }
         seconds = {side: [] for side in steps}
         for step_index in range(settings["steps"] + 1):
@@ -392,7 +406,7 @@ def run_model(arguments, model_name: str) -> tuple[dict, list[dict]]:
         side: run_worker(
             [script, "--worker", json.dumps({"side": side, "settings": settings})]
         )["peak_bytes"]
-        for side in ("ours", "trl")
+        for side in SIDES
     }
     model = build_model(model_name, tokenizer, torch.device("cpu"))
     ours, _, _ = build_batch(
@@ -408,7 +422,10 @@ def run_model(arguments, model_name: str) -> tuple[dict, list[dict]]:
         "ours_seconds": seconds["ours"],
         "trl_seconds": seconds["trl"],
         "trl_time_over_ours": seconds["trl"] / seconds["ours"],
+        "shared_seconds": seconds["ours_shared"],
+        "trl_time_over_shared": seconds["trl"] / seconds["ours_shared"],
         "ours_peak_mib": peaks["ours"] / 2**20,
+        "shared_peak_mib": peaks["ours_shared"] / 2**20,
         "trl_peak_mib": peaks["trl"] / 2**20,
         "trl_peak_over_ours": peaks["trl"] / max(1, peaks["ours"]),
     }
@@ -419,7 +436,10 @@ TIMING_COLUMNS = [
     ("model", "model"), ("parameters", "params"), ("vocab_size", "vocab"),
     ("batch_size", "B"), ("sequence_len", "T"), ("ours_seconds", "grpo_lab s/step"),
     ("trl_seconds", "TRL s/step"), ("trl_time_over_ours", "TRL / grpo_lab time"),
-    ("ours_peak_mib", "grpo_lab peak MiB"), ("trl_peak_mib", "TRL peak MiB"),
+    ("shared_seconds", "shared-prompt s/step"),
+    ("trl_time_over_shared", "TRL / shared-prompt time"),
+    ("ours_peak_mib", "grpo_lab peak MiB"),
+    ("shared_peak_mib", "shared-prompt peak MiB"), ("trl_peak_mib", "TRL peak MiB"),
     ("trl_peak_over_ours", "TRL / grpo_lab peak"),
 ]  # fmt: skip
 AGREEMENT_COLUMNS = [

@@ -152,6 +152,10 @@ def test_trl_train_step_losses_and_gradients_agree(tmp_path):
         timing["trl_seconds"] / timing["ours_seconds"]
     )
     assert timing["ours_peak_mib"] > 0 and timing["trl_peak_mib"] > 0
+    assert timing["shared_seconds"] > 0 and timing["shared_peak_mib"] > 0
+    assert timing["trl_time_over_shared"] == pytest.approx(
+        timing["trl_seconds"] / timing["shared_seconds"]
+    )
     rows = {
         (r["trl_loss_type"], r["ours"].split(",")[0]): r for r in payload["agreement"]
     }

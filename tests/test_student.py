@@ -137,28 +137,32 @@ def student_copies(tmp_path_factory):
 def test_student_copy_runs_to_the_end(name, student_copies):
     # Each copy runs in a fresh process with a hard time limit: a kernel that
     # stops answering fails this test instead of hanging the suite.
+    # Output goes to a file, not a pipe: a pipe would also wait for any process
+    # the kernel left behind that inherited it, long after nbconvert returned.
     path = next(p for p in student_copies if p.name == name)
     executed = path.with_name(f"executed_{name}")
-    completed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "jupyter",
-            "nbconvert",
-            "--to",
-            "notebook",
-            "--execute",
-            "--ExecutePreprocessor.timeout=300",
-            f"--output={executed.name}",
-            str(path),
-        ],
-        cwd=path.parent,  # runs/ written by the notebooks stay in tmp
-        env={**os.environ, "GRPO_LAB_PROFILE": "smoke"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    log = path.with_name(f"executed_{path.stem}.log")
+    with log.open("w") as log_file:
+        completed = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "jupyter",
+                "nbconvert",
+                "--to",
+                "notebook",
+                "--execute",
+                "--ExecutePreprocessor.timeout=300",
+                f"--output={executed.name}",
+                str(path),
+            ],
+            cwd=path.parent,  # runs/ written by the notebooks stay in tmp
+            env={**os.environ, "GRPO_LAB_PROFILE": "smoke"},
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            timeout=600,
+        )
+    assert completed.returncode == 0, log.read_text()[-3000:]
     notebook = nbformat.read(executed, as_version=4)
     printed = "".join(
         output.get("text", "")
