@@ -400,7 +400,7 @@ def scores_and_parameter_grads(model, score, input_ids, labels):
     return log_probs.detach(), entropy, grads
 
 
-def package_score(chunk_size, temperature):
+def package_score(chunk_size, temperature, shared_prefix_length=0):
     def score(model, input_ids, labels):
         scored = score_response_tokens(
             model,
@@ -409,6 +409,7 @@ def package_score(chunk_size, temperature):
             return_token_entropy=True,
             logits_chunk_size=chunk_size,
             temperature=temperature,
+            shared_prefix_length=shared_prefix_length,
         )
         return scored["log_probs"], scored["token_entropy"]
 
@@ -523,22 +524,6 @@ def assert_scores_close_to_scale(actual, expected, relative=1e-5):
         assert (grad - want).abs().max() <= relative * want.abs().max(), name
 
 
-def shared_score(chunk_size, temperature, prefix_length):
-    def score(model, input_ids, labels):
-        scored = score_response_tokens(
-            model,
-            input_ids,
-            labels,
-            return_token_entropy=True,
-            logits_chunk_size=chunk_size,
-            temperature=temperature,
-            shared_prefix_length=prefix_length,
-        )
-        return scored["log_probs"], scored["token_entropy"]
-
-    return score
-
-
 @pytest.mark.parametrize("model_type", ["qwen2", "olmo2", "llama"])
 @pytest.mark.parametrize("chunk_size", [0, 3])
 @pytest.mark.parametrize("prefix_length", [1, 4, 5, 8])
@@ -553,7 +538,7 @@ def test_shared_prefix_equals_scoring_every_row_whole(
         model, package_score(chunk_size, 0.8), input_ids, labels
     )
     shared = scores_and_parameter_grads(
-        model, shared_score(chunk_size, 0.8, prefix_length), input_ids, labels
+        model, package_score(chunk_size, 0.8, prefix_length), input_ids, labels
     )
     assert_scores_close_to_scale(shared, whole)
 
@@ -587,7 +572,7 @@ def test_shared_prefix_falls_back_under_gradient_checkpointing():
     input_ids, labels = grouped_token_batch(model)
     whole = scores_and_parameter_grads(model, package_score(0, 1.0), input_ids, labels)
     shared = scores_and_parameter_grads(
-        model, shared_score(0, 1.0, 5), input_ids, labels
+        model, package_score(0, 1.0, 5), input_ids, labels
     )
     assert_scores_close_to_scale(shared, whole)
 

@@ -169,34 +169,30 @@ def test_shared_prompt_prefill_samples_exactly_what_plain_generate_does(
     assert distinct_responses >= (3 if temperature == 0 else 10)
 
 
-def test_shared_prompt_prefill_runs_each_prompt_once(model, tokenizer):
-    rows_seen = []
+def input_shapes_of_generate(model, tokenizer, group_size):
+    """The (rows, positions) of every forward that generating one token runs."""
+    shapes = []
     handle = model.model.embed_tokens.register_forward_hook(
-        lambda module, args, output: rows_seen.append(tuple(args[0].shape))
+        lambda module, args, output: shapes.append(tuple(args[0].shape))
     )
     try:
         HFRolloutBackend(model, tokenizer).generate(
-            SHARING_PROMPTS, 5, SamplingSettings(max_new_tokens=1, seed=0)
+            SHARING_PROMPTS, group_size, SamplingSettings(max_new_tokens=1, seed=0)
         )
     finally:
         handle.remove()
+    return shapes
+
+
+def test_shared_prompt_prefill_runs_each_prompt_once(model, tokenizer):
     # 4 distinct prompts prefilled on 5 of their 6 padded columns, then every
     # one of the 20 rows runs its last prompt token only.
-    assert rows_seen == [(4, 5), (20, 1)]
+    assert input_shapes_of_generate(model, tokenizer, 5) == [(4, 5), (20, 1)]
 
 
 def test_prompts_that_never_repeat_are_not_prefilled_twice(model, tokenizer):
-    rows_seen = []
-    handle = model.model.embed_tokens.register_forward_hook(
-        lambda module, args, output: rows_seen.append(tuple(args[0].shape))
-    )
-    try:
-        HFRolloutBackend(model, tokenizer).generate(
-            SHARING_PROMPTS, 1, SamplingSettings(max_new_tokens=1, seed=0)
-        )
-    finally:
-        handle.remove()
-    assert rows_seen == [(4, 6)]  # plain generate: one prefill of the whole batch
+    # Plain generate: one prefill of the whole batch.
+    assert input_shapes_of_generate(model, tokenizer, 1) == [(4, 6)]
 
 
 def test_stop_string_cuts_text_and_ids(tokenizer):
