@@ -310,36 +310,30 @@ def _score_with_shared_prefix(
 ) -> dict[str, torch.Tensor]:
     """Score each distinct prefix once and every row's tail; join to (B, T)."""
     if chunk_size == 0:
-        prefix_output, tail_output = forward_with_shared_prefix(model, split)
-        parts = [
-            _response_log_probs_from_logits(
+        module = model
+
+        def score(output, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+            return _response_log_probs_from_logits(
                 output.logits, labels, return_token_entropy, temperature
-            )
-            for output, labels in [
-                (prefix_output, split.prefix_labels),  # (U, c, V)
-                (tail_output, split.tail_labels),  # (B, T - c, V)
-            ]
-        ]
+            )  # (b, t, V) -> (b, t)
+
     else:
-        decoder, output_head = _decoder_and_head(model)
-        prefix_output, tail_output = forward_with_shared_prefix(decoder, split)
-        _check_label_range(split.tail_labels, output_head.weight.shape[0])
-        _check_label_range(split.prefix_labels, output_head.weight.shape[0])
-        parts = [
-            _score_hidden_in_chunks(
+        module, output_head = _decoder_and_head(model)
+
+        def score(output, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+            _check_label_range(labels, output_head.weight.shape[0])
+            return _score_hidden_in_chunks(
                 output_head,
-                output.last_hidden_state,
+                output.last_hidden_state,  # (b, t, H)
                 labels,
                 chunk_size,
                 return_token_entropy,
                 temperature,
             )
-            for output, labels in [
-                (prefix_output, split.prefix_labels),  # (U, c, H)
-                (tail_output, split.tail_labels),  # (B, T - c, H)
-            ]
-        ]
-    prefix_scores, tail_scores = parts
+
+    prefix_output, tail_output = forward_with_shared_prefix(module, split)
+    prefix_scores = score(prefix_output, split.prefix_labels)  # (U, c) each
+    tail_scores = score(tail_output, split.tail_labels)  # (B, T - c) each
     return {
         key: join_prefix_and_tail(split, prefix_scores[key], tail_scores[key])
         for key in prefix_scores
