@@ -12,7 +12,6 @@ from grpo_lab.advantages import (
 from grpo_lab.logprobs import (
     compute_entropy,
     get_response_log_probs,
-    score_response_tokens,
 )
 from grpo_lab.losses import (
     aggregate_loss_across_microbatch,
@@ -38,7 +37,6 @@ __all__ = [
     "masked_normalize",
     "pad_prompt_and_response_ids",
     "policy_gradient_update",
-    "score_response_tokens",
     "tokenize_prompt_and_output",
 ]
 __version__ = "0.1.0"

@@ -112,10 +112,26 @@ def _check_group_inputs(
             f"the number of rewards ({raw_rewards.numel()}) must be divisible by "
             f"group_size ({group_size})"
         )
+    check_advantage_settings(baseline, advantage_normalizer)
+
+
+def check_advantage_settings(
+    baseline: str, advantage_normalizer: str, advantage_eps: float = 0.0
+) -> None:
+    """The one check of the advantage settings (config and direct callers)."""
     if baseline not in BASELINES:
         raise ValueError(f"baseline must be one of {BASELINES}, got {baseline!r}")
     if advantage_normalizer not in ADVANTAGE_NORMALIZERS:
         raise ValueError(
             f"advantage_normalizer must be one of {ADVANTAGE_NORMALIZERS}, "
             f"got {advantage_normalizer!r}"
+        )
+    if not (
+        isinstance(advantage_eps, (int, float))
+        and not isinstance(advantage_eps, bool)
+        and math.isfinite(advantage_eps)
+        and advantage_eps >= 0
+    ):
+        raise ValueError(
+            f"advantage_eps must be a finite number >= 0, got {advantage_eps!r}"
         )

@@ -218,63 +218,47 @@ def get_response_log_probs(
     labels: torch.Tensor,
     return_token_entropy: bool = False,
     logits_chunk_size: int | None = None,
-) -> dict[str, torch.Tensor]:
-    """Score ``labels`` under ``model``: log p(labels[b, t] | input_ids[b, :t+1]).
-
-    log p(label) = z_label - logsumexp(z), with z the logits at that position.
-    Naive equivalent (the test oracle)::
-
-        logits = model(input_ids).logits.float()  # (B, T, V)
-        torch.log_softmax(logits, dim=-1).gather(-1, labels[..., None]).squeeze(-1)
-
-    Returns ``{"log_probs": (B, T)}`` and, with ``return_token_entropy``,
-    ``"token_entropy": (B, T)`` (no gradient). Half-precision logits are upcast to
-    float32 a few rows at a time, never as a whole (B, T, V) copy: bfloat16 keeps
-    8 mantissa bits and cannot resolve a ratio of 1 +/- 3e-4 (GSPO's clip range).
-    Autograd keeps only the logits and a (B, T) log-normalizer; backward writes
-    the logits' gradient chunk by chunk into one buffer.
-
-    ``logits_chunk_size``: ``None`` reads ``model.config.grpo_logits_chunk_size``
-    (default 0). 0 runs the model's own forward. A positive size (for the model
-    types in ``CHUNKED_HEAD_MODEL_TYPES``) runs the decoder once and the output
-    head on that many positions at a time; each chunk's (B, chunk, V) logits are
-    dropped after forward and recomputed in backward (checkpointing by hand, which
-    also sums the head's weight gradient into one buffer).
-    Taught in ``notebooks/02_logprobs_and_entropy.ipynb``.
-    """
-    return score_response_tokens(
-        model,
-        input_ids,
-        labels,
-        return_token_entropy=return_token_entropy,
-        logits_chunk_size=logits_chunk_size,
-    )
-
-
-def score_response_tokens(
-    model: PreTrainedModel,
-    input_ids: torch.Tensor,
-    labels: torch.Tensor,
     *,
-    return_token_entropy: bool = False,
-    logits_chunk_size: int | None = None,
     temperature: float = 1.0,
     shared_prefix_length: int = 0,
 ) -> dict[str, torch.Tensor]:
-    """:func:`get_response_log_probs` under the sampling distribution softmax(z / T).
+    """Score ``labels`` under ``model``: log p(labels[b, t] | input_ids[b, :t+1]).
 
-    Rollouts sampled at temperature T come from softmax(logits / T), so ratios and
-    old log-probs must be scored from logits / T too (as TRL does). Naive form:
-    ``log_softmax(logits / T).gather``; entropy is that of softmax(z / T). T = 1 is
-    exactly :func:`get_response_log_probs`.
+    log p(label) = z_label - logsumexp(z), with z the logits at that position
+    divided by ``temperature``. Naive equivalent (the test oracle)::
 
-    ``shared_prefix_length`` c > 0: rows whose first c input ids and labels are
-    equal (the G responses of one prompt) run those c positions once, and only
-    their remaining T - c positions per row (:mod:`grpo_lab.prefix_sharing`).
-    The same values, with less work; 0 runs every row whole.
+        logits = model(input_ids).logits.float() / temperature  # (B, T, V)
+        torch.log_softmax(logits, dim=-1).gather(-1, labels[..., None]).squeeze(-1)
+
+    Returns ``{"log_probs": (B, T)}`` and, with ``return_token_entropy``,
+    ``"token_entropy": (B, T)`` (no gradient), the entropy of softmax(z / T).
+    Half-precision logits are upcast to float32 a few rows at a time, never as a
+    whole (B, T, V) copy: bfloat16 keeps 7 stored mantissa bits and cannot
+    resolve a ratio of 1 +/- 3e-4 (GSPO's clip range). Autograd keeps only the
+    logits and a (B, T) log-normalizer; backward writes the logits' gradient
+    chunk by chunk into one buffer.
+
+    ``logits_chunk_size``: 0 runs the model's own forward. A positive size (for
+    the model types in ``CHUNKED_HEAD_MODEL_TYPES``) runs the decoder once and
+    the output head on that many positions at a time; each chunk's (B, chunk, V)
+    logits are dropped after forward and recomputed in backward (checkpointing
+    by hand, which also sums the head's weight gradient into one buffer).
+    ``None`` reads ``model.config.grpo_logits_chunk_size`` (default 0), the
+    reference design's way of setting it on the model.
+
+    Keyword-only extras (their defaults are the reference design's scorer):
+
+    - ``temperature`` T: rollouts sampled at T come from softmax(logits / T), so
+      ratios and old log-probs must be scored from logits / T too (as TRL does).
+    - ``shared_prefix_length`` c > 0: rows whose first c input ids and labels are
+      equal (the G responses of one prompt) run those c positions once, and only
+      their remaining T - c positions per row (:mod:`grpo_lab.prefix_sharing`).
+      The same values, with less work; 0 runs every row whole.
+
+    Taught in ``notebooks/02_logprobs_and_entropy.ipynb``.
     """
     chunk_size = _resolved_chunk_size(model, logits_chunk_size)
-    _check_temperature(temperature)
+    check_temperature(temperature)
     _check_labels_match_input_ids(input_ids, labels)
     check_shared_prefix_length(shared_prefix_length, input_ids.shape[1])
     if shared_prefix_length and can_share_prefix(model):
@@ -344,6 +328,12 @@ def _resolved_chunk_size(model: torch.nn.Module, logits_chunk_size) -> int:
     if logits_chunk_size is None:
         config = getattr(model, "config", None)
         logits_chunk_size = getattr(config, "grpo_logits_chunk_size", 0)
+    check_logits_chunk_size(logits_chunk_size)
+    return logits_chunk_size
+
+
+def check_logits_chunk_size(logits_chunk_size: object) -> None:
+    """The one check of an output-head chunk size: an int >= 0."""
     if (
         not isinstance(logits_chunk_size, int)
         or isinstance(logits_chunk_size, bool)
@@ -353,19 +343,26 @@ def _resolved_chunk_size(model: torch.nn.Module, logits_chunk_size) -> int:
             "logits_chunk_size must be a nonnegative int (0: the model's forward; "
             f"N > 0: N positions per output-head chunk), got {logits_chunk_size!r}"
         )
-    return logits_chunk_size
 
 
-def _check_temperature(temperature) -> None:
-    if (
-        not isinstance(temperature, (int, float))
-        or isinstance(temperature, bool)
-        or not math.isfinite(temperature)
-        or temperature <= 0
-    ):
-        raise ValueError(
-            f"temperature must be a finite number > 0, got {temperature!r}"
+def check_temperature(
+    temperature: object, *, name: str = "temperature", allow_greedy: bool = False
+) -> None:
+    """The one check of a temperature: a finite number > 0.
+
+    Scoring divides logits by it, so 0 is refused; a sampler may allow 0
+    (``allow_greedy``), which means greedy decoding.
+    """
+    number = isinstance(temperature, (int, float)) and not isinstance(temperature, bool)
+    if number and math.isfinite(temperature) and temperature == 0 and allow_greedy:
+        return
+    if not number or not math.isfinite(temperature) or temperature <= 0:
+        expected = (
+            "a finite number >= 0 (0: greedy)"
+            if allow_greedy
+            else ("a finite number > 0")
         )
+        raise ValueError(f"{name} must be {expected}, got {temperature!r}")
 
 
 def _check_labels_match_input_ids(

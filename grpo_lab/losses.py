@@ -6,14 +6,28 @@ Taught in ``notebooks/04_policy_gradient_and_clipping.ipynb``,
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
-REWEIGHTING_METHODS = ("none", "noclip", "grpo", "gspo")
-LOSS_NORMALIZATIONS = ("sequence", "constant")
-
 LossAndDiagnostics = tuple[torch.Tensor, dict[str, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class ObjectiveOptions:
+    """The knobs an objective reads besides its tensors (one door: validated here)."""
+
+    # PPO clip range eps: the ratio is clipped to [1 - eps, 1 + eps].
+    cliprange: float | None = None
+
+
+Objective = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor, ObjectiveOptions],
+    LossAndDiagnostics,
+]
 
 
 def compute_policy_gradient_loss(
@@ -33,6 +47,7 @@ def compute_policy_gradient_loss(
             s = exp(mean over response tokens of log w), repeated on every token.
 
     A is (B,) or (B, 1); eps is ``cliprange``; old log-probs get no gradient.
+    Each method is one entry of ``OBJECTIVES`` (name -> function).
     Diagnostics are means over ``response_mask`` tokens (every token when the mask
     is None). ``clip_count`` counts only the clips that remove a gradient: A > 0
     with ratio > 1 + eps, or A < 0 with ratio < 1 - eps; elsewhere min() keeps the
@@ -40,12 +55,9 @@ def compute_policy_gradient_loss(
     bfloat16 cannot represent GSPO's 1 +/- 3e-4 bounds.
     """
     _check_loss_shapes(raw_rewards_or_advantages, policy_log_probs, response_mask)
-    _check_reweighting_inputs(
-        importance_reweighting_method,
-        policy_log_probs,
-        old_log_probs,
-        cliprange,
-        response_mask,
+    check_objective_settings(importance_reweighting_method, cliprange)
+    _check_objective_tensors(
+        importance_reweighting_method, policy_log_probs, old_log_probs, response_mask
     )
     if policy_log_probs.dtype in {torch.float16, torch.bfloat16}:
         policy_log_probs = policy_log_probs.float()
@@ -57,14 +69,9 @@ def compute_policy_gradient_loss(
         if response_mask is not None
         else torch.ones_like(policy_log_probs, dtype=torch.bool)
     )  # (B, T)
-    if importance_reweighting_method == "none":
-        return _reinforce_loss(advantages, policy_log_probs, token_mask)
-    log_ratio = policy_log_probs - old_log_probs.detach()  # (B, T)
-    if importance_reweighting_method == "noclip":
-        return _noclip_loss(advantages, log_ratio, token_mask)
-    if importance_reweighting_method == "grpo":
-        return _grpo_clip_loss(advantages, log_ratio, token_mask, cliprange)
-    return _gspo_clip_loss(advantages, log_ratio, token_mask, cliprange)
+    objective = OBJECTIVES[importance_reweighting_method]
+    options = ObjectiveOptions(cliprange=cliprange)
+    return objective(advantages, policy_log_probs, old_log_probs, token_mask, options)
 
 
 def _token_mean(values: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
@@ -73,8 +80,19 @@ def _token_mean(values: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
     return values.detach().masked_fill(~token_mask, 0.0).sum() / count.clamp_min(1)
 
 
+def _log_ratio(
+    policy_log_probs: torch.Tensor, old_log_probs: torch.Tensor
+) -> torch.Tensor:
+    """log pi - log pi_old, with no gradient through the old policy. (B, T)"""
+    return policy_log_probs - old_log_probs.detach()
+
+
 def _reinforce_loss(
-    advantages: torch.Tensor, policy_log_probs: torch.Tensor, token_mask: torch.Tensor
+    advantages: torch.Tensor,
+    policy_log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor | None,
+    token_mask: torch.Tensor,
+    options: ObjectiveOptions,
 ) -> LossAndDiagnostics:
     per_token_loss = -advantages * policy_log_probs  # (B, T)
     return per_token_loss, {
@@ -83,9 +101,13 @@ def _reinforce_loss(
 
 
 def _noclip_loss(
-    advantages: torch.Tensor, log_ratio: torch.Tensor, token_mask: torch.Tensor
+    advantages: torch.Tensor,
+    policy_log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    token_mask: torch.Tensor,
+    options: ObjectiveOptions,
 ) -> LossAndDiagnostics:
-    weights = torch.exp(log_ratio)  # (B, T)
+    weights = torch.exp(_log_ratio(policy_log_probs, old_log_probs))  # (B, T)
     per_token_loss = -advantages * weights  # (B, T)
     return per_token_loss, {
         "importance_ratio_mean": _token_mean(weights, token_mask),
@@ -106,11 +128,13 @@ def _clip_removes_gradient(
 
 def _grpo_clip_loss(
     advantages: torch.Tensor,
-    log_ratio: torch.Tensor,
+    policy_log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
     token_mask: torch.Tensor,
-    cliprange: float,
+    options: ObjectiveOptions,
 ) -> LossAndDiagnostics:
-    ratio = torch.exp(log_ratio)  # (B, T)
+    cliprange = options.cliprange
+    ratio = torch.exp(_log_ratio(policy_log_probs, old_log_probs))  # (B, T)
     clipped_ratio = torch.clamp(ratio, min=1 - cliprange, max=1 + cliprange)  # (B, T)
     per_token_loss = -torch.minimum(advantages * ratio, advantages * clipped_ratio)
     token_count = token_mask.sum().detach()
@@ -129,10 +153,13 @@ def _grpo_clip_loss(
 
 def _gspo_clip_loss(
     advantages: torch.Tensor,
-    log_ratio: torch.Tensor,
+    policy_log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
     token_mask: torch.Tensor,
-    cliprange: float,
+    options: ObjectiveOptions,
 ) -> LossAndDiagnostics:
+    cliprange = options.cliprange
+    log_ratio = _log_ratio(policy_log_probs, old_log_probs)  # (B, T)
     lengths = token_mask.sum(dim=1, keepdim=True)  # (B, 1)
     mean_log_ratio = log_ratio.masked_fill(~token_mask, 0.0).sum(
         dim=1, keepdim=True
@@ -159,6 +186,77 @@ def _gspo_clip_loss(
         "clip_total": sequence_count.detach(),
         "off_policy_loss_mean": _token_mean(per_token_loss, token_mask),
     }
+
+
+# Every objective, by name: one signature, (A (B, 1), log pi (B, T),
+# log pi_old (B, T) or None, token mask (B, T), options) -> (loss (B, T), diagnostics).
+OBJECTIVES: dict[str, Objective] = {
+    "none": _reinforce_loss,
+    "noclip": _noclip_loss,
+    "grpo": _grpo_clip_loss,
+    "gspo": _gspo_clip_loss,
+}
+REWEIGHTING_METHODS = tuple(OBJECTIVES)
+# Methods that weigh by pi / pi_old, and those that also clip that ratio.
+RATIO_METHODS = frozenset({"noclip", "grpo", "gspo"})
+CLIPPED_METHODS = frozenset({"grpo", "gspo"})
+LOSS_NORMALIZATIONS = ("sequence", "constant")
+
+
+def check_objective_settings(method: str, cliprange: float | None) -> None:
+    """The one check of an objective's name and clip range (config and callers)."""
+    if method not in REWEIGHTING_METHODS:
+        raise ValueError(
+            f"importance_reweighting_method must be one of {REWEIGHTING_METHODS}, "
+            f"got {method!r}"
+        )
+    if method in CLIPPED_METHODS and not _is_positive_number(cliprange):
+        raise ValueError(
+            f"cliprange must be positive for {method!r}, got {cliprange!r}"
+        )
+
+
+def check_loss_normalization(
+    loss_normalization: str, normalization_constant: float | None
+) -> None:
+    """The one check of a loss normalization and its constant."""
+    if loss_normalization not in LOSS_NORMALIZATIONS:
+        raise ValueError(
+            f"loss_normalization must be one of {LOSS_NORMALIZATIONS}, "
+            f"got {loss_normalization!r}"
+        )
+    if loss_normalization == "constant" and not _is_positive_number(
+        normalization_constant
+    ):
+        raise ValueError(
+            "normalization_constant must be positive for constant normalization, "
+            f"got {normalization_constant!r}"
+        )
+
+
+def _is_positive_number(value: object) -> bool:
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )
+
+
+def microbatch_loss_scale(
+    loss_normalization: str, microbatch_rows: int, batch_rows: int
+) -> float:
+    """What one microbatch's aggregated loss is multiplied by before backward.
+
+    sequence: a mean over b rows, weighted b / B, sums over microbatches to the
+              mean over all B rows;
+    constant: each microbatch already divides by the same constant: weight 1.
+    Either way the accumulated gradient equals the full batch's.
+    Taught in ``notebooks/07_training_step.ipynb``.
+    """
+    if loss_normalization == "sequence":
+        return microbatch_rows / batch_rows
+    return 1.0
 
 
 def _check_loss_shapes(
@@ -191,19 +289,13 @@ def _check_loss_shapes(
         )
 
 
-def _check_reweighting_inputs(
+def _check_objective_tensors(
     method: str,
     policy_log_probs: torch.Tensor,
     old_log_probs: torch.Tensor | None,
-    cliprange: float | None,
     response_mask: torch.Tensor | None,
 ) -> None:
-    if method not in REWEIGHTING_METHODS:
-        raise ValueError(
-            f"importance_reweighting_method must be one of {REWEIGHTING_METHODS}, "
-            f"got {method!r}"
-        )
-    if method == "none":
+    if method not in RATIO_METHODS:
         return
     if old_log_probs is None:
         raise ValueError(
@@ -213,10 +305,6 @@ def _check_reweighting_inputs(
         raise ValueError(
             f"old_log_probs must have shape {tuple(policy_log_probs.shape)} like "
             f"policy_log_probs, got {tuple(old_log_probs.shape)}"
-        )
-    if method in {"grpo", "gspo"} and (cliprange is None or cliprange <= 0):
-        raise ValueError(
-            f"cliprange must be positive for {method!r}, got {cliprange!r}"
         )
     if method == "gspo" and response_mask is None:
         raise ValueError(
@@ -246,22 +334,12 @@ def aggregate_loss_across_microbatch(
             f"mask must have shape {tuple(per_token_policy_gradient_loss.shape)}, "
             f"got {tuple(mask.shape)}"
         )
-    masked_loss = per_token_policy_gradient_loss * mask  # (B, T)
+    check_loss_normalization(loss_normalization, normalization_constant)
+    # A masked-out position adds 0 whatever it holds (even inf or NaN).
+    masked_loss = torch.where(
+        mask != 0, per_token_policy_gradient_loss * mask, 0.0
+    )  # (B, T)
     if loss_normalization == "sequence":
         response_lengths = mask.sum(dim=1).clamp_min(1)  # (B,)
         return (masked_loss.sum(dim=1) / response_lengths).mean()
-    if loss_normalization == "constant":
-        _check_normalization_constant(normalization_constant)
-        return masked_loss.sum() / normalization_constant
-    raise ValueError(
-        f"loss_normalization must be one of {LOSS_NORMALIZATIONS}, "
-        f"got {loss_normalization!r}"
-    )
-
-
-def _check_normalization_constant(normalization_constant: float | None) -> None:
-    if normalization_constant is None or normalization_constant <= 0:
-        raise ValueError(
-            "normalization_constant must be positive for constant normalization, "
-            f"got {normalization_constant!r}"
-        )
+    return masked_loss.sum() / normalization_constant

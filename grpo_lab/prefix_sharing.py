@@ -118,6 +118,12 @@ def prompt_only_columns(response_mask: torch.Tensor) -> int:
     return min(first_response_column, width - 1)
 
 
+def shared_prefix_length(response_mask: torch.Tensor, share_prompt_prefix: bool) -> int:
+    """The prefix length to score once per prompt: :func:`prompt_only_columns`
+    when ``share_prompt_prefix`` is on, else 0 (every row runs whole)."""
+    return prompt_only_columns(response_mask) if share_prompt_prefix else 0
+
+
 def can_share_prefix(model: torch.nn.Module) -> bool:
     """False while transformers' gradient checkpointing drops the cache."""
     return not (model.training and getattr(model, "is_gradient_checkpointing", False))

@@ -16,15 +16,22 @@ from grpo_lab.advantages import (
     compute_group_normalized_rewards,
     compute_rollout_rewards,
 )
-from grpo_lab.logprobs import score_response_tokens
+from grpo_lab.logprobs import (
+    check_logits_chunk_size,
+    check_temperature,
+    get_response_log_probs,
+)
 from grpo_lab.losses import (
-    LOSS_NORMALIZATIONS,
-    REWEIGHTING_METHODS,
+    CLIPPED_METHODS,
+    RATIO_METHODS,
     aggregate_loss_across_microbatch,
+    check_loss_normalization,
+    check_objective_settings,
     compute_policy_gradient_loss,
+    microbatch_loss_scale,
 )
 from grpo_lab.masks import tokenize_prompt_and_output
-from grpo_lab.prefix_sharing import prompt_only_columns
+from grpo_lab.prefix_sharing import shared_prefix_length
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -36,16 +43,29 @@ StepResult = tuple[torch.Tensor, dict[str, torch.Tensor | float]]
 
 
 @dataclass(frozen=True)
-class _UpdateSettings:
-    """How each microbatch is scored and reduced (the loss-side arguments)."""
+class UpdateSettings:
+    """How each microbatch is scored and reduced; checked when constructed.
 
-    method: str
-    cliprange: float | None
-    loss_normalization: str
-    normalization_constant: int | None
+    The loss-side arguments of :func:`policy_gradient_update`, in one object that
+    ``TrainConfig`` builds too, so a run and a direct call share one check.
+    ``logits_chunk_size=None`` reads ``model.config.grpo_logits_chunk_size``, the
+    reference design's channel (see :func:`grpo_lab.logprobs.get_response_log_probs`).
+    """
+
+    importance_reweighting_method: str = "none"
+    cliprange: float | None = None
+    loss_normalization: str = "sequence"
+    normalization_constant: float | None = None
     temperature: float = 1.0
     logits_chunk_size: int | None = None
     share_prompt_prefix: bool = False
+
+    def __post_init__(self) -> None:
+        check_objective_settings(self.importance_reweighting_method, self.cliprange)
+        check_loss_normalization(self.loss_normalization, self.normalization_constant)
+        check_temperature(self.temperature)
+        if self.logits_chunk_size is not None:
+            check_logits_chunk_size(self.logits_chunk_size)
 
 
 def grpo_train_step(
@@ -70,53 +90,85 @@ def grpo_train_step(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
     """One GRPO step from texts: rewards -> group advantages -> tokens -> update.
 
-    Rewards are scored once for the whole batch, advantages are normalized within
-    groups of ``group_size`` consecutive responses, and the texts are tokenized
-    with :func:`tokenize_prompt_and_output`; the step itself is
-    :func:`policy_gradient_update`. When every advantage is zero nothing is
-    tokenized or scored and the optimizer does not step. Metadata holds the reward
+    Rewards are scored once for the whole batch (:func:`rollout_advantages`), the
+    texts are tokenized with :func:`tokenize_prompt_and_output`, and the step
+    itself is :func:`policy_gradient_update`. When every advantage is zero nothing
+    is tokenized or scored, the optimizer does not step, and the update's
+    diagnostics read 0 (the reference design's keys). Metadata holds the reward
     and advantage statistics and the update's diagnostics.
     """
-    batch_size = len(rollout_responses)
     _check_rollout_lists(
         repeated_prompts, rollout_responses, repeated_ground_truths, group_size
     )
-    settings = _UpdateSettings(
+    settings = UpdateSettings(
         importance_reweighting_method,
         cliprange,
         loss_normalization,
         normalization_constant,
     )
-    _check_update_settings(
-        gradient_accumulation_steps, batch_size, settings, old_log_probs
+    check_update_inputs(
+        settings,
+        gradient_accumulation_steps,
+        max_grad_norm,
+        len(rollout_responses),
+        old_log_probs,
     )
+    _, advantages, metadata = rollout_advantages(
+        reward_fn,
+        rollout_responses,
+        repeated_ground_truths,
+        group_size,
+        baseline=baseline,
+        advantage_eps=advantage_eps,
+        advantage_normalizer=advantage_normalizer,
+    )  # (B,)
+    if not (advantages != 0).any():
+        optimizer.zero_grad(set_to_none=True)
+        zero_loss, skipped = _zero_diagnostics(settings, _device_of(model))
+        return zero_loss, {**metadata, **skipped}
+    batch = tokenize_prompt_and_output(
+        repeated_prompts, rollout_responses, tokenizer
+    )  # (B, T) each
+    loss, update_metadata = policy_gradient_update(
+        model,
+        optimizer,
+        gradient_accumulation_steps,
+        max_grad_norm,
+        batch,
+        advantages,
+        importance_reweighting_method,
+        old_log_probs,
+        cliprange,
+        loss_normalization,
+        normalization_constant,
+    )
+    return loss, {**metadata, **update_metadata}
+
+
+def rollout_advantages(
+    reward_fn: Callable[[str, str], dict[str, float]],
+    rollout_responses: list[str],
+    repeated_ground_truths: list[str],
+    group_size: int,
+    *,
+    baseline: str = "mean",
+    advantage_eps: float = 1e-6,
+    advantage_normalizer: str = "std",
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """Raw rewards (B,), group-normalized advantages (B,) and their statistics.
+
+    Each response is scored once (:func:`compute_rollout_rewards`), then
+    normalized within its group of ``group_size``
+    (:func:`compute_group_normalized_rewards`). The one place both the step and
+    the training loop turn responses into advantages.
+    """
     raw_rewards, reward_metadata = compute_rollout_rewards(
         reward_fn, rollout_responses, repeated_ground_truths
     )  # (B,)
     advantages, advantage_metadata = compute_group_normalized_rewards(
         raw_rewards, group_size, baseline, advantage_eps, advantage_normalizer
     )  # (B,)
-    if not (advantages != 0).any():
-        optimizer.zero_grad(set_to_none=True)
-        loss, update_metadata = _skipped_step(settings.method, _device_of(model))
-    else:
-        batch = tokenize_prompt_and_output(
-            repeated_prompts, rollout_responses, tokenizer
-        )  # (B, T) each
-        loss, update_metadata = policy_gradient_update(
-            model,
-            optimizer,
-            gradient_accumulation_steps,
-            max_grad_norm,
-            batch,
-            advantages,
-            importance_reweighting_method,
-            old_log_probs,
-            cliprange,
-            loss_normalization,
-            normalization_constant,
-        )
-    return loss, {**reward_metadata, **advantage_metadata, **update_metadata}
+    return raw_rewards, advantages, {**reward_metadata, **advantage_metadata}
 
 
 def policy_gradient_update(
@@ -145,21 +197,23 @@ def policy_gradient_update(
         sequence: sum over microbatches m of  (|m| / B) * mean_{i in m} loss_i
         constant: sum over microbatches m of  sum_{i in m, t} loss_it / C
 
-    which equals the full-batch loss for any ``gradient_accumulation_steps``
-    (microbatches of ceil(B / steps) rows). Responses with zero advantage are not
-    scored, since their gradient is exactly zero, but still count in B. Tokens
-    are scored from ``logits / temperature``, the distribution rollouts sampled
-    at that temperature come from; ``logits_chunk_size`` is passed to
-    :func:`grpo_lab.logprobs.score_response_tokens`. ``share_prompt_prefix``
-    runs the prompt columns every row of a microbatch is still in
-    (:func:`grpo_lab.prefix_sharing.prompt_only_columns`) once per distinct
-    prompt instead of once per response: the same gradient, with less work.
+    (:func:`grpo_lab.losses.microbatch_loss_scale`), which equals the full-batch
+    loss for any ``gradient_accumulation_steps`` (microbatches of
+    ceil(B / steps) rows). Responses with zero advantage are not scored, since
+    their gradient is exactly zero, but still count in B. Tokens are scored by
+    :func:`score_tokens`: from ``logits / temperature``, the distribution
+    rollouts sampled at that temperature come from, with ``logits_chunk_size``,
+    and with ``share_prompt_prefix`` running the prompt columns every row of a
+    microbatch is still in once per distinct prompt instead of once per
+    response: the same gradient, with less work.
 
     Raises ``RuntimeError`` before ``optimizer.step`` (parameters untouched) if a
     loss, a diagnostic mean or the gradient norm is not finite. When every
-    advantage is zero the optimizer does not step and ``optimizer_step`` is 0.
+    advantage is zero nothing is scored, the optimizer does not step, and the
+    metadata holds only what is true of such a step: ``optimizer_step`` 0 and
+    ``active_response_count`` 0 (no loss, entropy or gradient norm to report).
     """
-    settings = _UpdateSettings(
+    settings = UpdateSettings(
         importance_reweighting_method,
         cliprange,
         loss_normalization,
@@ -169,14 +223,15 @@ def policy_gradient_update(
         share_prompt_prefix,
     )
     batch_size = _check_batch(batch, advantages, old_log_probs)
-    _check_update_settings(
-        gradient_accumulation_steps, batch_size, settings, old_log_probs
+    check_update_inputs(
+        settings, gradient_accumulation_steps, max_grad_norm, batch_size, old_log_probs
     )
     device = _device_of(model)
     optimizer.zero_grad(set_to_none=True)
     active_indices = torch.nonzero(advantages != 0, as_tuple=False).flatten()
     if active_indices.numel() == 0:
-        return _skipped_step(settings.method, device)
+        zero_loss = torch.zeros((), dtype=torch.float32, device=device)
+        return zero_loss, {"optimizer_step": 0.0, "active_response_count": 0.0}
     active = _select_rows(batch, advantages, old_log_probs, active_indices)
     # Keep the configured microbatch size; fewer active rows mean fewer microbatches.
     microbatch_size = -(-batch_size // gradient_accumulation_steps)
@@ -193,6 +248,80 @@ def policy_gradient_update(
         active_response_count=float(active_indices.numel()),
     )
     return metadata["loss"], metadata
+
+
+def score_tokens(
+    model: torch.nn.Module,
+    batch: Mapping[str, torch.Tensor],
+    settings: UpdateSettings,
+    *,
+    return_token_entropy: bool = False,
+) -> dict[str, torch.Tensor]:
+    """log pi(label) (B, T) of a tokenized batch, scored as ``settings`` say.
+
+    The one scoring call of an update and of the loop's old log-probs: the
+    sampling temperature, the output-head chunk, and (with
+    ``share_prompt_prefix``) the prompt columns run once per distinct prompt.
+    """
+    mask = batch["response_mask"]  # (B, T)
+    return get_response_log_probs(
+        model,
+        batch["input_ids"],
+        batch["labels"],
+        return_token_entropy,
+        settings.logits_chunk_size,
+        temperature=settings.temperature,
+        shared_prefix_length=shared_prefix_length(mask, settings.share_prompt_prefix),
+    )
+
+
+def check_update_inputs(
+    settings: UpdateSettings,
+    gradient_accumulation_steps: int,
+    max_grad_norm: float | None,
+    batch_size: int,
+    old_log_probs: torch.Tensor | None,
+) -> None:
+    """What must hold before anything is scored, beyond ``settings`` themselves."""
+    check_gradient_accumulation_steps(gradient_accumulation_steps, batch_size)
+    check_max_grad_norm(max_grad_norm)
+    method = settings.importance_reweighting_method
+    if method in RATIO_METHODS and old_log_probs is None:
+        raise ValueError(
+            f"old_log_probs must be a tensor for {method!r} reweighting, got None"
+        )
+
+
+def check_gradient_accumulation_steps(steps: int, batch_size: int) -> None:
+    """1 <= steps <= batch size (each microbatch holds at least one row)."""
+    if (
+        not (isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1)
+        or steps > batch_size
+    ):
+        raise ValueError(
+            f"gradient_accumulation_steps must be between 1 and the batch size "
+            f"{batch_size}, got {steps!r}"
+        )
+
+
+def check_max_grad_norm(max_grad_norm: float | None) -> None:
+    """None (no clipping) or a finite number > 0.
+
+    A negative norm would flip every gradient (train backwards) and 0 would
+    zero them, so both are refused.
+    """
+    if max_grad_norm is None:
+        return
+    if not (
+        isinstance(max_grad_norm, (int, float))
+        and not isinstance(max_grad_norm, bool)
+        and math.isfinite(max_grad_norm)
+        and max_grad_norm > 0
+    ):
+        raise ValueError(
+            "max_grad_norm must be None (no clipping) or a finite number > 0, "
+            f"got {max_grad_norm!r}"
+        )
 
 
 def _device_of(model: torch.nn.Module) -> torch.device:
@@ -221,7 +350,7 @@ def _accumulate_gradients(
     active: dict[str, torch.Tensor],
     microbatch_size: int,
     batch_size: int,
-    settings: _UpdateSettings,
+    settings: UpdateSettings,
     device: torch.device,
 ) -> _DiagnosticAccumulator:
     """Backpropagate every microbatch of the active rows; gradients add up."""
@@ -232,11 +361,8 @@ def _accumulate_gradients(
             key: value.index_select(0, rows.to(value.device)).to(device)
             for key, value in active.items()
         }
-        # A sequence-mean over b rows, weighted b / B, sums to the mean over B rows.
-        scale = (
-            rows.numel() / batch_size
-            if settings.loss_normalization == "sequence"
-            else 1.0
+        scale = microbatch_loss_scale(
+            settings.loss_normalization, rows.numel(), batch_size
         )
         _backward_microbatch(model, microbatch, scale, accumulator, settings)
     return accumulator
@@ -247,25 +373,15 @@ def _backward_microbatch(
     microbatch: dict[str, torch.Tensor],
     scale: float,
     accumulator: _DiagnosticAccumulator,
-    settings: _UpdateSettings,
+    settings: UpdateSettings,
 ) -> None:
     """Score one microbatch, check it is finite, backpropagate loss * scale."""
     mask = microbatch["response_mask"]  # (b, T)
-    scored = score_response_tokens(
-        model,
-        microbatch["input_ids"],
-        microbatch["labels"],
-        return_token_entropy=True,
-        logits_chunk_size=settings.logits_chunk_size,
-        temperature=settings.temperature,
-        shared_prefix_length=(
-            prompt_only_columns(mask) if settings.share_prompt_prefix else 0
-        ),
-    )
+    scored = score_tokens(model, microbatch, settings, return_token_entropy=True)
     per_token_loss, loss_metadata = compute_policy_gradient_loss(
         microbatch["advantages"],
         scored["log_probs"],
-        settings.method,
+        settings.importance_reweighting_method,
         microbatch.get("old_log_probs"),
         settings.cliprange,
         mask,
@@ -379,8 +495,9 @@ def _checked_gradient_norm(
     return gradient_norm
 
 
-def _skipped_step(method: str, device: torch.device) -> StepResult:
-    """Every advantage is zero: no scoring, no optimizer step, zero diagnostics."""
+def _zero_diagnostics(settings: UpdateSettings, device: torch.device) -> StepResult:
+    """The reference design's diagnostics of a step with every advantage zero."""
+    method = settings.importance_reweighting_method
     zero = torch.zeros((), dtype=torch.float32, device=device)
     loss_key = "on_policy_loss_mean" if method == "none" else "off_policy_loss_mean"
     metadata: dict[str, torch.Tensor | float] = {
@@ -393,11 +510,11 @@ def _skipped_step(method: str, device: torch.device) -> StepResult:
         "optimizer_step": 0.0,
         "active_response_count": 0.0,
     }
-    if method != "none":
+    if method in RATIO_METHODS:
         metadata.update(
             importance_ratio_mean=zero.clone(), importance_ratio_count=zero.clone()
         )
-    if method in {"grpo", "gspo"}:
+    if method in CLIPPED_METHODS:
         metadata.update(
             clip_count=zero.clone(), clip_total=zero.clone(), clip_fraction=zero.clone()
         )
@@ -458,73 +575,3 @@ def _check_batch(
             f"got {tuple(old_log_probs.shape)}"
         )
     return shape[0]
-
-
-def _check_update_settings(
-    gradient_accumulation_steps: int,
-    batch_size: int,
-    settings: _UpdateSettings,
-    old_log_probs: torch.Tensor | None,
-) -> None:
-    """Every setting that must hold before anything is scored."""
-    if not 1 <= gradient_accumulation_steps <= batch_size:
-        raise ValueError(
-            f"gradient_accumulation_steps must be between 1 and the batch size "
-            f"{batch_size}, got {gradient_accumulation_steps}"
-        )
-    _check_reweighting(settings.method, settings.cliprange, old_log_probs)
-    _check_loss_normalization(
-        settings.loss_normalization, settings.normalization_constant
-    )
-    _check_scoring(settings.temperature, settings.logits_chunk_size)
-
-
-def _check_scoring(temperature: float, logits_chunk_size: int | None) -> None:
-    if not (isinstance(temperature, (int, float)) and 0 < temperature < math.inf):
-        raise ValueError(
-            f"temperature must be a positive finite number, got {temperature!r}"
-        )
-    if logits_chunk_size is not None and not (
-        isinstance(logits_chunk_size, int)
-        and not isinstance(logits_chunk_size, bool)
-        and logits_chunk_size >= 0
-    ):
-        raise ValueError(
-            "logits_chunk_size must be None or a nonnegative int, "
-            f"got {logits_chunk_size!r}"
-        )
-
-
-def _check_reweighting(
-    method: str, cliprange: float | None, old_log_probs: torch.Tensor | None
-) -> None:
-    if method not in REWEIGHTING_METHODS:
-        raise ValueError(
-            f"importance_reweighting_method must be one of {REWEIGHTING_METHODS}, "
-            f"got {method!r}"
-        )
-    if method != "none" and old_log_probs is None:
-        raise ValueError(
-            f"old_log_probs must be a tensor for {method!r} reweighting, got None"
-        )
-    if method in {"grpo", "gspo"} and not (cliprange is not None and cliprange > 0):
-        raise ValueError(
-            f"cliprange must be positive for {method!r}, got {cliprange!r}"
-        )
-
-
-def _check_loss_normalization(
-    loss_normalization: str, normalization_constant: float | None
-) -> None:
-    if loss_normalization not in LOSS_NORMALIZATIONS:
-        raise ValueError(
-            f"loss_normalization must be one of {LOSS_NORMALIZATIONS}, "
-            f"got {loss_normalization!r}"
-        )
-    if loss_normalization == "constant" and not (
-        normalization_constant is not None and normalization_constant > 0
-    ):
-        raise ValueError(
-            "normalization_constant must be positive for constant normalization, "
-            f"got {normalization_constant!r}"
-        )

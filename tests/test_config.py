@@ -1,20 +1,28 @@
-"""TrainConfig: profiles, overrides, validation, and the generated command line."""
+"""TrainConfig: profiles, one door for every setting, help text, inert flags."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import inspect
+import itertools
+import json
+import math
+import warnings
 
 import pytest
 import torch
 
 from grpo_lab.training import config as config_module
 from grpo_lab.training.config import (
+    PROFILE_CHANGES,
+    SECTIONS,
     TrainConfig,
     add_config_arguments,
+    chosen_profile,
     config_from_arguments,
     default_profile,
+    field_help,
+    inert_settings,
 )
 
 
@@ -24,13 +32,18 @@ def parse(flags: list[str]) -> TrainConfig:
     return config_from_arguments(parser.parse_args(flags))
 
 
+# --- profiles ---------------------------------------------------------------------
+
+
 def test_cpu_profile_is_the_tiny_reverse_run():
     config = TrainConfig.for_profile("cpu")
+    assert config == TrainConfig()  # the dataclass defaults are the cpu profile
     assert (config.profile, config.model, config.task) == ("cpu", "tiny", "reverse")
     assert config.rollout_batch_size == 32 * 8 and config.group_size == 8
-    assert config.prompts_per_step == 32
+    assert config.prompts_per_step == 32 and config.task_options == {"n_digits": 5}
     assert config.backend == "hf" and config.device == "cpu"
-    assert config.temperature == 1.0 and config.max_new_tokens == 7
+    # None: the task's own length, 5 digits + EOS + 1 of slack.
+    assert config.temperature == 1.0 and config.max_new_tokens is None
     assert not config.off_policy and config.sft_max_steps > 0
 
 
@@ -45,6 +58,21 @@ def test_gpu_profile_is_an_off_policy_clipped_real_model_run():
     assert config.lr == 1e-6 and config.max_new_tokens == 1024
 
 
+def test_smoke_profile_is_the_cpu_run_at_its_smallest():
+    smoke, cpu = TrainConfig.for_profile("smoke"), TrainConfig.for_profile("cpu")
+    assert (smoke.model, smoke.task, smoke.device) == (cpu.model, cpu.task, "cpu")
+    assert smoke.steps < 5 and smoke.rollout_batch_size <= 16
+    assert smoke.tiny_hidden_size < cpu.tiny_hidden_size
+    assert 0 < smoke.sft_max_steps < 5
+
+
+def test_profiles_list_only_what_they_change():
+    defaults = TrainConfig()
+    for profile, changes in PROFILE_CHANGES.items():
+        for name, value in changes.items():
+            assert getattr(defaults, name) != value, (profile, name)
+
+
 def test_overrides_apply_and_unknown_ones_are_named():
     config = TrainConfig.for_profile("cpu", lr=3e-4, steps=5)
     assert (config.lr, config.steps) == (3e-4, 5)
@@ -54,40 +82,282 @@ def test_overrides_apply_and_unknown_ones_are_named():
         TrainConfig.for_profile("tpu")
 
 
-@pytest.mark.parametrize(
-    ("overrides", "message"),
-    [
-        ({"group_size": 3}, "group_size must divide rollout_batch_size"),
-        ({"train_batch_size": 96}, "train_batch_size must divide rollout_batch_size"),
-        ({"gradient_accumulation_steps": 3}, "gradient_accumulation_steps must divide"),
-        ({"train_batch_size": 128}, "importance_reweighting_method must be"),
-        ({"epochs_per_rollout_batch": 2}, "importance_reweighting_method must be"),
-        ({"baseline": "median"}, "baseline must be one of"),
-        ({"loss_normalization": "constant"}, "normalization_constant must be positive"),
-        ({"temperature": 0.0}, "temperature must be positive"),
-        ({"steps": 0}, "steps must be positive"),
-        ({"eval_every": -1}, "eval_every must be >= 0"),
-    ],
-)
-def test_bad_settings_raise(overrides, message):
-    with pytest.raises(ValueError, match=message):
+def test_profile_choice_reads_the_environment(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("GRPO_LAB_PROFILE", raising=False)
+    assert default_profile() == chosen_profile() == "cpu"
+    assert parse([]).profile == "cpu"
+    monkeypatch.setenv("GRPO_LAB_PROFILE", "smoke")
+    assert chosen_profile() == "smoke" and parse([]).steps == 2
+    monkeypatch.setenv("GRPO_LAB_PROFILE", "tpu")
+    with pytest.raises(ValueError, match="GRPO_LAB_PROFILE must be one of"):
+        chosen_profile()
+    # A gpu profile on a machine without CUDA is refused before anything loads.
+    monkeypatch.setenv("GRPO_LAB_PROFILE", "gpu")
+    with pytest.raises(ValueError, match="GRPO_LAB_PROFILE=gpu needs a CUDA GPU"):
+        chosen_profile()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert chosen_profile() == "gpu"
+    monkeypatch.delenv("GRPO_LAB_PROFILE")
+    assert default_profile() == "gpu"
+
+
+# --- one door: every bad setting refused at construction ----------------------------
+
+
+BAD_SETTINGS = [
+    ({"group_size": 3}, "group_size must divide rollout_batch_size"),
+    ({"group_size": 1}, "group_size must be at least 2 with baseline 'mean'"),
+    ({"group_size": 0}, "group_size must be a positive int, got 0"),
+    ({"train_batch_size": 96}, "train_batch_size must divide rollout_batch_size"),
+    ({"gradient_accumulation_steps": 3}, "gradient_accumulation_steps must divide"),
+    (
+        {"gradient_accumulation_steps": 512},
+        "gradient_accumulation_steps must be between 1",
+    ),
+    ({"train_batch_size": 128}, "importance_reweighting_method must be one of"),
+    ({"epochs_per_rollout_batch": 2}, "importance_reweighting_method must be one of"),
+    (
+        {"importance_reweighting_method": "grpo", "cliprange": 0.2},
+        "importance_reweighting_method 'grpo' needs an off-policy schedule",
+    ),
+    (
+        {"importance_reweighting_method": "ppo"},
+        "importance_reweighting_method must be one of",
+    ),
+    (
+        {"train_batch_size": 128, "importance_reweighting_method": "grpo"},
+        "cliprange must be positive for 'grpo', got None",
+    ),
+    (
+        {
+            "train_batch_size": 128,
+            "importance_reweighting_method": "gspo",
+            "cliprange": -0.1,
+        },
+        "cliprange must be None or a positive number, got -0.1",
+    ),
+    ({"cliprange": float("nan")}, "cliprange must be None or a positive number"),
+    ({"baseline": "median"}, "baseline must be one of"),
+    ({"advantage_normalizer": "max"}, "advantage_normalizer must be one of"),
+    ({"advantage_eps": -1e-6}, "advantage_eps must be a finite number >= 0"),
+    ({"loss_normalization": "token"}, "loss_normalization must be one of"),
+    ({"loss_normalization": "constant"}, "normalization_constant must be positive"),
+    (
+        {"normalization_constant": 0},
+        "normalization_constant must be None or a positive",
+    ),
+    ({"temperature": 0.0}, "temperature must be a finite number > 0, got 0.0"),
+    ({"temperature": float("nan")}, "temperature must be a finite number > 0, got nan"),
+    ({"temperature": -1.0}, "temperature must be a finite number > 0"),
+    ({"top_p": 0.0}, r"top_p must be in \(0, 1\], got 0.0"),
+    ({"top_p": 1.5}, r"top_p must be in \(0, 1\], got 1.5"),
+    ({"max_new_tokens": 0}, "max_new_tokens must be None or a positive int, got 0"),
+    ({"lr": 0.0}, r"lr must be a finite number in \(0.0, inf\), got 0.0"),
+    ({"lr": float("nan")}, "lr must be a finite number in"),
+    ({"lr": -3e-4}, "lr must be a finite number in"),
+    ({"sft_lr": float("inf")}, "sft_lr must be a finite number in"),
+    ({"weight_decay": -0.1}, "weight_decay must be a finite number in"),
+    ({"adam_beta2": 1.0}, r"adam_beta2 must be a finite number in \[0.0, 1.0\)"),
+    (
+        {"max_grad_norm": -1.0},
+        r"max_grad_norm must be None \(no clipping\) or a finite",
+    ),
+    ({"max_grad_norm": 0.0}, "max_grad_norm must be None"),
+    ({"steps": 0}, "steps must be a positive int, got 0"),
+    ({"steps": 2.5}, "steps must be a positive int, got 2.5"),
+    ({"steps": True}, "steps must be a positive int, got True"),
+    ({"eval_every": -1}, "eval_every must be an int >= 0"),
+    ({"eval_size": 0}, "eval_size must be positive when eval_every > 0"),
+    ({"checkpoint_every": -5}, "checkpoint_every must be an int >= 0"),
+    ({"logits_chunk_size": -3}, "logits_chunk_size must be a nonnegative int .*got -3"),
+    ({"num_threads": 0}, "num_threads must be None or a positive int, got 0"),
+    ({"seed": -1}, "seed must be an int >= 0"),
+    ({"sft_target_accuracy": 1.5}, "sft_target_accuracy must be a finite number in"),
+    (
+        {"sft_eval_temperature": -1.0},
+        "sft_eval_temperature must be a finite number >= 0",
+    ),
+    ({"sft_batch_size": 0}, "sft_batch_size must be a positive int"),
+    ({"tiny_hidden_size": 0}, "tiny_hidden_size must be a positive int"),
+    (
+        {"rollout_max_batch_size": 0},
+        "rollout_max_batch_size must be None or a positive",
+    ),
+    ({"vllm_gpu_memory_utilization": 0.0}, "vllm_gpu_memory_utilization must be"),
+    ({"task": "reversal"}, "task must be one of"),
+    (
+        {"task_options": {"digits": 5}},
+        r"task_options holds unknown option\(s\) \['digits'\] for task 'reverse'",
+    ),
+    ({"task_options": [5]}, "task_options must be a dict"),
+    ({"model": ""}, "model must be a non-empty string"),
+    ({"dtype": "float64"}, "dtype must be one of"),
+    ({"autocast_dtype": "float32"}, "autocast_dtype must be one of"),
+    ({"backend": "sglang"}, "backend must be one of"),
+    ({"backend": "vllm"}, "backend 'vllm' needs a CUDA device, got device 'cpu'"),
+    ({"device": "gpu0"}, "device must be a torch device"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "message"), BAD_SETTINGS)
+def test_bad_settings_are_refused_at_construction_naming_the_setting(
+    overrides, message
+):
+    with pytest.raises(ValueError, match=message) as error:
         TrainConfig.for_profile("cpu", **overrides)
+    # Every message starts with the setting it is about.
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    assert str(error.value).split()[0] in names
 
 
 def test_off_policy_settings_are_accepted_with_importance_weights():
     config = TrainConfig.for_profile(
         "cpu", train_batch_size=128, importance_reweighting_method="grpo", cliprange=0.2
     )
-    assert config.off_policy
+    assert config.off_policy and config.update_settings().cliprange == 0.2
 
 
-def test_every_field_has_a_comment_line_above_it():
-    lines = inspect.getsource(TrainConfig).splitlines()
-    names = {field.name for field in dataclasses.fields(TrainConfig)}
-    for index, line in enumerate(lines):
-        name = line.strip().split(":")[0]
-        if name in names and line.startswith("    ") and not line.startswith("     "):
-            assert lines[index - 1].strip().startswith("# "), name
+def test_config_and_core_give_the_same_message():
+    from grpo_lab.train_step import UpdateSettings
+
+    for overrides in ({"temperature": 0.0}, {"logits_chunk_size": -3}):
+        with pytest.raises(ValueError) as from_config:
+            TrainConfig.for_profile("cpu", **overrides)
+        with pytest.raises(ValueError) as from_core:
+            UpdateSettings(**overrides)
+        assert str(from_config.value) == str(from_core.value)
+
+
+# method x schedule x cliprange x normalization x constant x chunk x temperature:
+# every combination is either refused by TrainConfig or runs one update.
+METHODS = ("none", "noclip", "grpo", "gspo")
+SCHEDULES = {"on": {}, "off": {"train_batch_size": 8}}
+CLIPRANGES = (None, 0.2, -0.1)
+NORMALIZATIONS = ("sequence", "constant")
+CONSTANTS = (None, 16, 0)
+CHUNK_SIZES = (0, 4, -3)
+TEMPERATURES = (1.0, 0.7, 0.0, float("nan"))
+
+
+def _combinations():
+    return itertools.product(
+        METHODS,
+        SCHEDULES,
+        CLIPRANGES,
+        NORMALIZATIONS,
+        CONSTANTS,
+        CHUNK_SIZES,
+        TEMPERATURES,
+    )
+
+
+def _expected_refusal(method, schedule, cliprange, normalization, constant, chunk, t):
+    """The reason a combination cannot run, or None (the rule the test checks)."""
+    invalid_number = (cliprange is not None and cliprange <= 0) or constant == 0
+    if invalid_number or chunk < 0 or not (t > 0):
+        return "a value out of range"
+    if method in ("grpo", "gspo") and cliprange is None:
+        return "clipping without a clip range"
+    if normalization == "constant" and constant is None:
+        return "constant normalization without a constant"
+    if (schedule == "off") != (method != "none"):
+        return "an objective that does not match the schedule"
+    return None
+
+
+def _digit_share_task():
+    """The reverse task rewarded by the share of digits in a response: a random
+    model's groups then differ, so every update has a signal to step on."""
+    from grpo_lab.tasks import ReverseTask
+
+    class DigitShare(ReverseTask):
+        def reward_fn(self, response: str, ground_truth: str) -> dict[str, float]:
+            share = sum(c.isdigit() for c in response) / max(len(response), 1)
+            return {"reward": share, "format_reward": 1.0, "answer_reward": share}
+
+    return DigitShare(n_digits=5)
+
+
+@pytest.mark.slow
+def test_every_combination_is_refused_or_runs_one_step():
+    from grpo_lab.training.loop import build_policy, grpo_update, sample_rollout_batch
+
+    base = {"steps": 1, "sft_max_steps": 0, "rollout_batch_size": 16}
+    task = _digit_share_task()
+    policy = build_policy(TrainConfig.for_profile("smoke", **base))
+    accepted = refused = 0
+    for combination in _combinations():
+        method, schedule, cliprange, normalization, constant, chunk, t = combination
+        overrides = {
+            **base,
+            **SCHEDULES[schedule],
+            "importance_reweighting_method": method,
+            "cliprange": cliprange,
+            "loss_normalization": normalization,
+            "normalization_constant": constant,
+            "logits_chunk_size": chunk,
+            "temperature": t,
+        }
+        reason = _expected_refusal(*combination)
+        if reason is not None:
+            with pytest.raises(ValueError):
+                TrainConfig.for_profile("smoke", **overrides)
+            refused += 1
+            continue
+        config = TrainConfig.for_profile("smoke", **overrides)
+        rollouts, examples = sample_rollout_batch(config, task, policy, 1)
+        before = [p.detach().clone() for p in policy.model.parameters()]
+        record = grpo_update(config, task, policy, rollouts, examples)
+        assert any(
+            not torch.equal(a, b) for a, b in zip(before, policy.model.parameters())
+        ), combination
+        assert record["train/optimizer_steps"] == config.rollout_batch_size // (
+            config.train_batch_size
+        ), combination
+        assert all(math.isfinite(v) for v in record.values() if isinstance(v, float)), (
+            combination
+        )
+        accepted += 1
+    # 4 x 2 x 3 x 2 x 3 x 3 x 4 = 1728 combinations; 72 can run.
+    assert (accepted, refused) == (72, 1656)
+
+
+# --- the manual: sections, help text, choices --------------------------------------
+
+
+def test_every_field_has_a_section_and_whole_help_text():
+    fields = dataclasses.fields(TrainConfig)
+    sections = [f.metadata["section"] for f in fields]
+    assert set(sections) == set(SECTIONS)
+    # Fields appear section by section, in the order SECTIONS lists them.
+    order = [SECTIONS.index(s) for s in sections]
+    assert order == sorted(order)
+    for config_field in fields:
+        text = config_field.metadata["help"]
+        assert len(text) > 15 and text.rstrip().endswith((".", ")")), config_field.name
+
+
+def test_help_prints_every_field_with_its_whole_text_and_choices():
+    parser = argparse.ArgumentParser(
+        prog="grpo-lab train",
+        # Wide enough that no help line is wrapped (wrapping splits at hyphens).
+        formatter_class=lambda prog: argparse.HelpFormatter(prog, width=100_000),
+    )
+    add_config_arguments(parser)
+    text = " ".join(parser.format_help().split())
+    for config_field in dataclasses.fields(TrainConfig):
+        flag = "--" + config_field.name.replace("_", "-")
+        assert flag in text, flag
+        assert " ".join(field_help(config_field.name).split()) in text, flag
+        for choice in config_field.metadata["choices"]:
+            assert str(choice).lower() in text
+    # Two-line help texts are printed whole (a reader once kept only the last line).
+    assert "Adam's first updates move every weight" in text
+    assert "a bfloat16 weight cannot register an update" in text
+    assert "{none,noclip,grpo,gspo}" in text
+    for section in SECTIONS:
+        assert f"{section}:" in text
 
 
 def test_flags_write_the_same_fields_as_overrides():
@@ -119,22 +389,61 @@ def test_flag_values_are_checked():
         parse(["--task-options", "[1, 2]"])
 
 
-def test_profile_flag_defaults_to_the_machine(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert default_profile() == "cpu"
-    assert parse([]).profile == "cpu"
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert default_profile() == "gpu"
+# --- honest flags -------------------------------------------------------------------
 
 
-def test_json_round_trip():
+def test_inert_settings_are_named_with_their_reason():
+    assert inert_settings(TrainConfig.for_profile("cpu")) == {}
+    gpu = inert_settings(TrainConfig.for_profile("gpu"))
+    assert set(gpu) == {"share_prompt_prefix"}
+    assert gpu["share_prompt_prefix"].startswith("inert: vLLM samples")
+    notes = inert_settings(
+        TrainConfig.for_profile(
+            "cpu",
+            cliprange=0.2,
+            normalization_constant=64,
+            gradient_checkpointing=True,
+        )
+    )
+    assert notes["cliprange"] == "importance_reweighting_method 'none' does not clip"
+    assert "does not use it" in notes["normalization_constant"]
+    assert notes["share_prompt_prefix"].startswith("sampling only")
+
+
+def test_config_json_records_the_inert_settings_and_reads_back():
     config = TrainConfig.for_profile("gpu", task_options={"path": "train.jsonl"})
+    saved = json.loads(config.to_json())
+    assert saved["inert_settings"] == inert_settings(config)
+    assert TrainConfig.from_dict(saved) == config
     assert TrainConfig.from_dict(config.to_dict()) == config
     with pytest.raises(ValueError, match="unknown TrainConfig field"):
         TrainConfig.from_dict({**config.to_dict(), "learning_rate": 1.0})
 
 
-def test_profiles_only_name_real_fields():
-    names = {field.name for field in dataclasses.fields(TrainConfig)}
-    assert set(config_module.CPU_DEFAULTS) <= names
-    assert set(config_module.GPU_DEFAULTS) <= names
+def test_training_says_each_inert_setting_once(tmp_path, monkeypatch):
+    from grpo_lab.training import loop
+
+    config = TrainConfig.for_profile(
+        "smoke", cliprange=0.2, run_dir=str(tmp_path / "run"), steps=1
+    )
+    monkeypatch.setattr(loop, "_train", lambda config, progress: None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loop.train(config, progress=False)
+    messages = [str(w.message) for w in caught]
+    assert messages == [
+        "cliprange has no effect here: importance_reweighting_method 'none' "
+        "does not clip"
+    ]
+
+
+def test_choice_lists_are_the_core_registries():
+    from grpo_lab import advantages, losses, rollouts
+
+    choices = {f.name: f.metadata["choices"] for f in dataclasses.fields(TrainConfig)}
+    assert choices["importance_reweighting_method"] is losses.REWEIGHTING_METHODS
+    assert choices["loss_normalization"] is losses.LOSS_NORMALIZATIONS
+    assert choices["baseline"] is advantages.BASELINES
+    assert choices["advantage_normalizer"] is advantages.ADVANTAGE_NORMALIZERS
+    assert choices["backend"] is rollouts.BACKENDS
+    assert config_module.PROFILES == ("cpu", "gpu", "smoke")

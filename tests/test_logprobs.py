@@ -27,7 +27,6 @@ from grpo_lab.logprobs import (
     CHUNKED_HEAD_MODEL_TYPES,
     compute_entropy,
     get_response_log_probs,
-    score_response_tokens,
 )
 from grpo_lab.models import build_char_tokenizer
 
@@ -69,7 +68,7 @@ def composite_log_probs(logits, labels, temperature=1.0):
 
 def score_fixed(logits, labels, **options):
     """The package's default path on given logits."""
-    return score_response_tokens(FixedLogits(logits), labels, labels, **options)
+    return get_response_log_probs(FixedLogits(logits), labels, labels, **options)
 
 
 def random_case(shape, dtype, seed=0):
@@ -402,7 +401,7 @@ def scores_and_parameter_grads(model, score, input_ids, labels):
 
 def package_score(chunk_size, temperature, shared_prefix_length=0):
     def score(model, input_ids, labels):
-        scored = score_response_tokens(
+        scored = get_response_log_probs(
             model,
             input_ids,
             labels,
@@ -478,7 +477,7 @@ def test_temperature_one_is_bit_identical_to_get_response_log_probs(chunk_size):
     model = tiny_causal_lm(Olmo2Config, tie_word_embeddings=False)
     input_ids, labels = token_batch(model)
     options = {"return_token_entropy": True, "logits_chunk_size": chunk_size}
-    scored = score_response_tokens(model, input_ids, labels, temperature=1.0, **options)
+    scored = get_response_log_probs(model, input_ids, labels, temperature=1.0, **options)
     plain = get_response_log_probs(model, input_ids, labels, **options)
     assert torch.equal(scored["log_probs"], plain["log_probs"])
     assert torch.equal(scored["token_entropy"], plain["token_entropy"])
@@ -550,7 +549,7 @@ def test_shared_prefix_runs_each_prompt_once(monkeypatch):
     model.model.embed_tokens.register_forward_hook(
         lambda module, args, output: shapes.append(tuple(args[0].shape))
     )
-    score_response_tokens(model, input_ids, labels, shared_prefix_length=5)
+    get_response_log_probs(model, input_ids, labels, shared_prefix_length=5)
     assert shapes == [(3, 5), (12, 4)]  # 15 + 48 positions instead of 108
 
 
@@ -558,8 +557,8 @@ def test_rows_with_different_prefix_labels_are_not_merged():
     model = tiny_causal_lm(Qwen2Config, tie_word_embeddings=False)
     input_ids, labels = grouped_token_batch(model)
     labels[1, 2] = (labels[0, 2] + 1) % model.config.vocab_size  # row 1 differs
-    whole = score_response_tokens(model, input_ids, labels)["log_probs"]
-    shared = score_response_tokens(model, input_ids, labels, shared_prefix_length=5)
+    whole = get_response_log_probs(model, input_ids, labels)["log_probs"]
+    shared = get_response_log_probs(model, input_ids, labels, shared_prefix_length=5)
     torch.testing.assert_close(shared["log_probs"], whole, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(shared["log_probs"][1], shared["log_probs"][0])
 
@@ -582,7 +581,7 @@ def test_bad_shared_prefix_length_is_rejected(prefix_length):
     model = tiny_causal_lm(Qwen2Config, tie_word_embeddings=False)
     input_ids, labels = grouped_token_batch(model)  # T = 9
     with pytest.raises(ValueError) as error:
-        score_response_tokens(
+        get_response_log_probs(
             model, input_ids, labels, shared_prefix_length=prefix_length
         )
     assert "shared_prefix_length must be an int in [0, 8]" in str(error.value)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from grpo_lab.advantages import compute_group_normalized_rewards
-from grpo_lab.logprobs import get_response_log_probs, score_response_tokens
+from grpo_lab.logprobs import get_response_log_probs
 from grpo_lab.models import build_char_tokenizer
 from grpo_lab.rollouts.base import Rollouts
 from grpo_lab.tasks import get_task
@@ -118,7 +118,7 @@ def test_old_log_probs_are_scored_at_the_sampling_temperature(tmp_path):
     batch = loop.rollout_token_batch(rollouts, policy.tokenizer)
     old_log_probs = loop.score_old_log_probs(config, policy.model, batch)  # (32, T)
     with torch.no_grad():
-        whole = score_response_tokens(
+        whole = get_response_log_probs(
             policy.model, batch["input_ids"], batch["labels"], temperature=0.7
         )["log_probs"]
         plain = get_response_log_probs(

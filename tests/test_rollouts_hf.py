@@ -158,7 +158,7 @@ def test_shared_prompt_prefill_samples_exactly_what_plain_generate_does(
             layer.self_attn.k_proj.weight.mul_(8.0)
     sampling = SamplingSettings(temperature=temperature, max_new_tokens=6, seed=3)
     shared, plain = (
-        HFRolloutBackend(model, tokenizer, share_prompt_prefill=share).generate(
+        HFRolloutBackend(model, tokenizer, share_prompt_prefix=share).generate(
             SHARING_PROMPTS, 5, sampling
         )
         for share in (True, False)

@@ -19,7 +19,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grpo_lab.logprobs import score_response_tokens
+from grpo_lab.logprobs import get_response_log_probs
 from grpo_lab.masks import pad_prompt_and_response_ids
 from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2
 from grpo_lab.rollouts.base import Rollouts, SamplingSettings
@@ -404,7 +404,7 @@ def test_gap_scores_in_eval_mode_and_restores_training(tokenizer):
     assert policy.training
 
 
-def test_gap_agrees_with_score_response_tokens_on_the_padded_batch(
+def test_gap_agrees_with_get_response_log_probs_on_the_padded_batch(
     tokenizer, tiny_policy
 ):
     # The token-id path: the same padded batch the training step scores.
@@ -413,7 +413,7 @@ def test_gap_agrees_with_score_response_tokens_on_the_padded_batch(
         rollouts.prompt_token_ids, rollouts.response_token_ids, 0
     )
     with torch.no_grad():
-        scores = score_response_tokens(
+        scores = get_response_log_probs(
             tiny_policy, batch["input_ids"], batch["labels"], temperature=0.8
         )["log_probs"]  # (B, T-1)
     mask = batch["response_mask"].bool()  # (B, T-1)

@@ -8,6 +8,8 @@ from typing import Protocol
 
 import torch
 
+from grpo_lab.logprobs import check_temperature
+
 
 @dataclass(frozen=True)
 class SamplingSettings:
@@ -59,13 +61,34 @@ def check_generate_arguments(
         raise ValueError(f"group_size must be a positive int, got {group_size!r}")
     if group_size < 1:
         raise ValueError(f"group_size must be a positive int, got {group_size!r}")
-    if not sampling.temperature >= 0:
+    check_sampling_settings(
+        sampling.temperature,
+        sampling.top_p,
+        sampling.max_new_tokens,
+        prefix="sampling.",
+    )
+
+
+def check_sampling_settings(
+    temperature: float, top_p: float, max_new_tokens: int | None, prefix: str = ""
+) -> None:
+    """The one check of a sampler's temperature (0: greedy), top-p and length.
+
+    ``TrainConfig`` and every backend's ``generate`` call it; ``prefix`` names
+    where the values came from in the message (``"sampling."``).
+    """
+    check_temperature(temperature, name=f"{prefix}temperature", allow_greedy=True)
+    if not (
+        isinstance(top_p, (int, float))
+        and not isinstance(top_p, bool)
+        and 0 < top_p <= 1
+    ):
+        raise ValueError(f"{prefix}top_p must be in (0, 1], got {top_p!r}")
+    if max_new_tokens is not None and not (
+        isinstance(max_new_tokens, int)
+        and not isinstance(max_new_tokens, bool)
+        and max_new_tokens >= 1
+    ):
         raise ValueError(
-            f"sampling.temperature must be >= 0, got {sampling.temperature!r}"
-        )
-    if not 0 < sampling.top_p <= 1:
-        raise ValueError(f"sampling.top_p must be in (0, 1], got {sampling.top_p!r}")
-    if sampling.max_new_tokens < 1:
-        raise ValueError(
-            f"sampling.max_new_tokens must be positive, got {sampling.max_new_tokens!r}"
+            f"{prefix}max_new_tokens must be a positive int, got {max_new_tokens!r}"
         )

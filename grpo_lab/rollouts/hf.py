@@ -24,7 +24,7 @@ class HFRolloutBackend:
 
     The backend samples from the live policy module, so ``sync`` has nothing to do.
     ``max_batch_size`` bounds how many sequences are generated at once (None: all).
-    ``share_prompt_prefill`` runs each distinct prompt once (all but its last
+    ``share_prompt_prefix`` runs each distinct prompt once (all but its last
     token) and hands ``generate`` a copy of that key/value cache per response,
     instead of running the prompt G times: the same samples, with less work.
     """
@@ -34,7 +34,7 @@ class HFRolloutBackend:
         model: PreTrainedModel,
         tokenizer: PreTrainedTokenizerBase,
         max_batch_size: int | None = None,
-        share_prompt_prefill: bool = True,
+        share_prompt_prefix: bool = True,
     ) -> None:
         if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
             raise ValueError(
@@ -48,7 +48,7 @@ class HFRolloutBackend:
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
-        self.share_prompt_prefill = share_prompt_prefill
+        self.share_prompt_prefix = share_prompt_prefix
 
     def generate(
         self, prompts: list[str], group_size: int, sampling: SamplingSettings
@@ -101,7 +101,7 @@ class HFRolloutBackend:
             with torch.no_grad(), _exact_generation_config(self.model, self.tokenizer):
                 prefilled = (
                     _prefill_distinct_prompts(self.model, input_ids, attention_mask)
-                    if self.share_prompt_prefill
+                    if self.share_prompt_prefix
                     else {}
                 )
                 sequences = self.model.generate(

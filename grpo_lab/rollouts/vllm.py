@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from grpo_lab.logprobs import score_response_tokens
+from grpo_lab.logprobs import check_temperature, get_response_log_probs
 from grpo_lab.masks import pad_prompt_and_response_ids
 from grpo_lab.rollouts.base import Rollouts, SamplingSettings, check_generate_arguments
 
@@ -341,7 +341,7 @@ def log_prob_gap(
     """How far the sampler's log-probs are from the policy's, on the sampled tokens.
 
     d_t = log pi_policy(y_t) - log pi_sampler(y_t), with log pi_policy from
-    softmax(logits / temperature) (``score_response_tokens``). Returns, over all
+    softmax(logits / temperature) (``get_response_log_probs``). Returns, over all
     response tokens: mean |d|, max |d|, mean d, and mean exp(d), the importance
     ratio a trainer would apply. Right after ``sync`` the gap should be small
     (bfloat16 noise, ~1e-2); a large gap means the weights did not arrive.
@@ -351,11 +351,7 @@ def log_prob_gap(
     is scored in eval mode, then restored.
     """
     prompt_ids, response_ids, sampler_log_probs = _checked_rollout_ids(rollouts)
-    if not temperature > 0:
-        raise ValueError(
-            f"temperature must be positive (1.0 for greedy rollouts), "
-            f"got {temperature!r}"
-        )
+    check_temperature(temperature)
     batch = pad_prompt_and_response_ids(prompt_ids, response_ids, pad_token_id)
     policy_log_probs = _score_without_grad(
         policy, batch, temperature, logits_chunk_size
@@ -412,7 +408,7 @@ def _score_without_grad(
     policy.eval()
     try:
         with torch.no_grad():
-            scores = score_response_tokens(
+            scores = get_response_log_probs(
                 policy,
                 batch["input_ids"].to(device),  # (B, T-1)
                 batch["labels"].to(device),  # (B, T-1)

@@ -10,6 +10,7 @@ Taught in
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 from grpo_lab.tasks.base import Example, Task
 from grpo_lab.tasks.countdown import CountdownTask
@@ -36,15 +37,31 @@ def get_task(name: str, /, **options: object) -> Task:
 
     Example: ``get_task("reverse", n_digits=4)``, ``get_task("gsm8k", path=...)``.
     """
+    check_task_name_and_options(name, options, name_setting="name", options_setting="")
+    return TASK_CLASSES[name](**options)
+
+
+def check_task_name_and_options(
+    name: str,
+    options: Mapping[str, object],
+    name_setting: str = "task",
+    options_setting: str = "task_options",
+) -> None:
+    """A known task name, and option names that task accepts (values: the task's).
+
+    ``name_setting`` and ``options_setting`` are what the message calls them.
+    """
     if name not in TASK_CLASSES:
-        raise ValueError(f"name must be one of {sorted(TASK_CLASSES)}, got {name!r}")
+        raise ValueError(
+            f"{name_setting} must be one of {sorted(TASK_CLASSES)}, got {name!r}"
+        )
     allowed = task_options(name)
     unknown = sorted(set(options) - set(allowed))
     if unknown:
+        holds = f"{options_setting} holds unknown" if options_setting else "unknown"
         raise ValueError(
-            f"unknown option(s) {unknown} for task {name!r}; expected some of {allowed}"
+            f"{holds} option(s) {unknown} for task {name!r}; expected some of {allowed}"
         )
-    return TASK_CLASSES[name](**options)
 
 
 __all__ = [
@@ -55,6 +72,7 @@ __all__ = [
     "MathTask",
     "ReverseTask",
     "Task",
+    "check_task_name_and_options",
     "get_task",
     "task_options",
 ]

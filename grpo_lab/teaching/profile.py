@@ -1,31 +1,18 @@
-"""Which size of every notebook to run: one choice, made in one place.
+"""The sizes of a notebook's worked examples, for the profile the run uses.
 
-``cpu`` is a laptop or CI run, ``gpu`` a full run on a CUDA device, and
-``smoke`` the smallest sizes that still execute every cell (used when student
-copies are executed in tests). ``GRPO_LAB_PROFILE`` overrides the choice.
+The profile itself (cpu, gpu or smoke) is chosen in one place,
+:func:`grpo_lab.training.config.chosen_profile` (``$GRPO_LAB_PROFILE``, else the
+machine), and a notebook's training runs take ``TrainConfig.for_profile`` of
+it. What is left here is each notebook's own demo sizes (a vocabulary for a
+memory plot, a batch of worked examples), given as cpu sizes plus what the gpu
+and smoke profiles change.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-import torch
-
-PROFILES = ("cpu", "gpu", "smoke")
-PROFILE_VARIABLE = "GRPO_LAB_PROFILE"
-
-
-def notebook_profile() -> str:
-    """``$GRPO_LAB_PROFILE`` if set, else ``gpu`` with CUDA and ``cpu`` without."""
-    chosen = os.environ.get(PROFILE_VARIABLE)
-    if chosen is None:
-        return "gpu" if torch.cuda.is_available() else "cpu"
-    if chosen not in PROFILES:
-        raise ValueError(
-            f"{PROFILE_VARIABLE} must be one of {PROFILES}, got {chosen!r}"
-        )
-    return chosen
+from grpo_lab.training.config import PROFILES, chosen_profile
 
 
 def sizes_for_profile(
@@ -34,8 +21,11 @@ def sizes_for_profile(
     smoke: dict[str, Any] | None = None,
     profile: str | None = None,
 ) -> dict[str, Any]:
-    """The sizes of the chosen profile; ``gpu`` and ``smoke`` override ``cpu``."""
-    profile = notebook_profile() if profile is None else profile
+    """The sizes of the chosen profile; ``gpu`` and ``smoke`` override ``cpu``.
+
+    The result's ``"profile"`` is the profile name, for ``TrainConfig.for_profile``.
+    """
+    profile = chosen_profile() if profile is None else profile
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
     overrides = {"cpu": {}, "gpu": gpu or {}, "smoke": smoke or {}}[profile]

@@ -1,19 +1,32 @@
-"""Every setting of a training run, in one dataclass with two profiles.
+"""Every setting of a training run: one dataclass, read like a manual.
 
-``TrainConfig.for_profile("cpu")`` trains a 2-layer character model to reverse
-5-digit strings on a laptop CPU in about a minute;
-``TrainConfig.for_profile("gpu")`` trains Qwen2.5-Math-1.5B on GSM8K with vLLM
-rollouts. Command-line flags (``grpo-lab train --lr 3e-4``) and notebook
-overrides (``for_profile("cpu", lr=3e-4)``) write to the same fields.
-Taught in ``notebooks/`` on the training loop.
+Fields are grouped in sections (run · model · task · batches and schedule ·
+optimizer · advantages and loss · sampling · evaluation and checkpoints ·
+warm-up · device and memory). Each field's help text is stored with it and is
+what ``grpo-lab train --help`` prints. The dataclass defaults are the ``cpu``
+profile; ``gpu`` and ``smoke`` list only what they change:
+
+- ``cpu``: a 2-layer character model learns to reverse 5-digit strings on a
+  laptop CPU in about a minute;
+- ``gpu``: Qwen2.5-Math-1.5B on GSM8K with vLLM rollouts;
+- ``smoke``: the cpu run at the smallest sizes that still execute every line
+  (tests, notebook checks).
+
+Command-line flags (``grpo-lab train --lr 3e-4``) and notebook overrides
+(``for_profile("cpu", lr=3e-4)``) write to the same fields, and every setting is
+checked once, when the config is built (:func:`validate_config`), by the same
+validator functions the core calls for direct callers: a run that cannot work
+is refused here, not at step 1. Taught in ``notebooks/08_training_loop.ipynb``.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
-import inspect
 import json
+import math
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -21,133 +34,320 @@ from typing import Any
 
 import torch
 
-PROFILES = ("cpu", "gpu")
+from grpo_lab.advantages import (
+    ADVANTAGE_NORMALIZERS,
+    BASELINES,
+    check_advantage_settings,
+)
+from grpo_lab.logprobs import check_temperature
+from grpo_lab.losses import CLIPPED_METHODS, LOSS_NORMALIZATIONS, REWEIGHTING_METHODS
+from grpo_lab.rollouts import BACKENDS
+from grpo_lab.rollouts.base import check_sampling_settings
+from grpo_lab.tasks import check_task_name_and_options
+from grpo_lab.train_step import (
+    UpdateSettings,
+    check_gradient_accumulation_steps,
+    check_max_grad_norm,
+)
+
+PROFILES = ("cpu", "gpu", "smoke")
+PROFILE_VARIABLE = "GRPO_LAB_PROFILE"
+DTYPES = ("float32", "bfloat16", "float16")
+INERT_SETTINGS_KEY = "inert_settings"
+
+SECTIONS = (
+    "run",
+    "model",
+    "task",
+    "batches and schedule",
+    "optimizer",
+    "advantages and loss",
+    "sampling",
+    "evaluation and checkpoints",
+    "warm-up",
+    "device and memory",
+)
+
+
+def setting(default: Any, section: str, help: str, choices: tuple = ()) -> Any:
+    """A dataclass field with its section, help text and allowed values."""
+    metadata = {"section": section, "help": help, "choices": choices}
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 @dataclass
 class TrainConfig:
     """One GRPO run. Sizes count responses unless the name says prompts."""
 
-    # Which defaults this run started from: "cpu" (tiny model) or "gpu" (real model).
-    profile: str = "cpu"
-    # "tiny" builds a Qwen2-shaped character model locally; else a hub name or path.
-    model: str = "tiny"
-    # Hidden size of the "tiny" model.
-    tiny_hidden_size: int = 128
-    # Decoder layers of the "tiny" model.
-    tiny_num_layers: int = 2
-    # MLP width of the "tiny" model.
-    tiny_intermediate_size: int = 512
-    # Task name for grpo_lab.tasks.get_task ("reverse", "addition", "gsm8k", ...).
-    task: str = "reverse"
-    # Keyword options for the task, e.g. {"n_digits": 5} or {"path": "train.jsonl"}.
-    task_options: dict[str, Any] = field(default_factory=dict)
-    # Seed of the model weights, the prompt draws and every sampler.
-    seed: int = 0
-    # Number of GRPO steps (one rollout batch each).
-    steps: int = 400
-    # Responses sampled per step: prompts per step times group_size.
-    rollout_batch_size: int = 256
-    # Responses sampled per prompt (G); advantages are normalized within a group.
-    group_size: int = 8
-    # Responses per optimizer step; smaller than rollout_batch_size is off-policy.
-    train_batch_size: int = 256
-    # Passes over each rollout batch; more than one is off-policy.
-    epochs_per_rollout_batch: int = 1
-    # Microbatches per optimizer step (train_batch_size / microbatch size).
-    gradient_accumulation_steps: int = 1
-    # AdamW learning rate (after warm-up).
-    lr: float = 3e-4
-    # Steps over which the learning rate ramps linearly from lr / warm-up to lr:
-    # Adam's first updates move every weight by ~lr whatever its gradient's noise.
-    lr_warmup_steps: int = 0
-    # AdamW weight decay.
-    weight_decay: float = 0.0
-    # AdamW beta2; lower values adapt faster to the noisy policy gradient.
-    adam_beta2: float = 0.999
-    # Gradient-norm clip before each optimizer step (None: no clipping).
-    max_grad_norm: float | None = 1.0
-    # Group baseline: "mean" (GRPO) or "none" (raw reward, RFT-like).
-    baseline: str = "mean"
-    # Advantage scale: "std" (GRPO), "none" (Dr. GRPO) or "mean" (MaxRL).
-    advantage_normalizer: str = "std"
-    # Added to the normalizer so a group with equal rewards does not divide by 0.
-    advantage_eps: float = 1e-6
-    # Importance weighting: "none" (on-policy), "noclip", "grpo" or "gspo".
-    importance_reweighting_method: str = "none"
-    # PPO clip range for "grpo" and "gspo" (None: no clipping).
-    cliprange: float | None = None
-    # Loss divisor: "sequence" (mean over each response) or "constant" (Dr. GRPO).
-    loss_normalization: str = "sequence"
-    # Divisor of the "constant" loss normalization (tokens).
-    normalization_constant: int | None = None
-    # Sampling temperature for rollouts; scoring uses logits / temperature too.
-    temperature: float = 1.0
-    # Nucleus mass for rollouts (1.0: the full distribution).
-    top_p: float = 1.0
-    # Longest response in tokens (None: the task's own max_new_tokens).
-    max_new_tokens: int | None = None
-    # Evaluate on held-out prompts every this many steps (0: never).
-    eval_every: int = 10
-    # Held-out prompts per evaluation.
-    eval_size: int = 200
-    # Save a checkpoint every this many steps (0: only at the end).
-    checkpoint_every: int = 25
-    # Supervised warm-up: stop once held-out accuracy reaches this.
-    sft_target_accuracy: float = 0.25
-    # Supervised warm-up: temperature of that accuracy check (0: greedy decoding).
-    sft_eval_temperature: float = 1.0
-    # Supervised warm-up: most optimizer steps (0 skips the warm-up).
-    sft_max_steps: int = 400
-    # Supervised warm-up: demonstrations per optimizer step.
-    sft_batch_size: int = 32
-    # Supervised warm-up: AdamW learning rate.
-    sft_lr: float = 1e-3
-    # Supervised warm-up: measure sampled accuracy every this many steps.
-    sft_eval_every: int = 5
-    # Supervised warm-up: held-out prompts per accuracy check.
-    sft_eval_size: int = 64
-    # Where config.json, metrics.jsonl and checkpoints go (None: runs/<task>-<time>).
-    run_dir: str | None = None
-    # Continue from the latest checkpoint in run_dir instead of starting over.
-    resume: bool = False
-    # Rollout backend: "hf" (generate on the policy) or "vllm" (GPU engine).
-    backend: str = "hf"
-    # Most sequences the hf backend generates at once (None: the whole batch).
-    rollout_max_batch_size: int | None = None
-    # Fraction of GPU memory the vllm engine may take.
-    vllm_gpu_memory_utilization: float = 0.3
-    # Torch device of the policy: "cpu", "cuda", "cuda:1", "mps".
-    device: str = "cpu"
-    # Parameter (and optimizer state) dtype; keep float32 for small learning rates:
-    # a bfloat16 weight cannot register an update smaller than ~1/256 of itself.
-    dtype: str = "float32"
-    # Compute dtype for forward and backward under torch.autocast (None: dtype).
-    autocast_dtype: str | None = None
-    # Recompute activations in backward to save memory (real models).
-    gradient_checkpointing: bool = False
-    # Output-head chunk (positions) when scoring; 0 runs the model's forward.
-    logits_chunk_size: int = 0
-    # Run each prompt once per group, not once per response, when sampling and scoring.
-    share_prompt_prefix: bool = True
+    # --- run -------------------------------------------------------------------
+    profile: str = setting(
+        "cpu",
+        "run",
+        "Which defaults this run started from: cpu (tiny model), gpu (real model) "
+        "or smoke (the cpu run at its smallest).",
+        PROFILES,
+    )
+    seed: int = setting(
+        0, "run", "Seed of the model weights, the prompt draws and every sampler."
+    )
+    run_dir: str | None = setting(
+        None,
+        "run",
+        "Where config.json, metrics.jsonl and checkpoints go "
+        "(None: runs/<task>-<time>).",
+    )
+    resume: bool = setting(
+        False,
+        "run",
+        "Continue from the latest checkpoint in run_dir instead of starting over.",
+    )
+    # --- model -----------------------------------------------------------------
+    model: str = setting(
+        "tiny",
+        "model",
+        'A hub name or a local path; "tiny" builds a Qwen2-shaped character model '
+        "locally.",
+    )
+    tiny_hidden_size: int = setting(128, "model", 'Hidden size of the "tiny" model.')
+    tiny_num_layers: int = setting(2, "model", 'Decoder layers of the "tiny" model.')
+    tiny_intermediate_size: int = setting(
+        512, "model", 'MLP width of the "tiny" model.'
+    )
+    # --- task ------------------------------------------------------------------
+    task: str = setting(
+        "reverse",
+        "task",
+        "Task name for grpo_lab.tasks.get_task (reverse, addition, countdown, "
+        "gsm8k, math).",
+    )
+    # setting() returns a field with a default_factory: each config gets a copy.
+    task_options: dict[str, Any] = setting(  # noqa: RUF009
+        {"n_digits": 5},
+        "task",
+        'Keyword options for the task, as JSON: {"n_digits": 5} or '
+        '{"train_path": "train.jsonl", "eval_path": "test.jsonl"}.',
+    )
+    # --- batches and schedule --------------------------------------------------
+    steps: int = setting(
+        400, "batches and schedule", "GRPO steps (one rollout batch each)."
+    )
+    rollout_batch_size: int = setting(
+        256,
+        "batches and schedule",
+        "Responses sampled per step: prompts per step times group_size.",
+    )
+    group_size: int = setting(
+        8,
+        "batches and schedule",
+        "Responses sampled per prompt (G); advantages are normalized within a group.",
+    )
+    train_batch_size: int = setting(
+        256,
+        "batches and schedule",
+        "Responses per optimizer step; smaller than rollout_batch_size is "
+        "off-policy (every step after the first sees an older policy's samples).",
+    )
+    epochs_per_rollout_batch: int = setting(
+        1,
+        "batches and schedule",
+        "Passes over each rollout batch; more than one is off-policy.",
+    )
+    gradient_accumulation_steps: int = setting(
+        1,
+        "batches and schedule",
+        "Microbatches per optimizer step (train_batch_size / microbatch size); "
+        "the gradient is the full batch's whatever the split.",
+    )
+    # --- optimizer -------------------------------------------------------------
+    lr: float = setting(3e-4, "optimizer", "AdamW learning rate (after warm-up).")
+    lr_warmup_steps: int = setting(
+        0,
+        "optimizer",
+        "Steps over which the learning rate ramps linearly from lr / warm-up to "
+        "lr: Adam's first updates move every weight by about lr whatever its "
+        "gradient's noise.",
+    )
+    weight_decay: float = setting(0.0, "optimizer", "AdamW weight decay.")
+    adam_beta2: float = setting(
+        0.999,
+        "optimizer",
+        "AdamW beta2; lower values adapt faster to the noisy policy gradient.",
+    )
+    max_grad_norm: float | None = setting(
+        1.0,
+        "optimizer",
+        "Clip the gradient to this L2 norm before each optimizer step "
+        "(None: no clipping; must be > 0).",
+    )
+    # --- advantages and loss ---------------------------------------------------
+    baseline: str = setting(
+        "mean",
+        "advantages and loss",
+        "Group baseline: mean (GRPO) or none (raw reward, RFT-like).",
+        BASELINES,
+    )
+    advantage_normalizer: str = setting(
+        "std",
+        "advantages and loss",
+        "Advantage scale: std (GRPO), none (Dr. GRPO, arXiv:2503.20783) or mean "
+        "(MaxRL, arXiv:2602.02710).",
+        ADVANTAGE_NORMALIZERS,
+    )
+    advantage_eps: float = setting(
+        1e-6,
+        "advantages and loss",
+        "Added to the normalizer so a group with equal rewards does not divide by 0.",
+    )
+    importance_reweighting_method: str = setting(
+        "none",
+        "advantages and loss",
+        "Objective: none (on-policy REINFORCE); noclip, grpo (PPO clip) or gspo "
+        "(sequence ratio, arXiv:2507.18071) weigh by pi / pi_old and need an "
+        "off-policy schedule.",
+        REWEIGHTING_METHODS,
+    )
+    cliprange: float | None = setting(
+        None,
+        "advantages and loss",
+        "Clip range eps for grpo (0.2 is usual) and gspo (3e-4 in its paper).",
+    )
+    loss_normalization: str = setting(
+        "sequence",
+        "advantages and loss",
+        "Loss divisor: sequence (mean over each response, GRPO) or constant "
+        "(sum over tokens / normalization_constant, Dr. GRPO).",
+        LOSS_NORMALIZATIONS,
+    )
+    normalization_constant: int | None = setting(
+        None,
+        "advantages and loss",
+        "Divisor of the constant loss normalization (tokens).",
+    )
+    # --- sampling --------------------------------------------------------------
+    temperature: float = setting(
+        1.0,
+        "sampling",
+        "Sampling temperature for rollouts; scoring uses logits / temperature too.",
+    )
+    top_p: float = setting(
+        1.0,
+        "sampling",
+        "Nucleus mass for rollouts in (0, 1] (1.0: the full distribution).",
+    )
+    max_new_tokens: int | None = setting(
+        None,
+        "sampling",
+        "Longest response in tokens (None: the task's own max_new_tokens).",
+    )
+    backend: str = setting(
+        "hf",
+        "sampling",
+        "Rollout backend: hf (generate on the policy) or vllm (GPU engine).",
+        BACKENDS,
+    )
+    rollout_max_batch_size: int | None = setting(
+        None,
+        "sampling",
+        "Most sequences the hf backend generates at once (None: the whole batch).",
+    )
+    vllm_gpu_memory_utilization: float = setting(
+        0.3, "sampling", "Fraction of GPU memory the vllm engine may take, in (0, 1]."
+    )
+    share_prompt_prefix: bool = setting(
+        True,
+        "sampling",
+        "Run each prompt once per group, not once per response, when sampling "
+        "(hf backend) and scoring (without gradient checkpointing).",
+    )
+    # --- evaluation and checkpoints ---------------------------------------------
+    eval_every: int = setting(
+        10,
+        "evaluation and checkpoints",
+        "Evaluate on held-out prompts every this many steps (0: never).",
+    )
+    eval_size: int = setting(
+        200, "evaluation and checkpoints", "Held-out prompts per evaluation."
+    )
+    checkpoint_every: int = setting(
+        25,
+        "evaluation and checkpoints",
+        "Save a checkpoint every this many steps (0: only at the end).",
+    )
+    # --- warm-up ---------------------------------------------------------------
+    sft_max_steps: int = setting(
+        400,
+        "warm-up",
+        "Supervised warm-up: most optimizer steps (0 skips the warm-up).",
+    )
+    sft_target_accuracy: float = setting(
+        0.25,
+        "warm-up",
+        "Supervised warm-up: stop once held-out accuracy reaches this.",
+    )
+    sft_eval_temperature: float = setting(
+        1.0,
+        "warm-up",
+        "Supervised warm-up: temperature of that accuracy check (0: greedy decoding).",
+    )
+    sft_batch_size: int = setting(
+        32, "warm-up", "Supervised warm-up: demonstrations per optimizer step."
+    )
+    sft_lr: float = setting(1e-3, "warm-up", "Supervised warm-up: AdamW learning rate.")
+    sft_eval_every: int = setting(
+        5, "warm-up", "Supervised warm-up: measure accuracy every this many steps."
+    )
+    sft_eval_size: int = setting(
+        64, "warm-up", "Supervised warm-up: held-out prompts per accuracy check."
+    )
+    # --- device and memory -----------------------------------------------------
+    device: str = setting(
+        "cpu",
+        "device and memory",
+        'Torch device of the policy: "cpu", "cuda", "cuda:1".',
+    )
+    dtype: str = setting(
+        "float32",
+        "device and memory",
+        "Parameter (and optimizer state) dtype; keep float32 for small learning "
+        "rates: a bfloat16 weight cannot register an update smaller than about "
+        "1/256 of itself.",
+        DTYPES,
+    )
+    autocast_dtype: str | None = setting(
+        None,
+        "device and memory",
+        "Compute dtype for forward and backward under torch.autocast (None: dtype).",
+        (None, *DTYPES[1:]),
+    )
+    gradient_checkpointing: bool = setting(
+        False,
+        "device and memory",
+        "Recompute activations in backward to save memory (real models).",
+    )
+    logits_chunk_size: int = setting(
+        0,
+        "device and memory",
+        "Output-head chunk (positions) when scoring; 0 runs the model's forward.",
+    )
+    num_threads: int | None = setting(
+        None,
+        "device and memory",
+        "Torch CPU threads (None: 1 for the tiny model, where more threads only "
+        "contend, else torch's default).",
+    )
 
     def __post_init__(self) -> None:
-        _validate(self)
+        validate_config(self)
 
     @classmethod
     def for_profile(cls, profile: str, **overrides: Any) -> TrainConfig:
-        """The ``profile`` defaults ("cpu" or "gpu") with ``overrides`` applied."""
+        """The ``profile`` defaults (cpu, gpu or smoke) with ``overrides`` applied."""
         if profile not in PROFILES:
             raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(overrides) - names)
-        if unknown:
-            raise ValueError(
-                f"unknown TrainConfig field(s) {unknown}; expected some of "
-                f"{sorted(names)}"
-            )
-        defaults = CPU_DEFAULTS if profile == "cpu" else GPU_DEFAULTS
-        return cls(**{**defaults, "profile": profile, **overrides})
+        _check_field_names(overrides)
+        return cls(**{**PROFILE_CHANGES[profile], "profile": profile, **overrides})
 
     @property
     def prompts_per_step(self) -> int:
@@ -162,104 +362,89 @@ class TrainConfig:
             or self.train_batch_size < self.rollout_batch_size
         )
 
+    def update_settings(self) -> UpdateSettings:
+        """How the update scores and reduces each microbatch."""
+        return UpdateSettings(
+            importance_reweighting_method=self.importance_reweighting_method,
+            cliprange=self.cliprange,
+            loss_normalization=self.loss_normalization,
+            normalization_constant=self.normalization_constant,
+            temperature=self.temperature,
+            logits_chunk_size=self.logits_chunk_size,
+            share_prompt_prefix=self.share_prompt_prefix,
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready copy of every field."""
         return dataclasses.asdict(self)
 
     def to_json(self) -> str:
-        """The fields as indented JSON (what ``config.json`` holds)."""
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+        """Every field, plus the settings that do nothing here (``config.json``)."""
+        record = {**self.to_dict(), INERT_SETTINGS_KEY: inert_settings(self)}
+        return json.dumps(record, indent=2, sort_keys=True)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
-        """The inverse of :meth:`to_dict`; unknown keys raise ``ValueError``."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - names)
-        if unknown:
-            raise ValueError(f"unknown TrainConfig field(s) {unknown}")
+        """The inverse of :meth:`to_dict` (and of a config.json); unknown keys
+        raise ``ValueError``."""
+        values = {k: v for k, v in values.items() if k != INERT_SETTINGS_KEY}
+        _check_field_names(values)
         return cls(**values)
 
 
-# A 0.5 M-parameter character model learns to reverse 5 digits on a laptop CPU:
-# SFT until a quarter of sampled answers are right, then 400 GRPO steps. On two
-# cores a run takes about 35 s, and held-out sampled accuracy climbs from ~0.3 to
-# 0.94-0.99 (first >= 0.9 between steps 160 and 250 for seeds 0-2).
-CPU_DEFAULTS: dict[str, Any] = {
-    "model": "tiny",
-    "task": "reverse",
-    "task_options": {"n_digits": 5},
-    "steps": 400,
-    "rollout_batch_size": 32 * 8,
-    "group_size": 8,
-    "train_batch_size": 32 * 8,
-    "epochs_per_rollout_batch": 1,
-    "gradient_accumulation_steps": 1,
-    # 1e-3 collapses within a few steps (reward -> 0, no signal left), with a
-    # fresh AdamW and with the warm-up's AdamW carried over alike.
-    "lr": 3e-4,
-    "temperature": 1.0,
-    "top_p": 1.0,
-    "max_new_tokens": 7,
-    "eval_every": 10,
-    "eval_size": 200,
-    "checkpoint_every": 25,
-    "sft_target_accuracy": 0.25,
-    "sft_eval_temperature": 1.0,
-    "sft_eval_every": 5,
-    "sft_max_steps": 400,
-    "backend": "hf",
-    "device": "cpu",
-    "dtype": "float32",
-    "logits_chunk_size": 0,
-}
+# The cpu profile is the dataclass defaults: a 0.5 M-parameter character model
+# learns to reverse 5 digits on a laptop CPU, SFT until a quarter of sampled
+# answers are right, then 400 GRPO steps. On two cores a run takes about 35 s,
+# and held-out sampled accuracy climbs from ~0.3 to 0.94-0.99. lr 1e-3 collapses
+# within a few steps (reward -> 0, no signal left).
+CPU_CHANGES: dict[str, Any] = {}
 
 # Qwen2.5-Math-1.5B on GSM8K (r1-zero prompt, stop at </answer>) on one GPU:
 # 32 prompts x 8 responses per rollout batch, two optimizer steps per batch
 # (off-policy, so the ratio is clipped), float32 master weights with bfloat16
-# compute, a chunked output head.
-GPU_DEFAULTS: dict[str, Any] = {
+# compute, a chunked output head, vLLM rollouts.
+GPU_CHANGES: dict[str, Any] = {
     "model": "Qwen/Qwen2.5-Math-1.5B",
     "task": "gsm8k",
     "task_options": {},
     "steps": 200,
-    "rollout_batch_size": 256,
-    "group_size": 8,
     "train_batch_size": 128,
-    "epochs_per_rollout_batch": 1,
     "gradient_accumulation_steps": 64,
     "lr": 1e-6,
-    "weight_decay": 0.0,
     "adam_beta2": 0.95,
-    "max_grad_norm": 1.0,
     "importance_reweighting_method": "grpo",
     "cliprange": 0.2,
-    "loss_normalization": "sequence",
-    "temperature": 1.0,
-    "top_p": 1.0,
     "max_new_tokens": 1024,
-    "eval_every": 10,
     "eval_size": 512,
     "checkpoint_every": 50,
     "sft_max_steps": 0,
     "backend": "vllm",
-    "vllm_gpu_memory_utilization": 0.3,
     "device": "cuda",
-    "dtype": "float32",
     "autocast_dtype": "bfloat16",
     "gradient_checkpointing": True,
     "logits_chunk_size": 256,
 }
 
-_CHOICES = {
-    "profile": PROFILES,
-    "baseline": ("mean", "none"),
-    "advantage_normalizer": ("std", "none", "mean"),
-    "importance_reweighting_method": ("none", "noclip", "grpo", "gspo"),
-    "loss_normalization": ("sequence", "constant"),
-    "backend": ("hf", "vllm"),
-    "dtype": ("float32", "bfloat16", "float16"),
-    "autocast_dtype": (None, "bfloat16", "float16"),
+# The cpu run at its smallest: 2 steps of 4 prompts x 4 responses on a 16-wide
+# model after 2 warm-up steps, evaluating every step on 8 prompts. Every line of
+# the loop runs; nothing is expected to learn.
+SMOKE_CHANGES: dict[str, Any] = {
+    "steps": 2,
+    "rollout_batch_size": 16,
+    "group_size": 4,
+    "train_batch_size": 16,
+    "tiny_hidden_size": 16,
+    "tiny_intermediate_size": 64,
+    "eval_every": 1,
+    "eval_size": 8,
+    "checkpoint_every": 0,
+    "sft_max_steps": 2,
+    "sft_batch_size": 8,
+    "sft_eval_every": 1,
+    "sft_eval_size": 8,
 }
+
+PROFILE_CHANGES = {"cpu": CPU_CHANGES, "gpu": GPU_CHANGES, "smoke": SMOKE_CHANGES}
 
 
 def default_profile() -> str:
@@ -267,46 +452,120 @@ def default_profile() -> str:
     return "gpu" if torch.cuda.is_available() else "cpu"
 
 
-def _validate(config: TrainConfig) -> None:
-    for name, choices in _CHOICES.items():
+def chosen_profile() -> str:
+    """``$GRPO_LAB_PROFILE`` if set (cpu, gpu or smoke), else :func:`default_profile`.
+
+    The one choice of profile for notebooks and the command line. Asking for
+    ``gpu`` on a machine without CUDA is refused here, before any model loads.
+    """
+    chosen = os.environ.get(PROFILE_VARIABLE)
+    if chosen is None:
+        return default_profile()
+    if chosen not in PROFILES:
+        raise ValueError(
+            f"{PROFILE_VARIABLE} must be one of {PROFILES}, got {chosen!r}"
+        )
+    if chosen == "gpu" and not torch.cuda.is_available():
+        raise ValueError(
+            f"{PROFILE_VARIABLE}=gpu needs a CUDA GPU, and torch sees none "
+            "(torch.cuda.is_available() is False); use cpu or smoke"
+        )
+    return chosen
+
+
+def field_help(name: str) -> str:
+    """The help text stored with a field."""
+    return _field(name).metadata["help"]
+
+
+# --- validation: one door ---------------------------------------------------------
+
+
+def validate_config(config: TrainConfig) -> None:
+    """Refuse every setting, and every combination, that ``train`` cannot run.
+
+    Each message names the setting, what it must be, and what it got. Settings
+    the core also takes from direct callers are checked by the core's own
+    validators, so both doors say the same thing.
+    """
+    _check_choices(config)
+    _check_counts(config)
+    _check_batches(config)
+    _check_numbers(config)
+    _check_objective(config)
+    _check_sampling(config)
+    _check_device(config)
+    check_task_name_and_options(config.task, config.task_options)
+
+
+def _check_choices(config: TrainConfig) -> None:
+    for config_field in dataclasses.fields(config):
+        choices = config_field.metadata["choices"]
+        value = getattr(config, config_field.name)
+        if choices and value not in choices:
+            raise ValueError(
+                f"{config_field.name} must be one of {choices}, got {value!r}"
+            )
+    for name in ("model", "task", "device"):
+        if not isinstance(getattr(config, name), str) or not getattr(config, name):
+            raise ValueError(
+                f"{name} must be a non-empty string, got {getattr(config, name)!r}"
+            )
+    if not isinstance(config.task_options, dict):
+        raise ValueError(
+            "task_options must be a dict of keyword options, "
+            f"got {config.task_options!r}"
+        )
+
+
+_POSITIVE_COUNTS = (
+    "steps",
+    "rollout_batch_size",
+    "group_size",
+    "train_batch_size",
+    "epochs_per_rollout_batch",
+    "gradient_accumulation_steps",
+    "tiny_hidden_size",
+    "tiny_num_layers",
+    "tiny_intermediate_size",
+    "sft_batch_size",
+    "sft_eval_every",
+    "sft_eval_size",
+)
+_NONNEGATIVE_COUNTS = (
+    "seed",
+    "eval_every",
+    "eval_size",
+    "checkpoint_every",
+    "sft_max_steps",
+    "lr_warmup_steps",
+)
+_OPTIONAL_POSITIVE_COUNTS = ("max_new_tokens", "rollout_max_batch_size", "num_threads")
+
+
+def _check_counts(config: TrainConfig) -> None:
+    for name in _POSITIVE_COUNTS + _NONNEGATIVE_COUNTS + _OPTIONAL_POSITIVE_COUNTS:
         value = getattr(config, name)
-        if value not in choices:
-            raise ValueError(f"{name} must be one of {choices}, got {value!r}")
-    _check_sizes(config)
-    if config.lr <= 0:
-        raise ValueError(f"lr must be positive, got {config.lr!r}")
-    if config.temperature <= 0:
-        raise ValueError(f"temperature must be positive, got {config.temperature!r}")
-    if config.off_policy and config.importance_reweighting_method == "none":
+        if value is None and name in _OPTIONAL_POSITIVE_COUNTS:
+            continue
+        smallest = 0 if name in _NONNEGATIVE_COUNTS else 1
+        if not _is_int(value) or value < smallest:
+            expected = "an int >= 0" if smallest == 0 else "a positive int"
+            if name in _OPTIONAL_POSITIVE_COUNTS:
+                expected = "None or a positive int"
+            raise ValueError(f"{name} must be {expected}, got {value!r}")
+    if config.eval_every and config.eval_size < 1:
         raise ValueError(
-            "importance_reweighting_method must be 'noclip', 'grpo' or 'gspo' when "
-            "training is off-policy (epochs_per_rollout_batch > 1 or "
-            "train_batch_size < rollout_batch_size), got 'none'"
-        )
-    if config.loss_normalization == "constant" and not config.normalization_constant:
-        raise ValueError(
-            "normalization_constant must be positive with constant loss "
-            f"normalization, got {config.normalization_constant!r}"
+            f"eval_size must be positive when eval_every > 0 ({config.eval_every}), "
+            f"got {config.eval_size!r}"
         )
 
 
-def _check_sizes(config: TrainConfig) -> None:
-    positive = (
-        "steps",
-        "rollout_batch_size",
-        "group_size",
-        "train_batch_size",
-        "epochs_per_rollout_batch",
-        "gradient_accumulation_steps",
-    )
-    for name in positive:
-        if getattr(config, name) < 1:
-            raise ValueError(f"{name} must be positive, got {getattr(config, name)!r}")
+def _check_batches(config: TrainConfig) -> None:
     divides = (
         ("group_size", "rollout_batch_size"),
         ("group_size", "train_batch_size"),
         ("train_batch_size", "rollout_batch_size"),
-        ("gradient_accumulation_steps", "train_batch_size"),
     )
     for small, large in divides:
         if getattr(config, large) % getattr(config, small):
@@ -314,52 +573,220 @@ def _check_sizes(config: TrainConfig) -> None:
                 f"{small} must divide {large} ({getattr(config, large)}), "
                 f"got {getattr(config, small)}"
             )
-    for name in (
-        "eval_every",
-        "eval_size",
-        "checkpoint_every",
-        "sft_max_steps",
-        "lr_warmup_steps",
+    check_gradient_accumulation_steps(
+        config.gradient_accumulation_steps, config.train_batch_size
+    )
+    if config.train_batch_size % config.gradient_accumulation_steps:
+        raise ValueError(
+            "gradient_accumulation_steps must divide train_batch_size "
+            f"({config.train_batch_size}), got {config.gradient_accumulation_steps}"
+        )
+    if config.group_size == 1 and config.baseline == "mean":
+        raise ValueError(
+            "group_size must be at least 2 with baseline 'mean': a group of one is "
+            "its own mean, so every advantage would be 0; got 1"
+        )
+
+
+def _check_numbers(config: TrainConfig) -> None:
+    _check_range("lr", config.lr, low=0.0, low_open=True)
+    _check_range("sft_lr", config.sft_lr, low=0.0, low_open=True)
+    _check_range("weight_decay", config.weight_decay, low=0.0)
+    _check_range("adam_beta2", config.adam_beta2, low=0.0, high=1.0, high_open=True)
+    _check_range("sft_target_accuracy", config.sft_target_accuracy, low=0.0, high=1.0)
+    _check_range(
+        "vllm_gpu_memory_utilization",
+        config.vllm_gpu_memory_utilization,
+        low=0.0,
+        high=1.0,
+        low_open=True,
+    )
+    check_max_grad_norm(config.max_grad_norm)
+    check_advantage_settings(
+        config.baseline, config.advantage_normalizer, config.advantage_eps
+    )
+
+
+def _check_objective(config: TrainConfig) -> None:
+    for name in ("cliprange", "normalization_constant"):
+        value = getattr(config, name)
+        if value is not None and not _is_positive(value):
+            raise ValueError(f"{name} must be None or a positive number, got {value!r}")
+    config.update_settings()  # the core's own checks of method, clip, loss, scoring
+    method = config.importance_reweighting_method
+    if config.off_policy and method == "none":
+        raise ValueError(
+            "importance_reweighting_method must be one of "
+            f"{REWEIGHTING_METHODS[1:]} when training is off-policy "
+            "(epochs_per_rollout_batch > 1 or train_batch_size < "
+            "rollout_batch_size), got 'none'"
+        )
+    if not config.off_policy and method != "none":
+        raise ValueError(
+            f"importance_reweighting_method {method!r} needs an off-policy "
+            "schedule (epochs_per_rollout_batch > 1 or train_batch_size < "
+            "rollout_batch_size): on-policy the ratio pi / pi_old is exactly 1, so "
+            "its gradient is the on-policy one; use 'none', or make the schedule "
+            "off-policy"
+        )
+
+
+def _check_sampling(config: TrainConfig) -> None:
+    check_temperature(config.temperature)  # scoring divides by it: > 0
+    check_sampling_settings(config.temperature, config.top_p, config.max_new_tokens)
+    check_temperature(
+        config.sft_eval_temperature, name="sft_eval_temperature", allow_greedy=True
+    )
+
+
+def _check_device(config: TrainConfig) -> None:
+    try:
+        device = torch.device(config.device)
+    except (RuntimeError, ValueError) as error:
+        raise ValueError(
+            f"device must be a torch device such as 'cpu' or 'cuda:0', "
+            f"got {config.device!r}"
+        ) from error
+    if config.backend == "vllm" and device.type != "cuda":
+        raise ValueError(
+            f"backend 'vllm' needs a CUDA device, got device {config.device!r}; "
+            "use backend 'hf' on this device"
+        )
+
+
+def _check_range(
+    name: str,
+    value: object,
+    low: float,
+    high: float = math.inf,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> None:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    inside = (
+        number
+        and math.isfinite(value)
+        and (value > low if low_open else value >= low)
+        and (value < high if high_open else value <= high)
+    )
+    if not inside:
+        left = "(" if low_open else "["
+        right = ")" if high_open or high == math.inf else "]"
+        raise ValueError(
+            f"{name} must be a finite number in {left}{low}, {high}{right}, "
+            f"got {value!r}"
+        )
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_positive(value: object) -> bool:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return number and math.isfinite(value) and value > 0
+
+
+def _check_field_names(values: dict[str, Any]) -> None:
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ValueError(
+            f"unknown TrainConfig field(s) {unknown}; expected some of {sorted(names)}"
+        )
+
+
+def _field(name: str) -> dataclasses.Field:
+    return next(f for f in dataclasses.fields(TrainConfig) if f.name == name)
+
+
+# --- settings that do nothing in a configuration ------------------------------------
+
+
+def inert_settings(config: TrainConfig) -> dict[str, str]:
+    """Each setting that has no effect in ``config``, and why (said once at start)."""
+    notes: dict[str, str] = {}
+    method = config.importance_reweighting_method
+    if config.cliprange is not None and method not in CLIPPED_METHODS:
+        notes["cliprange"] = f"importance_reweighting_method {method!r} does not clip"
+    if (
+        config.normalization_constant is not None
+        and config.loss_normalization != "constant"
     ):
-        if getattr(config, name) < 0:
-            raise ValueError(f"{name} must be >= 0, got {getattr(config, name)!r}")
+        notes["normalization_constant"] = (
+            f"loss_normalization {config.loss_normalization!r} does not use it"
+        )
+    if config.backend == "vllm" and config.rollout_max_batch_size is not None:
+        notes["rollout_max_batch_size"] = "only the hf backend batches generation"
+    sharing = _inert_prompt_sharing(config)
+    if sharing:
+        notes["share_prompt_prefix"] = sharing
+    return notes
+
+
+def _inert_prompt_sharing(config: TrainConfig) -> str | None:
+    if not config.share_prompt_prefix:
+        return None
+    vllm = config.backend == "vllm"
+    checkpointing = config.gradient_checkpointing
+    if vllm and checkpointing:
+        return (
+            "inert: vLLM samples (with its own prefix caching), and gradient "
+            "checkpointing drops the cache that shared scoring needs"
+        )
+    if vllm:
+        return "scoring only: vLLM samples, with its own prefix caching"
+    if checkpointing:
+        return (
+            "sampling only: gradient checkpointing drops the cache that shared "
+            "scoring needs"
+        )
+    return None
+
+
+# --- the command line ----------------------------------------------------------------
 
 
 def add_config_arguments(
     parser: argparse.ArgumentParser, exclude: tuple[str, ...] = ()
 ) -> None:
-    """One ``--flag`` per TrainConfig field (underscores become dashes).
+    """One ``--flag`` per TrainConfig field (underscores become dashes), grouped
+    by section, with the field's help text and its choices.
 
     Every flag defaults to "not given", so the chosen profile's defaults apply
-    unless a flag overrides them. ``--task-options`` takes JSON.
+    unless a flag overrides them. ``--task-options`` takes JSON; an optional
+    value is cleared with ``none``.
     """
     hints = typing.get_type_hints(TrainConfig)
-    comments = _read_field_comments()
+    groups = {name: parser.add_argument_group(name) for name in SECTIONS}
     for config_field in dataclasses.fields(TrainConfig):
         if config_field.name in exclude:
             continue
-        flag = "--" + config_field.name.replace("_", "-")
         kind = hints[config_field.name]
         options: dict[str, Any] = {
             "dest": config_field.name,
             "default": argparse.SUPPRESS,
-            "help": comments.get(config_field.name, ""),
+            "help": config_field.metadata["help"].replace("%", "%%"),
         }
         if kind is bool:
             options["action"] = argparse.BooleanOptionalAction
         else:
             options["type"] = _flag_parser(kind)
+        choices = config_field.metadata["choices"]
+        if choices:
+            options["choices"] = choices
+            options["metavar"] = "{" + ",".join(str(c).lower() for c in choices) + "}"
+        elif kind is not bool:
             options["metavar"] = config_field.name.upper()
-        if config_field.name in _CHOICES:
-            options["choices"] = _CHOICES[config_field.name]
-        parser.add_argument(flag, **options)
+        flag = "--" + config_field.name.replace("_", "-")
+        groups[config_field.metadata["section"]].add_argument(flag, **options)
 
 
 def config_from_arguments(arguments: argparse.Namespace) -> TrainConfig:
     """The config a parsed command line asks for (profile defaults + flags)."""
     names = {f.name for f in dataclasses.fields(TrainConfig)}
     given = {key: value for key, value in vars(arguments).items() if key in names}
-    profile = given.pop("profile", None) or default_profile()
+    profile = given.pop("profile", None) or chosen_profile()
     return TrainConfig.for_profile(profile, **given)
 
 
@@ -385,19 +812,3 @@ def _json_object(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
     return value
-
-
-def _read_field_comments() -> dict[str, str]:
-    """Each field's comment line in this file, as its flag's help text."""
-    comments: dict[str, str] = {}
-    pending = ""
-    for line in inspect.getsource(TrainConfig).splitlines():
-        stripped = line.strip()
-        if stripped.startswith("# "):
-            pending = stripped[2:]
-        elif ":" in stripped and pending and not stripped.startswith(("def", "@")):
-            comments[stripped.split(":")[0]] = pending
-            pending = ""
-        else:
-            pending = ""
-    return {key: value.replace("%", "%%") for key, value in comments.items()}

@@ -45,6 +45,7 @@ import contextlib
 import dataclasses
 import random
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -56,21 +57,20 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as transformers_logging
 
-from grpo_lab.advantages import (
-    compute_group_normalized_rewards,
-    compute_rollout_rewards,
-)
-from grpo_lab.logprobs import score_response_tokens
 from grpo_lab.masks import pad_prompt_and_response_ids, tokenize_prompt_and_output
 from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2, load_pretrained
-from grpo_lab.prefix_sharing import prompt_only_columns
 from grpo_lab.rollouts import make_backend
 from grpo_lab.rollouts.base import RolloutBackend, Rollouts, SamplingSettings
 from grpo_lab.tasks import get_task
 from grpo_lab.tasks.base import Example, Task
-from grpo_lab.train_step import policy_gradient_update
+from grpo_lab.train_step import (
+    policy_gradient_update,
+    rollout_advantages,
+    score_tokens,
+)
 from grpo_lab.training import checkpoint as checkpoints
-from grpo_lab.training.config import TrainConfig
+from grpo_lab.training.config import TrainConfig, inert_settings
+from grpo_lab.training.evaluation import held_out_scores
 from grpo_lab.training.metrics import (
     append_metrics,
     count_metric_lines,
@@ -107,6 +107,13 @@ class Policy:
 
 def train(config: TrainConfig, progress: bool = True) -> RunResult:
     """Run GRPO as ``config`` says; return the run folder and its metrics."""
+    check_device_available(config.device)
+    say_inert_settings(config)
+    with torch_threads(thread_count(config)):
+        return _train(config, progress)
+
+
+def _train(config: TrainConfig, progress: bool) -> RunResult:
     run_dir = prepare_run_dir(config)
     config = dataclasses.replace(config, run_dir=str(run_dir))
     task = get_task(config.task, **config.task_options)
@@ -147,6 +154,44 @@ def train(config: TrainConfig, progress: bool = True) -> RunResult:
 
 
 # --- setting up -------------------------------------------------------------
+
+
+def check_device_available(device: str) -> None:
+    """Refuse a CUDA device on a machine without one, before any model loads."""
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"device {device!r} needs a CUDA GPU, and torch sees none; "
+            "use --device cpu (or the cpu profile)"
+        )
+
+
+def thread_count(config: TrainConfig) -> int:
+    """Torch CPU threads for this run: ``num_threads``, else 1 for the tiny model.
+
+    The tiny model's matrices are too small to split: extra threads only spin,
+    and beside any other busy process (a browser, a Jupyter server) they slow a
+    run several-fold. Real models keep torch's default.
+    """
+    if config.num_threads is not None:
+        return config.num_threads
+    return 1 if config.model == "tiny" else torch.get_num_threads()
+
+
+@contextlib.contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """Torch's intra-op thread count set to ``count`` inside, restored after."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def say_inert_settings(config: TrainConfig) -> None:
+    """Warn once, at start, about each setting that does nothing in this run."""
+    for name, reason in inert_settings(config).items():
+        warnings.warn(f"{name} has no effect here: {reason}", stacklevel=3)
 
 
 def prepare_run_dir(config: TrainConfig) -> Path:
@@ -211,7 +256,7 @@ def build_backend(
             model,
             tokenizer,
             max_batch_size=config.rollout_max_batch_size,
-            share_prompt_prefill=config.share_prompt_prefix,
+            share_prompt_prefix=config.share_prompt_prefix,
         )
     backend = make_backend(
         "vllm",
@@ -347,20 +392,20 @@ def grpo_update(
     repeated_truths = [
         e.ground_truth for e in examples for _ in range(config.group_size)
     ]
-    raw_rewards, reward_metadata = compute_rollout_rewards(
-        task.reward_fn, rollouts.responses, repeated_truths
-    )  # (B·G,)
-    advantages, advantage_metadata = compute_group_normalized_rewards(
-        raw_rewards,
+    raw_rewards, advantages, advantage_metadata = rollout_advantages(
+        task.reward_fn,
+        rollouts.responses,
+        repeated_truths,
         config.group_size,
-        config.baseline,
-        config.advantage_eps,
-        config.advantage_normalizer,
-    )  # (B·G,)
+        baseline=config.baseline,
+        advantage_eps=config.advantage_eps,
+        advantage_normalizer=config.advantage_normalizer,
+    )  # (B·G,) each
     batch = rollout_token_batch(rollouts, policy.tokenizer)
     old_log_probs = (
         score_old_log_probs(config, policy.model, batch) if config.off_policy else None
     )
+    settings = dataclasses.asdict(config.update_settings())
     update_records = []
     for _epoch in range(config.epochs_per_rollout_batch):
         for rows in train_batch_rows(config):
@@ -371,19 +416,12 @@ def grpo_update(
                 config.max_grad_norm,
                 {key: value[rows] for key, value in batch.items()},
                 advantages[rows],
-                importance_reweighting_method=config.importance_reweighting_method,
                 old_log_probs=None if old_log_probs is None else old_log_probs[rows],
-                cliprange=config.cliprange,
-                loss_normalization=config.loss_normalization,
-                normalization_constant=config.normalization_constant,
-                temperature=config.temperature,
-                logits_chunk_size=config.logits_chunk_size,
-                share_prompt_prefix=config.share_prompt_prefix,
+                **settings,
             )
-            update_records.append(_measured_diagnostics(metadata))
+            update_records.append(metadata)
     policy.backend.sync(policy.model)
     return {
-        **flatten_metrics("train", reward_metadata),
         **flatten_metrics("train", advantage_metadata),
         **_response_statistics(rollouts, raw_rewards, config.group_size),
         **flatten_metrics("loss", mean_metrics(update_records)),
@@ -412,25 +450,18 @@ def score_old_log_probs(
 ) -> torch.Tensor:
     """log pi_old(token) of every sampled token, once, before any update. (B, T)
 
-    Scored at the sampling temperature, in microbatches of the update's size.
+    Scored as the update scores (:func:`grpo_lab.train_step.score_tokens`), in
+    microbatches of the update's size.
     """
     device = next(model.parameters()).device
+    settings = config.update_settings()
     microbatch_size = config.train_batch_size // config.gradient_accumulation_steps
     chunks = []
     with torch.no_grad(), autocast(config):
         for start in range(0, batch["input_ids"].shape[0], microbatch_size):
             rows = slice(start, start + microbatch_size)
-            mask = batch["response_mask"][rows]  # (b, T)
-            scored = score_response_tokens(
-                model,
-                batch["input_ids"][rows].to(device),  # (b, T)
-                batch["labels"][rows].to(device),  # (b, T)
-                temperature=config.temperature,
-                logits_chunk_size=config.logits_chunk_size,
-                shared_prefix_length=(
-                    prompt_only_columns(mask) if config.share_prompt_prefix else 0
-                ),
-            )
+            microbatch = {key: value[rows].to(device) for key, value in batch.items()}
+            scored = score_tokens(model, microbatch, settings)
             chunks.append(scored["log_probs"].float())  # (b, T)
     return torch.cat(chunks, dim=0)  # (B, T)
 
@@ -445,24 +476,6 @@ def train_batch_rows(config: TrainConfig) -> list[slice]:
         slice(start, start + size)
         for start in range(0, config.rollout_batch_size, size)
     ]
-
-
-# What a skipped update (every advantage zero) still reports truthfully.
-_SKIPPED_UPDATE_KEYS = ("optimizer_step", "active_response_count")
-
-
-def _measured_diagnostics(metadata: dict[str, Any]) -> dict[str, Any]:
-    """The update's diagnostics, or only its counts when it scored nothing.
-
-    A train batch whose groups all have equal rewards is skipped: nothing is
-    scored, and its entropy, loss and gradient norm would read as 0. Leaving
-    them out keeps the step's means over updates that measured something, and a
-    step with no such update logs no entropy at all (a gap in the curve, not a
-    dive to 0).
-    """
-    if metadata["active_response_count"] > 0:
-        return metadata
-    return {key: metadata[key] for key in _SKIPPED_UPDATE_KEYS}
 
 
 def _response_statistics(
@@ -492,26 +505,24 @@ def evaluate(
     step: int,
 ) -> dict[str, float]:
     """Held-out accuracy, greedy and sampled; format rate and length (greedy)."""
-    truths = [example.ground_truth for example in examples]
-    prompts = [example.prompt for example in examples]
     with autocast(config):
-        greedy = policy.backend.generate(
-            prompts, 1, sampling_settings(config, task, None, temperature=0.0)
+        greedy = held_out_scores(
+            policy.backend,
+            task,
+            examples,
+            sampling_settings(config, task, None, temperature=0.0),
         )
-        sampled = policy.backend.generate(
-            prompts,
-            1,
+        sampled = held_out_scores(
+            policy.backend,
+            task,
+            examples,
             sampling_settings(config, task, derived_seed(config, "eval", step)),
         )
-    greedy_scores = [task.reward_fn(r, t) for r, t in zip(greedy.responses, truths)]
-    sampled_scores = [task.reward_fn(r, t) for r, t in zip(sampled.responses, truths)]
     return {
-        "eval/accuracy_greedy": _mean(s["answer_reward"] for s in greedy_scores),
-        "eval/accuracy_sampled": _mean(s["answer_reward"] for s in sampled_scores),
-        "eval/format_rate": _mean(s["format_reward"] for s in greedy_scores),
-        "eval/response_length": _response_statistics(
-            greedy, torch.zeros(len(prompts)), 1
-        )["train/response_length"],
+        "eval/accuracy_greedy": greedy.accuracy,
+        "eval/accuracy_sampled": sampled.accuracy,
+        "eval/format_rate": greedy.format_rate,
+        "eval/response_length": greedy.response_length,
     }
 
 
@@ -559,11 +570,6 @@ def _has_checkpoint(run_dir: Path, step: int) -> bool:
         path.name == f"step_{step:06d}.pt"
         for path in checkpoints.list_checkpoints(run_dir)
     )
-
-
-def _mean(values) -> float:
-    values = list(values)
-    return sum(values) / len(values) if values else 0.0
 
 
 def _progress_summary(record: dict[str, Any]) -> dict[str, str]:

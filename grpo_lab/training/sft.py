@@ -24,6 +24,7 @@ from grpo_lab.logprobs import get_response_log_probs
 from grpo_lab.masks import masked_mean, pad_prompt_and_response_ids
 from grpo_lab.rollouts.base import RolloutBackend, SamplingSettings
 from grpo_lab.tasks.base import Example, Task
+from grpo_lab.training.evaluation import held_out_scores
 
 
 @dataclass(frozen=True)
@@ -96,21 +97,6 @@ def sft_step(
     return loss.item()
 
 
-def sampled_accuracy(
-    backend: RolloutBackend,
-    task: Task,
-    examples: list[Example],
-    sampling: SamplingSettings,
-) -> float:
-    """Mean answer reward of one response per example (greedy at temperature 0)."""
-    rollouts = backend.generate([e.prompt for e in examples], 1, sampling)
-    rewards = [
-        task.reward_fn(response, example.ground_truth)["answer_reward"]
-        for response, example in zip(rollouts.responses, examples)
-    ]
-    return sum(rewards) / len(rewards)
-
-
 def warm_up(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -135,9 +121,9 @@ def warm_up(
         loss = sft_step(model, optimizer, demonstration_batch(examples, tokenizer))
         record: dict[str, Any] = {"sft/step": step, "sft/loss": loss}
         if step % settings.eval_every == 0 or step == settings.max_steps:
-            record[accuracy_key] = sampled_accuracy(
+            record[accuracy_key] = held_out_scores(
                 backend, task, settings.held_out, _reseeded(settings.sampling, step)
-            )
+            ).accuracy
         log(record)
         records.append(record)
         if record.get(accuracy_key, -1.0) >= settings.target_accuracy:
