@@ -14,6 +14,7 @@ from grpo_lab.advantages import (
     compute_rollout_rewards,
 )
 from grpo_lab.masks import pad_prompt_and_response_ids, tokenize_prompt_and_output
+from grpo_lab.teaching.gradient_recorder import GradientRecorder
 from grpo_lab.train_step import grpo_train_step, policy_gradient_update
 
 PROMPTS = ["12+3=", "12+3=", "7+8=", "7+8=", "40+2=", "40+2=", "9+9=", "9+9="]
@@ -22,25 +23,6 @@ TRUTHS = ["15", "15", "15", "15", "42", "42", "18", "18"]
 # Some rows have zero advantage, so they are skipped; the rest are not.
 ADVANTAGES = torch.tensor([1.0, -1.0, 0.0, 0.0, 0.5, -0.5, 0.0, 2.0])
 CLIPRANGES = {"none": None, "noclip": None, "grpo": 0.2, "gspo": 0.05}
-
-
-class RecordingSGD(torch.optim.SGD):
-    """Plain SGD that keeps a copy of the gradients of its last step."""
-
-    def __init__(self, params, lr: float = 1.0):
-        super().__init__(params, lr=lr)
-        self.steps = 0
-        self.gradients: list[torch.Tensor] = []
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        self.steps += 1
-        self.gradients = [
-            torch.zeros_like(p) if p.grad is None else p.grad.clone()
-            for group in self.param_groups
-            for p in group["params"]
-        ]
-        return super().step(closure)
 
 
 def exact_match(response: str, truth: str) -> dict[str, float]:
@@ -119,7 +101,7 @@ def run_update(
     model, batch, method, normalization, steps, advantages=ADVANTAGES, **keywords
 ):
     old = old_log_probs_for(model, batch) if method != "none" else None
-    optimizer = RecordingSGD(model.parameters())
+    optimizer = GradientRecorder(model.parameters(), lr=1.0)
     loss, metadata = policy_gradient_update(
         model,
         optimizer,
@@ -231,7 +213,7 @@ def test_temperature_scores_logits_divided_by_temperature(make_tiny_qwen2, batch
     gradients = {}
     for temperature in (1.0, 2.0):
         model = make_tiny_qwen2()
-        optimizer = RecordingSGD(model.parameters())
+        optimizer = GradientRecorder(model.parameters(), lr=1.0)
         policy_gradient_update(
             model,
             optimizer,
@@ -309,7 +291,7 @@ def test_max_grad_norm_clips_and_reports_the_norm_before_clipping(
     model = make_tiny_qwen2()
     expected = naive_gradients(model, batch, ADVANTAGES, "none", None, "sequence")
     expected_norm = torch.stack([g.norm() for g in expected]).norm()
-    optimizer = RecordingSGD(model.parameters())
+    optimizer = GradientRecorder(model.parameters(), lr=1.0)
     _, metadata = policy_gradient_update(model, optimizer, 2, 1e-3, batch, ADVANTAGES)
     torch.testing.assert_close(
         metadata["gradient_norm"], expected_norm, rtol=1e-4, atol=0
@@ -320,7 +302,7 @@ def test_max_grad_norm_clips_and_reports_the_norm_before_clipping(
 
 def test_a_real_step_changes_the_parameters(tiny_qwen2, batch):
     before = [p.detach().clone() for p in tiny_qwen2.parameters()]
-    optimizer = RecordingSGD(tiny_qwen2.parameters(), lr=0.1)
+    optimizer = GradientRecorder(tiny_qwen2.parameters(), lr=0.1, lr=1.0)
     loss, metadata = policy_gradient_update(
         tiny_qwen2, optimizer, 2, 1.0, batch, ADVANTAGES
     )
@@ -338,7 +320,7 @@ def test_a_real_step_changes_the_parameters(tiny_qwen2, batch):
 
 def test_all_zero_advantages_do_not_step(tiny_qwen2, batch):
     before = [p.detach().clone() for p in tiny_qwen2.parameters()]
-    optimizer = RecordingSGD(tiny_qwen2.parameters())
+    optimizer = GradientRecorder(tiny_qwen2.parameters(), lr=1.0)
     loss, metadata = policy_gradient_update(
         tiny_qwen2,
         optimizer,
@@ -366,7 +348,7 @@ class UnusableTokenizer:
 
 
 def test_grpo_train_step_with_no_signal_neither_tokenizes_nor_steps(tiny_qwen2):
-    optimizer = RecordingSGD(tiny_qwen2.parameters())
+    optimizer = GradientRecorder(tiny_qwen2.parameters(), lr=1.0)
     # Every response in each group gets the same reward: all advantages are 0.
     loss, metadata = grpo_train_step(
         tiny_qwen2,
@@ -404,7 +386,7 @@ def test_non_finite_ratios_raise_before_the_step(
     tiny_qwen2, batch, method, old_value, message
 ):
     before = [p.detach().clone() for p in tiny_qwen2.parameters()]
-    optimizer = RecordingSGD(tiny_qwen2.parameters())
+    optimizer = GradientRecorder(tiny_qwen2.parameters(), lr=1.0)
     old = torch.full(batch["labels"].shape, old_value)
     with pytest.raises(RuntimeError, match=message):
         policy_gradient_update(
@@ -418,7 +400,7 @@ def test_a_poisoned_parameter_raises_before_the_step(tiny_qwen2, batch):
     with torch.no_grad():
         tiny_qwen2.model.norm.weight[0] = float("nan")
     before = [p.detach().clone() for p in tiny_qwen2.parameters()]
-    optimizer = RecordingSGD(tiny_qwen2.parameters())
+    optimizer = GradientRecorder(tiny_qwen2.parameters(), lr=1.0)
     with pytest.raises(RuntimeError, match="Non-finite GRPO loss"):
         policy_gradient_update(tiny_qwen2, optimizer, 2, 1.0, batch, ADVANTAGES)
     assert optimizer.steps == 0
@@ -428,7 +410,7 @@ def test_a_poisoned_parameter_raises_before_the_step(tiny_qwen2, batch):
 def test_token_id_path_matches_the_text_path(make_tiny_qwen2, char_tokenizer):
     # The character tokenizer round-trips, so the sampled ids are the text's ids.
     model = make_tiny_qwen2()
-    text_optimizer = RecordingSGD(model.parameters())
+    text_optimizer = GradientRecorder(model.parameters(), lr=1.0)
     text_loss, text_metadata = grpo_train_step(
         model,
         char_tokenizer,
@@ -442,7 +424,7 @@ def test_token_id_path_matches_the_text_path(make_tiny_qwen2, char_tokenizer):
         2,
     )
     model = make_tiny_qwen2()
-    id_optimizer = RecordingSGD(model.parameters())
+    id_optimizer = GradientRecorder(model.parameters(), lr=1.0)
     rewards, _ = compute_rollout_rewards(exact_match, RESPONSES, TRUTHS)
     advantages, _ = compute_group_normalized_rewards(rewards, 2)
     batch = pad_prompt_and_response_ids(
@@ -461,7 +443,7 @@ def test_token_id_path_matches_the_text_path(make_tiny_qwen2, char_tokenizer):
 
 
 def test_policy_gradient_update_errors(tiny_qwen2, batch):
-    optimizer = RecordingSGD(tiny_qwen2.parameters())
+    optimizer = GradientRecorder(tiny_qwen2.parameters(), lr=1.0)
     old = torch.zeros(batch["labels"].shape)
 
     def update(**overrides):
@@ -548,7 +530,7 @@ def test_policy_gradient_update_errors(tiny_qwen2, batch):
 
 
 def test_grpo_train_step_errors(tiny_qwen2, char_tokenizer):
-    optimizer = RecordingSGD(tiny_qwen2.parameters())
+    optimizer = GradientRecorder(tiny_qwen2.parameters(), lr=1.0)
 
     def step(**overrides):
         arguments = {
