@@ -302,7 +302,7 @@ def test_max_grad_norm_clips_and_reports_the_norm_before_clipping(
 
 def test_a_real_step_changes_the_parameters(tiny_qwen2, batch):
     before = [p.detach().clone() for p in tiny_qwen2.parameters()]
-    optimizer = GradientRecorder(tiny_qwen2.parameters(), lr=0.1, lr=1.0)
+    optimizer = GradientRecorder(tiny_qwen2.parameters(), lr=0.1)
     loss, metadata = policy_gradient_update(
         tiny_qwen2, optimizer, 2, 1.0, batch, ADVANTAGES
     )
