@@ -210,7 +210,9 @@ def check_objective_settings(method: str, cliprange: float | None) -> None:
             f"importance_reweighting_method must be one of {REWEIGHTING_METHODS}, "
             f"got {method!r}"
         )
-    if method in CLIPPED_METHODS and not _is_positive_number(cliprange):
+    if method in CLIPPED_METHODS and not _is_positive_number(
+        cliprange, allow_infinity=True
+    ):
         raise ValueError(
             f"cliprange must be positive for {method!r}, got {cliprange!r}"
         )
@@ -234,11 +236,13 @@ def check_loss_normalization(
         )
 
 
-def _is_positive_number(value: object) -> bool:
+def _is_positive_number(value: object, allow_infinity: bool = False) -> bool:
+    """A number > 0 (not a bool, not NaN; infinite only if allowed: an infinite
+    clip range means no clipping, an infinite divisor means no loss)."""
     return (
         isinstance(value, (int, float))
         and not isinstance(value, bool)
-        and math.isfinite(value)
+        and (math.isfinite(value) or (allow_infinity and value == math.inf))
         and value > 0
     )
 

@@ -39,10 +39,16 @@ def test_scores_are_means_over_the_held_out_prompts():
     # 3 of 4 answers right; "x" is still well formed for the reverse task only
     # if it is digits, so format is the reverse task's own judgement.
     assert scores.accuracy == 0.75
-    expected_format = sum(
-        task.reward_fn(r, e.ground_truth)["format_reward"]
-        for r, e in zip(["".join(reversed(e.prompt[:-1])) for e in examples[:3]] + ["x"], examples)
-    ) / 4
+    expected_format = (
+        sum(
+            task.reward_fn(r, e.ground_truth)["format_reward"]
+            for r, e in zip(
+                ["".join(reversed(e.prompt[:-1])) for e in examples[:3]] + ["x"],
+                examples,
+            )
+        )
+        / 4
+    )
     assert scores.format_rate == expected_format
     # Token lengths: answers of 3 digits + EOS three times, "x" + EOS once.
     assert scores.response_length == (4 + 4 + 4 + 2) / 4

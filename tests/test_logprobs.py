@@ -430,7 +430,9 @@ def assert_scores_equal(actual, expected):
     torch.testing.assert_close(entropy, expected[1], rtol=1e-5, atol=1e-5)
     assert grads.keys() == expected[2].keys()
     for name, grad in grads.items():
-        torch.testing.assert_close(grad, expected[2][name], rtol=1e-4, atol=1e-5)
+        # One thread sums a weight gradient's terms in another order than several:
+        # single elements near 0 then differ by up to ~2e-5 (seen on a Qwen3 head).
+        torch.testing.assert_close(grad, expected[2][name], rtol=1e-4, atol=5e-5)
 
 
 def test_allowlist_is_exactly_the_checked_architectures():
@@ -477,7 +479,9 @@ def test_temperature_one_is_bit_identical_to_get_response_log_probs(chunk_size):
     model = tiny_causal_lm(Olmo2Config, tie_word_embeddings=False)
     input_ids, labels = token_batch(model)
     options = {"return_token_entropy": True, "logits_chunk_size": chunk_size}
-    scored = get_response_log_probs(model, input_ids, labels, temperature=1.0, **options)
+    scored = get_response_log_probs(
+        model, input_ids, labels, temperature=1.0, **options
+    )
     plain = get_response_log_probs(model, input_ids, labels, **options)
     assert torch.equal(scored["log_probs"], plain["log_probs"])
     assert torch.equal(scored["token_entropy"], plain["token_entropy"])
