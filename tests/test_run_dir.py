@@ -105,6 +105,17 @@ def test_the_lock_is_reentrant_in_a_process_until_released(tmp_path):
     run_dirs.release_run_dir(tmp_path)  # releasing twice does nothing
 
 
+def test_the_lock_of_a_deleted_folder_is_dropped(tmp_path):
+    temporary = tmp_path / "temporary"
+    temporary.mkdir()
+    lock = run_dirs.lock_run_dir(temporary)
+    temporary.joinpath(run_dirs.LOCK_FILE).unlink()
+    temporary.rmdir()
+    run_dirs.lock_run_dir(tmp_path)  # any later lock forgets the deleted folder
+    assert not run_dirs.holds_run_dir(temporary) and lock.handle.closed
+    run_dirs.release_run_dir(tmp_path)
+
+
 def test_train_refuses_a_run_dir_another_process_writes(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()

@@ -255,8 +255,15 @@ def load_checkpoint_file(
 
 
 def verify_checkpoint(path: str | os.PathLike) -> None:
-    """Raise what loading ``path`` raises; return quietly when it loads."""
-    load_checkpoint_file(path, mmap=True)
+    """Raise what loading ``path`` raises; return quietly when it loads.
+
+    Tries the cheap memory-mapped load first, and a full load only when that
+    fails (a filesystem without mmap), so a sound file is never called broken.
+    """
+    try:
+        load_checkpoint_file(path, mmap=True)
+    except Exception:
+        load_checkpoint_file(path)
 
 
 def latest_checkpoint(

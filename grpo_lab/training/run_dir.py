@@ -31,6 +31,7 @@ import dataclasses
 import itertools
 import json
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -92,6 +93,7 @@ def lock_run_dir(run_dir: str | os.PathLike) -> RunDirLock:
 
     The lock file holds the holder's PID, so the refusal can name it.
     """
+    _forget_deleted_folders()
     key = Path(run_dir).resolve()
     if key in _HELD_LOCKS:
         return _HELD_LOCKS[key]
@@ -123,6 +125,14 @@ def _acquire(path: Path) -> TextIO:
             "wait for that run to finish or stop it; two processes writing one "
             "run folder would log every step twice",
         ) from None
+    except OSError as error:  # a filesystem without locks (some network mounts)
+        warnings.warn(
+            f"run_dir {str(path.parent)!r} cannot be locked "
+            f"({checkpoints.describe_error(error)}); make sure no other process "
+            "writes it",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     handle.seek(0)
     handle.truncate()
     handle.write(f"{os.getpid()}\n")
@@ -135,6 +145,12 @@ def release_run_dir(run_dir: str | os.PathLike) -> None:
     lock = _HELD_LOCKS.pop(Path(run_dir).resolve(), None)
     if lock is not None and lock.handle is not None:
         lock.handle.close()
+
+
+def _forget_deleted_folders() -> None:
+    """Release the locks on folders that were deleted (temporary runs)."""
+    for key in [key for key in _HELD_LOCKS if not key.is_dir()]:
+        release_run_dir(key)
 
 
 def holds_run_dir(run_dir: str | os.PathLike) -> bool:
