@@ -273,8 +273,8 @@ def check_model_path(name_or_path: str) -> None:
     if Path(name_or_path).exists() or _HUB_MODEL_NAME.match(name_or_path):
         return
     raise FileNotFoundError(
-        f"model path {name_or_path!r} does not exist (a hub model is named "
-        "owner/name, e.g. Qwen/Qwen2.5-Math-1.5B)"
+        f"model path {name_or_path!r} does not exist; a hub model is named "
+        "owner/name, e.g. Qwen/Qwen2.5-Math-1.5B"
     )
 
 

@@ -332,7 +332,7 @@ def checkpoint_to_resume(
         if lines:
             raise RunDirError(
                 f"run_dir {str(run_dir)!r} has {lines} metric lines but no "
-                "checkpoint to resume from (the run stopped before its first one)",
+                "checkpoint to resume from: the run stopped before its first one",
                 f"delete {Path(run_dir) / METRICS_FILE} to start this run over, "
                 "or choose another run_dir",
             )
