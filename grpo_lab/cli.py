@@ -1,27 +1,54 @@
 """``grpo-lab``: train a run, plot its curves, write student notebooks.
 
     grpo-lab train [--profile cpu|gpu] [--lr 3e-4 ...]   # flags = TrainConfig fields
+    grpo-lab train --config run.yaml [--lr 3e-4 ...]      # a file, flags on top
     grpo-lab train --resume RUN_DIR [--steps 80]          # continue a run exactly
     grpo-lab plot RUN_DIR                                 # RUN_DIR/curves.png
     grpo-lab student-notebooks OUT_DIR [--source notebooks]
 
 Every ``train`` flag is generated from a ``TrainConfig`` field, so the command
 line and ``TrainConfig.for_profile(profile, **overrides)`` are the same thing.
+A config file (YAML or JSON) maps the same field names to values; flags
+override it, and the profile it names (or ``--profile``) supplies the rest.
+
+A problem the user can fix (a setting, a path, a data file, the run folder's
+state, a full disk) prints one line, ``grpo-lab train: <what> (<how to fix>)``,
+and exits with status 2; ``--debug`` shows its traceback as well. Any other
+exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
+import difflib
+import errno
+import importlib.util
 import json
 import sys
-from collections.abc import Sequence
+import types
+import typing
+import warnings
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
+from grpo_lab.errors import UserError
+from grpo_lab.training import checkpoint as checkpoints
+from grpo_lab.training import run_dir as run_dirs
 from grpo_lab.training.config import (
     TrainConfig,
     add_config_arguments,
     config_from_arguments,
 )
+
+FIELD_NAMES = tuple(f.name for f in dataclasses.fields(TrainConfig))
+RESUMABLE_FLAGS = ", ".join(
+    "--" + name.replace("_", "-") for name in run_dirs.RESUMABLE_FIELDS
+)
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
+USAGE_HINT = "see grpo-lab train --help"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,30 +56,49 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="grpo-lab", description="Group Relative Policy Optimization, hands on."
     )
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--debug",
+        action="store_true",
+        help="show the traceback of an error that is otherwise printed as one line",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     train_parser = commands.add_parser(
         "train",
+        parents=[common],
         help="run GRPO (cpu profile: a tiny model learns to reverse digits)",
-        description="Run GRPO. Flags override the profile's defaults.",
+        description="Run GRPO. Flags override the config file, which overrides "
+        "the profile's defaults.",
+    )
+    train_parser.add_argument(
+        "--config",
+        metavar="FILE",
+        dest="config_file",
+        default=None,
+        help="a YAML or JSON file of TrainConfig fields (e.g. 'lr: 3.0e-4'); "
+        "flags override its values, its profile (or --profile) supplies the rest",
     )
     train_parser.add_argument(
         "--resume",
         metavar="RUN_DIR",
         dest="resume_dir",
         default=None,
-        help="continue RUN_DIR from its latest checkpoint, with its config.json "
-        "(other flags override it, e.g. --steps to train longer)",
+        help="continue RUN_DIR from its latest checkpoint with its config.json; "
+        f"only {RESUMABLE_FLAGS} may change",
     )
     train_parser.add_argument(
         "--no-progress", action="store_true", help="no progress bar"
     )
     add_config_arguments(train_parser, exclude=("resume",))
     plot_parser = commands.add_parser(
-        "plot", help="draw RUN_DIR/metrics.jsonl into RUN_DIR/curves.png"
+        "plot",
+        parents=[common],
+        help="draw RUN_DIR/metrics.jsonl into RUN_DIR/curves.png",
     )
     plot_parser.add_argument("run_dir", metavar="RUN_DIR")
     notebooks_parser = commands.add_parser(
         "student-notebooks",
+        parents=[common],
         help="write copies of the notebooks with exercise solutions removed",
     )
     notebooks_parser.add_argument("out_dir", metavar="OUT_DIR")
@@ -62,43 +108,275 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# --- the config to train with -------------------------------------------------------
+
+
 def train_config(arguments: argparse.Namespace) -> TrainConfig:
-    """The config to train with: profile + flags, or a saved run + flags."""
-    if arguments.resume_dir is None:
-        return config_from_arguments(arguments)
-    config_file = Path(arguments.resume_dir) / "config.json"
-    if not config_file.exists():
-        raise SystemExit(f"grpo-lab: --resume: {config_file} does not exist")
-    saved = json.loads(config_file.read_text(encoding="utf-8"))
-    flags = {
-        key: value
-        for key, value in vars(arguments).items()
-        if key in saved and key not in ("resume", "run_dir")
-    }
-    return TrainConfig.from_dict(
-        {**saved, **flags, "resume": True, "run_dir": arguments.resume_dir}
+    """The config to train with: profile + file + flags, or a saved run + flags.
+
+    Raises :class:`UserError` for any problem with the settings.
+    """
+    try:
+        if arguments.resume_dir is not None:
+            return resumed_config(arguments)
+        values = {}
+        if arguments.config_file is not None:
+            values = read_config_file(arguments.config_file)
+        merged = {**values, **_flags(arguments)}  # flags win over the file
+        return config_from_arguments(argparse.Namespace(**merged))
+    except UserError:
+        raise
+    except ValueError as error:
+        raise UserError(str(error), USAGE_HINT) from error
+
+
+def resumed_config(arguments: argparse.Namespace) -> TrainConfig:
+    """RUN_DIR/config.json with the given flags, checked as a resume of that run."""
+    run_dir = Path(arguments.resume_dir)
+    if arguments.config_file is not None:
+        raise UserError(
+            "--config cannot be combined with --resume",
+            "a resumed run keeps RUN_DIR/config.json; give the settings that may "
+            f"change ({RESUMABLE_FLAGS}) as flags",
+        )
+    flags = _flags(arguments)
+    if "run_dir" in flags and Path(flags["run_dir"]).resolve() != run_dir.resolve():
+        raise UserError(
+            f"--run-dir {flags['run_dir']} differs from --resume {run_dir}",
+            "a resumed run stays in its folder; drop --run-dir",
+        )
+    saved = run_dirs.read_saved_config(run_dir)
+    config = TrainConfig.from_dict(
+        {**saved, **flags, "resume": True, "run_dir": str(run_dir)}
     )
+    run_dirs.check_resume_config(saved, config, run_dir / run_dirs.CONFIG_FILE)
+    return config
+
+
+def _flags(arguments: argparse.Namespace) -> dict[str, Any]:
+    """The TrainConfig fields given on the command line (no others are set)."""
+    return {k: v for k, v in vars(arguments).items() if k in FIELD_NAMES}
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The TrainConfig fields of a YAML or JSON file, each checked against its type.
+
+    Unknown keys are refused by name; ``resume`` is refused (use ``--resume``).
+    A float field also takes a string that parses as a float (YAML reads
+    ``3e-4`` as a string).
+    """
+    path = Path(path)
+    if path.suffix.lower() not in CONFIG_SUFFIXES:
+        raise UserError(
+            f"config file {path} must end in {', '.join(CONFIG_SUFFIXES)}",
+            "rename it, or write it as YAML or JSON",
+        )
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise UserError(
+            f"config file {path} cannot be read: {error.strerror or error}",
+            "check the path given to --config",
+        ) from error
+    values = _parse_config_text(text, path)
+    if not isinstance(values, dict):
+        raise UserError(
+            f"config file {path} must map field names to values, got "
+            f"{type(values).__name__}",
+            "write one 'name: value' line per setting",
+        )
+    for key in values:
+        _check_config_key(key, path)
+    hints = typing.get_type_hints(TrainConfig)
+    return {key: _config_value(key, v, hints[key], path) for key, v in values.items()}
+
+
+def _parse_config_text(text: str, path: Path) -> Any:
+    if path.suffix.lower() == ".json":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as error:
+            raise UserError(
+                f"config file {path} is not valid JSON: {error}", "fix that line"
+            ) from error
+    try:
+        import yaml
+    except ImportError as error:
+        raise UserError(
+            f"reading {path} needs PyYAML",
+            "pip install pyyaml, or write the config as JSON",
+        ) from error
+    try:
+        values = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        problem = " ".join(str(error).split())
+        raise UserError(
+            f"config file {path} is not valid YAML: {problem}", "fix that line"
+        ) from error
+    return {} if values is None else values
+
+
+def _check_config_key(key: Any, path: Path) -> None:
+    if key == "resume":
+        raise UserError(
+            f"config file {path} sets resume",
+            "continue a run with grpo-lab train --resume RUN_DIR instead",
+        )
+    if key in FIELD_NAMES:
+        return
+    close = difflib.get_close_matches(str(key).replace("-", "_"), FIELD_NAMES, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise UserError(
+        f"config file {path} has an unknown key {key!r}",
+        f"{hint}the keys are TrainConfig fields; {USAGE_HINT}",
+    )
+
+
+def _config_value(name: str, value: Any, kind: Any, path: Path) -> Any:
+    """``value`` when it fits the field's type (a float string as a float)."""
+    union = typing.get_origin(kind) in (typing.Union, types.UnionType)
+    options = typing.get_args(kind) if union else (kind,)
+    if value is None and type(None) in options:
+        return None
+    for option in options:
+        base = typing.get_origin(option) or option
+        if base is float and isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                return float(value)
+        if _fits(value, base):
+            return value
+    names = " or ".join(
+        getattr(typing.get_origin(o) or o, "__name__", str(o)) for o in options
+    )
+    raise UserError(
+        f"{name} in config file {path} must be {names}, got {value!r}", USAGE_HINT
+    )
+
+
+def _fits(value: Any, base: Any) -> bool:
+    if base is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if base is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(base, type) and isinstance(value, base)
+
+
+# --- what can be checked before training starts -------------------------------------
+
+
+def check_can_train(config: TrainConfig) -> None:
+    """The task, its data, the model path, the device and the backend, or UserError.
+
+    These fail inside ``train`` only after the run folder is written; checked
+    here, a mistake costs one line and leaves no folder behind.
+    """
+    _check_task(config)
+    _check_model(config)
+    _check_device(config)
+    _check_backend(config)
+
+
+def _check_task(config: TrainConfig) -> None:
+    from grpo_lab.tasks import get_task
+
+    try:
+        task = get_task(config.task, **config.task_options)
+        task.eval(config.eval_size, seed=config.seed)
+        task.train(config.prompts_per_step, seed=config.seed)
+    except (ValueError, TypeError, OSError, ImportError, RuntimeError) as error:
+        raise UserError(
+            f"task {config.task!r} with options {config.task_options}: {error}",
+            "check --task, --task-options and the dataset files they name",
+        ) from error
+
+
+def _check_model(config: TrainConfig) -> None:
+    from grpo_lab.models import check_model_path
+
+    if config.model == "tiny":
+        return
+    try:
+        check_model_path(config.model)
+    except FileNotFoundError as error:
+        raise UserError(
+            str(error), "give --model an existing model folder or a hub name"
+        ) from error
+
+
+def _check_device(config: TrainConfig) -> None:
+    import torch
+
+    try:
+        device = torch.device(config.device)
+    except RuntimeError as error:
+        raise UserError(
+            f"device {config.device!r} is not a torch device",
+            "use cpu, cuda, cuda:N or mps",
+        ) from error
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0 or (device.index or 0) >= count:
+            raise UserError(
+                f"device {config.device!r} is not available: {count} CUDA "
+                "devices are visible",
+                "use --device cpu (or --profile cpu), or a visible cuda:N",
+            )
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise UserError("device 'mps' is not available", "use --device cpu")
+
+
+def _check_backend(config: TrainConfig) -> None:
+    if config.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise UserError(
+            "backend 'vllm' needs the vllm package",
+            "pip install 'grpo-lab[vllm]' on a CUDA machine, or use --backend hf",
+        )
+
+
+# --- commands -------------------------------------------------------------------------
 
 
 def run_train(arguments: argparse.Namespace) -> int:
     """``grpo-lab train``: train, then print where the run went."""
     from grpo_lab.training.loop import train
 
-    try:
-        config = train_config(arguments)
-    except ValueError as error:
-        raise SystemExit(f"grpo-lab train: {error}") from error
+    config = train_config(arguments)
+    check_can_train(config)
+    if config.run_dir is None:  # named here, so that an interruption can name it
+        config = dataclasses.replace(
+            config, run_dir=str(run_dirs.new_run_dir(config.task))
+        )
     try:
         result = train(config, progress=not arguments.no_progress)
     except KeyboardInterrupt:
-        print(
-            "\ninterrupted; continue with: grpo-lab train --resume "
-            f"{config.run_dir or 'RUN_DIR'}",
-            file=sys.stderr,
-        )
+        if checkpoints.list_checkpoints(config.run_dir):
+            advice = f"continue with: grpo-lab train --resume {config.run_dir}"
+        else:
+            advice = f"no checkpoint was written yet; {config.run_dir} can be deleted"
+        print(f"\ninterrupted; {advice}", file=sys.stderr)
         return 130
+    except (OSError, ImportError) as error:
+        raise UserError(_one_line(error), _os_error_fix(error)) from error
+    finally:
+        run_dirs.release_run_dir(config.run_dir)
     _print_summary(result.run_dir, result.history)
     return 0
+
+
+def _os_error_fix(error: BaseException) -> str:
+    """How to fix an OSError raised while training (or a missing package)."""
+    code = getattr(error, "errno", None)
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        return "free space on that disk, then resume with grpo-lab train --resume"
+    if code in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return "choose a folder you can write to as --run-dir"
+    if isinstance(error, ImportError):
+        return "install the package it names"
+    return "check the path, file or connection it names; --debug shows where"
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
 
 
 def _print_summary(run_dir: Path, history: list[dict]) -> None:
@@ -122,7 +400,7 @@ def run_plot(arguments: argparse.Namespace) -> int:
     try:
         path = save_run_curves(arguments.run_dir)
     except ValueError as error:
-        raise SystemExit(f"grpo-lab plot: {error}") from error
+        raise UserError(str(error), "plot a folder grpo-lab train wrote") from error
     print(f"curves written to {path}")
     return 0
 
@@ -133,21 +411,53 @@ def run_student_notebooks(arguments: argparse.Namespace) -> int:
 
     source = Path(arguments.source)
     if not source.is_dir():
-        raise SystemExit(f"grpo-lab student-notebooks: {source} is not a folder")
+        raise UserError(f"{source} is not a folder", "give --source the notebooks")
     written = write_student_notebooks(source, arguments.out_dir)
     print(f"{len(written)} student notebooks written to {arguments.out_dir}")
     return 0
 
 
+COMMANDS = {
+    "train": run_train,
+    "plot": run_plot,
+    "student-notebooks": run_student_notebooks,
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``grpo-lab`` console script."""
+    """Entry point of the ``grpo-lab`` console script.
+
+    A :class:`UserError` prints ``grpo-lab COMMAND: <what> (<how to fix>)`` and
+    returns 2 (with ``--debug`` it is raised, traceback and all).
+    """
     arguments = build_parser().parse_args(argv)
-    commands = {
-        "train": run_train,
-        "plot": run_plot,
-        "student-notebooks": run_student_notebooks,
-    }
-    return commands[arguments.command](arguments)
+    prefix = f"grpo-lab {arguments.command}"
+    try:
+        with _warnings_as_lines(prefix):
+            return COMMANDS[arguments.command](arguments)
+    except UserError as error:
+        if arguments.debug:
+            raise
+        print(f"{prefix}: {_one_line(error)}", file=sys.stderr)
+        return 2
+
+
+@contextlib.contextmanager
+def _warnings_as_lines(prefix: str) -> Iterator[None]:
+    """Print the package's checkpoint warnings as ``PREFIX: warning: ...`` lines."""
+    original = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, checkpoints.CheckpointWarning):
+            print(f"{prefix}: warning: {message}", file=sys.stderr)
+        else:
+            original(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = original
 
 
 if __name__ == "__main__":

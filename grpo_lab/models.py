@@ -10,8 +10,10 @@ not give back the sampled ids). Taught in ``notebooks/00_welcome_and_setup.ipynb
 from __future__ import annotations
 
 import random
+import re
 import string
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -36,6 +38,8 @@ _CORPUS_WORDS = (
     "what let then so we get first add subtract multiply divide total each "
     "step think check result question problem solve find value"
 )
+# A hub model name: "name" or "owner/name" (letters, digits, "-", "_", ".").
+_HUB_MODEL_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
 
 def build_char_tokenizer(
@@ -254,9 +258,24 @@ def load_pretrained(
     the checkpoint's dtype; other keyword arguments go to
     ``AutoModelForCausalLM.from_pretrained``.
     """
+    check_model_path(name_or_path)
     tokenizer = load_tokenizer(name_or_path)
     model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **kwargs)
     return model, tokenizer
+
+
+def check_model_path(name_or_path: str) -> None:
+    """FileNotFoundError when ``name_or_path`` is a path that does not exist.
+
+    Anything that is not shaped like a hub name (``owner/name``), such as
+    ``./model``, ``/data/model`` or ``a/b/c``, is a local path.
+    """
+    if Path(name_or_path).exists() or _HUB_MODEL_NAME.match(name_or_path):
+        return
+    raise FileNotFoundError(
+        f"model path {name_or_path!r} does not exist; a hub model is named "
+        "owner/name, e.g. Qwen/Qwen2.5-Math-1.5B"
+    )
 
 
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:

@@ -65,13 +65,105 @@ def test_no_temporary_files_and_only_the_newest_are_kept(tmp_path):
     assert names == ["step_000004.pt", "step_000006.pt"]
 
 
-def test_a_broken_newest_checkpoint_is_skipped(tmp_path):
+def test_a_broken_newest_checkpoint_is_reported_and_the_older_one_named(tmp_path):
     model, optimizer = tiny_model_and_optimizer()
     checkpoints.save_checkpoint(tmp_path, 3, model, optimizer, {}, 5)
     (tmp_path / "checkpoints" / "step_000009.pt").write_bytes(b"not a checkpoint")
     (tmp_path / "checkpoints" / ".step_000010.pt.123.tmp").write_bytes(b"partial")
-    path, payload = checkpoints.latest_checkpoint(tmp_path)
+    with pytest.warns(checkpoints.CheckpointWarning) as warned:
+        path, payload = checkpoints.latest_checkpoint(tmp_path)
     assert path.name == "step_000003.pt" and payload["metrics_offset"] == 5
+    broken, resumed = (str(w.message) for w in warned)
+    assert "step_000009.pt does not load (UnpicklingError" in broken
+    assert "trying step_000003.pt" in broken
+    assert "resuming from" in resumed and "step_000003.pt (step 3)" in resumed
+
+
+def test_when_no_checkpoint_loads_each_one_is_named(tmp_path):
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    (folder / "step_000002.pt").write_bytes(b"garbage")
+    torch.save({"step": 4}, folder / "step_000004.pt")
+    with (
+        pytest.warns(checkpoints.CheckpointWarning) as warned,
+        pytest.raises(checkpoints.CheckpointError) as raised,
+    ):
+        checkpoints.latest_checkpoint(tmp_path)
+    assert "trying step_000002.pt" in str(warned[0].message)
+    assert "no older one" in str(warned[1].message)
+    message = str(raised.value)
+    assert "step_000004.pt: ValueError" in message and "lacks" in message
+    assert "step_000002.pt: UnpicklingError" in message
+    assert message.index("step_000004") < message.index("step_000002")
+
+
+def test_retention_keeps_the_newest_checkpoints_that_load(tmp_path):
+    model, optimizer = tiny_model_and_optimizer()
+    checkpoints.save_checkpoint(tmp_path, 2, model, optimizer, {}, 0)
+    folder = tmp_path / "checkpoints"
+    for step in (4, 5):
+        (folder / f"step_{step:06d}.pt").write_bytes(b"corrupt")
+    checkpoints.save_checkpoint(tmp_path, 6, model, optimizer, {}, 0, keep_last=2)
+    # Step 2 is the only good one before step 6: counting broken files would
+    # have deleted it and kept step 5.
+    assert sorted(os.listdir(folder)) == [
+        "step_000002.pt",
+        "step_000004.pt",
+        "step_000005.pt",
+        "step_000006.pt",
+    ]
+    checkpoints.save_checkpoint(tmp_path, 8, model, optimizer, {}, 0, keep_last=2)
+    assert sorted(os.listdir(folder)) == ["step_000006.pt", "step_000008.pt"]
+    (folder / "step_000012.pt").write_bytes(b"from an abandoned run")
+    checkpoints.save_checkpoint(tmp_path, 10, model, optimizer, {}, 0, keep_last=1)
+    assert sorted(os.listdir(folder)) == ["step_000010.pt", "step_000012.pt"]
+
+
+def test_a_new_checkpoint_that_does_not_load_back_deletes_nothing(
+    tmp_path, monkeypatch
+):
+    model, optimizer = tiny_model_and_optimizer()
+    checkpoints.save_checkpoint(tmp_path, 2, model, optimizer, {}, 0)
+    monkeypatch.setattr(torch, "save", lambda payload, handle: handle.write(b"bad"))
+    with pytest.raises(checkpoints.CheckpointError, match="does not load back"):
+        checkpoints.save_checkpoint(tmp_path, 4, model, optimizer, {}, 0, keep_last=1)
+    assert [p.name for p in checkpoints.list_checkpoints(tmp_path)] == [
+        "step_000002.pt",
+        "step_000004.pt",
+    ]
+    checkpoints.verify_checkpoint(tmp_path / "checkpoints" / "step_000002.pt")
+
+
+def test_a_failed_write_names_the_file_and_keeps_the_previous(tmp_path, monkeypatch):
+    model, optimizer = tiny_model_and_optimizer()
+    previous = checkpoints.save_checkpoint(tmp_path, 2, model, optimizer, {}, 7)
+    previous_bytes = previous.read_bytes()
+
+    def full_disk(payload, handle):
+        handle.write(b"PK partial")
+        raise RuntimeError(
+            "[enforce fail at inline_container.cc:626] . unexpected pos 4160 vs 4054"
+        )
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(checkpoints.CheckpointError) as raised:
+        checkpoints.save_checkpoint(tmp_path, 4, model, optimizer, {}, 9, keep_last=1)
+    message = str(raised.value)
+    assert (
+        f"could not write checkpoint {tmp_path}/checkpoints/step_000004.pt" in message
+    )
+    assert "enforce fail at inline_container.cc" in message
+    assert "newest: step_000002.pt" in message
+    assert os.listdir(tmp_path / "checkpoints") == ["step_000002.pt"]  # no temp file
+    assert previous.read_bytes() == previous_bytes
+    monkeypatch.undo()
+    assert checkpoints.latest_checkpoint(tmp_path)[1]["metrics_offset"] == 7
+
+
+def test_the_step_of_a_checkpoint_name(tmp_path):
+    assert checkpoints.checkpoint_step(tmp_path / "step_000042.pt") == 42
+    with pytest.raises(ValueError, match=r"must be named step_XXXXXX\.pt"):
+        checkpoints.checkpoint_step("model.pt")
 
 
 def test_no_checkpoint_gives_none(tmp_path):

@@ -4,8 +4,15 @@ A checkpoint holds the model and optimizer state, every RNG state (Python,
 NumPy, torch CPU, CUDA when present), the step, the config and how many metric
 lines had been written. It is written atomically: a temporary file in the same
 folder, flushed and fsynced, then ``os.replace``d onto its final name, so a
-checkpoint file is either complete or absent. Resuming loads the newest
-checkpoint that loads and truncates metric lines written after it.
+checkpoint file is either complete or absent, and a failed write (a full disk)
+leaves every earlier checkpoint as it was.
+
+Only checkpoints that load count. A new checkpoint is read back before any
+older one is deleted, and retention keeps the newest ``keep_last`` checkpoints
+that load, so it never deletes the last good one in favour of broken files.
+Resuming takes the newest checkpoint that loads; each one that does not is
+reported (a :class:`CheckpointWarning` naming the file and its error) and the
+next older one is tried. When none loads, :class:`CheckpointError` says so.
 Taught in ``notebooks/`` on the training loop.
 """
 
@@ -15,6 +22,7 @@ import os
 import pickle
 import random
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,10 +30,22 @@ from typing import Any
 import numpy as np
 import torch
 
+from grpo_lab.errors import UserError
+
 CHECKPOINT_DIR = "checkpoints"
 CHECKPOINT_FORMAT_VERSION = 1
 _CHECKPOINT_NAME = re.compile(r"^step_(\d{6,})\.pt$")
+# Colour and bold codes some error messages carry.
+_TERMINAL_CODES = re.compile(r"\x1b\[[0-9;]*m")
 _REQUIRED_KEYS = ("format_version", "step", "model", "optimizer", "rng", "config")
+
+
+class CheckpointError(UserError):
+    """A checkpoint could not be written, or no checkpoint of a run loads."""
+
+
+class CheckpointWarning(UserWarning):
+    """A checkpoint file that does not load, skipped for an older one."""
 
 
 @dataclass(frozen=True)
@@ -86,13 +106,17 @@ def save_checkpoint(
     metrics_offset: int,
     keep_last: int = 2,
 ) -> Path:
-    """Write ``checkpoints/step_XXXXXX.pt`` atomically; keep the newest few."""
+    """Write ``checkpoints/step_XXXXXX.pt`` atomically, read it back, keep a few.
+
+    Retention (:func:`remove_old_checkpoints`) runs only once the new file
+    loads. A write that fails raises :class:`CheckpointError` naming the file;
+    earlier checkpoints are untouched.
+    """
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
     if keep_last < 1:
         raise ValueError(f"keep_last must be >= 1, got {keep_last}")
     folder = checkpoint_dir(run_dir)
-    folder.mkdir(parents=True, exist_ok=True)
     payload = {
         "format_version": CHECKPOINT_FORMAT_VERSION,
         "step": step,
@@ -103,10 +127,62 @@ def save_checkpoint(
         "config": config,
     }
     path = folder / f"step_{step:06d}.pt"
-    atomic_torch_save(payload, path)
-    for old in list_checkpoints(run_dir)[:-keep_last]:
-        old.unlink(missing_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_torch_save(payload, path)
+    except (OSError, RuntimeError) as error:
+        raise CheckpointError(
+            f"could not write checkpoint {path}: {describe_error(error)}",
+            f"free space on that disk or make {folder} writable; "
+            f"{_earlier_checkpoints(run_dir, path)}",
+        ) from error
+    try:
+        verify_checkpoint(path)
+    except Exception as error:
+        raise CheckpointError(
+            f"checkpoint {path} was written but does not load back: "
+            f"{describe_error(error)}",
+            f"check the disk holding {folder}; {_earlier_checkpoints(run_dir, path)}",
+        ) from error
+    remove_old_checkpoints(run_dir, path, keep_last)
     return path
+
+
+def remove_old_checkpoints(
+    run_dir: str | os.PathLike, newest: Path, keep_last: int
+) -> list[Path]:
+    """Delete the checkpoints older than the ``keep_last`` newest ones that load.
+
+    Counting starts at ``newest`` (just written and read back) and walks to older
+    steps; a file that does not load is not counted, so broken files never push
+    the last good checkpoint out. Files with a later step than ``newest`` are
+    left alone. Returns the deleted paths.
+    """
+    newest_step = checkpoint_step(newest)
+    older = [p for p in list_checkpoints(run_dir) if checkpoint_step(p) < newest_step]
+    kept, removed = 1, []
+    for path in reversed(older):
+        if kept >= keep_last:
+            path.unlink(missing_ok=True)
+            removed.append(path)
+        elif _loads(path):
+            kept += 1
+    return removed
+
+
+def _loads(path: Path) -> bool:
+    try:
+        verify_checkpoint(path)
+    except Exception:
+        return False
+    return True
+
+
+def _earlier_checkpoints(run_dir: str | os.PathLike, failed: Path) -> str:
+    earlier = [path for path in list_checkpoints(run_dir) if path != failed]
+    if not earlier:
+        return "no earlier checkpoint exists"
+    return f"earlier checkpoints were left as they were (newest: {earlier[-1].name})"
 
 
 def atomic_torch_save(payload: Any, path: Path) -> None:
@@ -146,9 +222,27 @@ def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
     return [path for _, path in sorted(found)]
 
 
-def load_checkpoint_file(path: str | os.PathLike) -> dict[str, Any]:
-    """Read a checkpoint (tensors and plain types only: ``weights_only=True``)."""
-    payload = torch.load(path, map_location="cpu", weights_only=True)
+def checkpoint_step(path: str | os.PathLike) -> int:
+    """The step in a checkpoint's file name: ``step_000042.pt`` -> 42."""
+    match = _CHECKPOINT_NAME.match(Path(path).name)
+    if match is None:
+        raise ValueError(f"path must be named step_XXXXXX.pt, got {str(path)!r}")
+    return int(match.group(1))
+
+
+def load_checkpoint_file(
+    path: str | os.PathLike, *, mmap: bool = False
+) -> dict[str, Any]:
+    """Read a checkpoint (tensors and plain types only: ``weights_only=True``).
+
+    ``mmap=True`` maps the tensors instead of reading them: a cheap check that
+    the file is complete and holds every required key.
+    """
+    payload = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    if not isinstance(payload, dict):
+        raise ValueError(
+            f"checkpoint {path} must hold a dict, got {type(payload).__name__}"
+        )
     missing = [key for key in _REQUIRED_KEYS if key not in payload]
     if missing:
         raise ValueError(f"checkpoint {path} lacks {missing}")
@@ -160,16 +254,70 @@ def load_checkpoint_file(path: str | os.PathLike) -> dict[str, Any]:
     return payload
 
 
+def verify_checkpoint(path: str | os.PathLike) -> None:
+    """Raise what loading ``path`` raises; return quietly when it loads.
+
+    Tries the cheap memory-mapped load first, and a full load only when that
+    fails (a filesystem without mmap), so a sound file is never called broken.
+    """
+    try:
+        load_checkpoint_file(path, mmap=True)
+    except Exception:
+        load_checkpoint_file(path)
+
+
 def latest_checkpoint(
     run_dir: str | os.PathLike,
 ) -> tuple[Path, dict[str, Any]] | None:
-    """The newest checkpoint that loads, with its payload; None when none does."""
-    for path in reversed(list_checkpoints(run_dir)):
+    """The newest checkpoint that loads, with its payload; None when there is none.
+
+    Each file that does not load is reported with a :class:`CheckpointWarning`
+    (its name, its error, the file tried next). When checkpoint files exist but
+    none of them loads, :class:`CheckpointError` lists them all.
+    """
+    candidates = list(reversed(list_checkpoints(run_dir)))
+    failures = []
+    for index, path in enumerate(candidates):
         try:
-            return path, load_checkpoint_file(path)
-        except (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError):
+            payload = load_checkpoint_file(path)
+        except Exception as error:
+            failures.append(f"{path.name}: {describe_error(error)}")
+            following = candidates[index + 1 : index + 2]
+            then = f"trying {following[0].name}" if following else "no older one"
+            warnings.warn(
+                f"checkpoint {path} does not load ({describe_error(error)}); {then}",
+                CheckpointWarning,
+                stacklevel=2,
+            )
             continue
+        if failures:
+            warnings.warn(
+                f"resuming from {path} (step {payload['step']}), the newest "
+                "checkpoint that loads",
+                CheckpointWarning,
+                stacklevel=2,
+            )
+        return path, payload
+    if failures:
+        raise CheckpointError(
+            f"no checkpoint in {checkpoint_dir(run_dir)} loads: " + "; ".join(failures),
+            "nothing was changed; put back a checkpoint that loads, or start a "
+            "new run in another run_dir",
+        )
     return None
+
+
+def describe_error(error: BaseException, limit: int = 160) -> str:
+    """``"TypeName: first line of the message"``, cut to ``limit`` characters.
+
+    An unpickling error (the file is not a checkpoint, or is damaged) gets a
+    short sentence instead of torch's advice about ``weights_only``.
+    """
+    if isinstance(error, pickle.UnpicklingError):
+        return f"{type(error).__name__}: not a checkpoint, or a damaged one"
+    lines = _TERMINAL_CODES.sub("", str(error)).strip().splitlines()
+    text = f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def restore_checkpoint(

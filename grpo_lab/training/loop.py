@@ -48,7 +48,6 @@ import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +68,7 @@ from grpo_lab.train_step import (
     score_tokens,
 )
 from grpo_lab.training import checkpoint as checkpoints
+from grpo_lab.training import run_dir as run_dirs
 from grpo_lab.training.config import TrainConfig, inert_settings
 from grpo_lab.training.evaluation import held_out_scores
 from grpo_lab.training.metrics import (
@@ -81,7 +81,6 @@ from grpo_lab.training.metrics import (
 )
 from grpo_lab.training.sft import WarmUpSettings, warm_up
 
-CONFIG_FILE = "config.json"
 FINAL_MODEL_DIR = "final_model"
 
 
@@ -115,7 +114,15 @@ def train(config: TrainConfig, progress: bool = True) -> RunResult:
 
 def _train(config: TrainConfig, progress: bool) -> RunResult:
     run_dir = prepare_run_dir(config)
-    config = dataclasses.replace(config, run_dir=str(run_dir))
+    try:
+        return _train_in(dataclasses.replace(config, run_dir=str(run_dir)), progress)
+    finally:
+        run_dirs.release_run_dir(run_dir)  # the folder is free once train returns
+
+
+def _train_in(config: TrainConfig, progress: bool) -> RunResult:
+    """The run itself, in the locked folder ``config.run_dir``."""
+    run_dir = Path(config.run_dir)
     task = get_task(config.task, **config.task_options)
     policy = build_policy(config)
     eval_examples = task.eval(config.eval_size, seed=config.seed)
@@ -195,26 +202,12 @@ def say_inert_settings(config: TrainConfig) -> None:
 
 
 def prepare_run_dir(config: TrainConfig) -> Path:
-    """Create the run folder and write config.json; refuse to overwrite a run."""
-    if config.run_dir is None:
-        stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-        run_dir = Path("runs") / f"{config.task}-{stamp}"
-    else:
-        run_dir = Path(config.run_dir)
-    has_run = (run_dir / "metrics.jsonl").exists() or checkpoints.list_checkpoints(
-        run_dir
-    )
-    if has_run and not config.resume:
-        raise ValueError(
-            f"run_dir {str(run_dir)!r} already holds a run; pass resume=True "
-            "(grpo-lab train --resume RUN_DIR) or choose another run_dir"
-        )
-    run_dir.mkdir(parents=True, exist_ok=True)
-    written = dataclasses.replace(config, run_dir=str(run_dir))
-    temporary = run_dir / f".{CONFIG_FILE}.tmp"
-    temporary.write_text(written.to_json() + "\n", encoding="utf-8")
-    temporary.replace(run_dir / CONFIG_FILE)
-    return run_dir
+    """Create and lock the run folder, write config.json; refuse to overwrite a run.
+
+    See :mod:`grpo_lab.training.run_dir`: one process per folder, and a resume
+    may change only the fields that do not change what a step computes.
+    """
+    return run_dirs.open_run_dir(config)
 
 
 def build_policy(config: TrainConfig) -> Policy:
@@ -281,19 +274,20 @@ def resume_or_start(
     """The last completed step: a checkpoint's when resuming, else 0 after warm-up.
 
     A fresh start runs the supervised warm-up (if configured) and logs a step-0
-    evaluation, the accuracy GRPO starts from.
+    evaluation, the accuracy GRPO starts from. A resume never starts over on top
+    of logged metrics (:func:`grpo_lab.training.run_dir.checkpoint_to_resume`).
     """
     if config.resume:
-        found = checkpoints.latest_checkpoint(run_dir)
+        found = run_dirs.checkpoint_to_resume(run_dir, config)
         if found is not None:
             path, payload = found
             state = checkpoints.restore_checkpoint(
                 payload, path, policy.model, policy.optimizer
             )
-            truncate_metrics(run_dir, state.metrics_offset)
+            run_dirs.resume_run_dir(run_dir, config, state)
             policy.backend.sync(policy.model)
             return state.step
-        truncate_metrics(run_dir, 0)  # nothing saved yet: start over
+        truncate_metrics(run_dir, 0)  # nothing saved or logged yet: start over
     if config.sft_max_steps > 0:
         warm_up(
             policy.model,
