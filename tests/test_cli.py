@@ -172,7 +172,7 @@ def test_a_resume_with_allowed_flags_is_recorded(finished_run, tmp_path, capsys)
 # checkpoint overwritten; {bare}: that run without checkpoints; {locked}: that run,
 # locked by another process ({pid}); {full}: torch.save fails as on a full disk.
 BAD_INVOCATIONS = {
-    "unknown task": ([*TINY, "--task", "nosuch", *NEW], "name must be one of"),
+    "unknown task": ([*TINY, "--task", "nosuch", *NEW], "task must be one of"),
     "unknown task option": (
         [*TINY, "--task-options", '{"n_digit": 3}', *NEW],
         "unknown option(s) ['n_digit']",
@@ -201,7 +201,7 @@ BAD_INVOCATIONS = {
         [*TINY, "--group-size", "3", *NEW],
         "group_size must divide rollout_batch_size (16), got 3",
     ),
-    "negative lr": ([*TINY, "--lr", "-1", *NEW], "lr must be positive, got -1.0"),
+    "negative lr": ([*TINY, "--lr", "-1", *NEW], "lr must be a finite number in (0.0, inf), got -1.0"),
     "off-policy without importance weights": (
         [*TINY, "--train-batch-size", "8", *NEW],
         "importance_reweighting_method must be",
@@ -229,7 +229,7 @@ BAD_INVOCATIONS = {
     ),
     "unknown device": (
         [*TINY, "--device", "gpu", *NEW],
-        "device 'gpu' is not a torch device",
+        "device must be a torch device such as 'cpu' or 'cuda:0', got 'gpu'",
     ),
     "resume of a missing folder": (
         ["--resume", "{tmp}/missing"],
@@ -244,7 +244,7 @@ BAD_INVOCATIONS = {
         "lr 0.0003 -> 0.001",
     ),
     "resume with another task": (
-        ["--resume", "{run}", "--task", "addition"],
+        ["--resume", "{run}", "--task", "addition", "--task-options", "{}"],
         "task 'reverse' -> 'addition'",
     ),
     "resume with another group size and seed": (
@@ -371,7 +371,7 @@ def test_every_corrupt_checkpoint_is_warned_about_on_its_own_line(
 
 
 def test_debug_raises_the_user_error_with_its_cause(tmp_path):
-    with pytest.raises(UserError, match="name must be one of") as raised:
+    with pytest.raises(UserError, match="task must be one of") as raised:
         cli.main(["train", *TINY, "--task", "nosuch", "--debug"])
     assert isinstance(raised.value.__cause__, ValueError)
     with pytest.raises(run_dirs.RunDirError, match="cannot be created"):

@@ -135,7 +135,8 @@ def test_a_new_folder_gets_config_json_and_an_old_run_is_not_overwritten(tmp_pat
     config = tiny_config(tmp_path / "run")
     run_dir = run_dirs.open_run_dir(config)
     saved = run_dirs.read_saved_config(run_dir)
-    assert saved == config.to_dict() and run_dirs.holds_run_dir(run_dir)
+    assert saved == {**config.to_dict(), "inert_settings": {}}
+    assert run_dirs.holds_run_dir(run_dir)
     run_dirs.release_run_dir(run_dir)
     (run_dir / "metrics.jsonl").write_text('{"step": 0}\n')
     with pytest.raises(run_dirs.RunDirError, match="already holds a run"):
