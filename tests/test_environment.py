@@ -96,6 +96,12 @@ exit 0
 """
 
 
+def _plain_environment() -> dict[str, str]:
+    """This process's environment less the flags an outer `make test` passes down."""
+    outer = ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")
+    return {key: value for key, value in os.environ.items() if key not in outer}
+
+
 def _build_with_fake_python(tmp_path: Path, nvidia_smi: bool) -> tuple[str, list[str]]:
     """Run the Makefile's environment build with a stand-in python; what make
     printed and the stand-in's calls."""
@@ -117,7 +123,7 @@ def _build_with_fake_python(tmp_path: Path, nvidia_smi: bool) -> tuple[str, list
     done = subprocess.run(
         ["make", "--no-print-directory", f"VENV={venv}", f"{venv}/.grpo-lab-installed"],
         cwd=ROOT,
-        env={**os.environ, "PATH": path},
+        env={**_plain_environment(), "PATH": path},
         capture_output=True,
         text=True,
         timeout=60,
@@ -168,6 +174,7 @@ def test_make_lab_listens_on_localhost_and_allows_root_as_root():
     dry_run = subprocess.run(
         ["make", "-n", "-o", ".venv/.grpo-lab-installed", "lab", "LAB_ARGS=--x=1"],
         cwd=ROOT,
+        env=_plain_environment(),
         capture_output=True,
         text=True,
         check=True,

@@ -65,8 +65,9 @@ def test_make_lab_serves_the_notebooks_on_localhost(tmp_path):
     port = _free_port()
     stamp = VENV / ".grpo-lab-installed"
     lab_args = f"--no-browser --port={port} --IdentityProvider.token={TOKEN}"
+    outer_make = ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")
     environment = {
-        **os.environ,
+        **{key: value for key, value in os.environ.items() if key not in outer_make},
         "JUPYTER_CONFIG_DIR": str(tmp_path / "config"),  # no user settings
         "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
     }
