@@ -3,24 +3,55 @@
 #   make test   build .venv if it is missing, then run the tests and execute every notebook
 VENV ?= .venv
 PYTHON ?= python3
-# The CPU build of torch; on a GPU machine use e.g. `make TORCH=torch==2.13.0 ...`
-# with your CUDA index configured in pip.
+# The tested torch. Where it comes from depends on the machine (see TORCH_INDEX).
 TORCH ?= torch==2.13.0
 EXTRAS ?= lab,dev
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.grpo-lab-installed
 JOBS ?= 2
 
+# Without nvidia-smi (a CPU-only machine) torch comes from PyTorch's CPU wheel
+# index, which serves the small CPU build (pip's default index serves the
+# multi-GB CUDA build on Linux); with nvidia-smi, from pip's own index (the CUDA
+# build). Override either way: `make TORCH_INDEX= lab` (pip's index only) or
+# `make TORCH_INDEX=https://download.pytorch.org/whl/cu126 lab`.
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?= $(if $(shell command -v nvidia-smi 2>/dev/null),,$(TORCH_CPU_INDEX))
+# Seconds pip waits on the torch index before going on without it.
+TORCH_INDEX_TIMEOUT ?= 15
+PIP_INSTALL := $(PY) -m pip install --progress-bar on
+
+# JupyterLab listens on this machine only (reach it from elsewhere through an ssh
+# tunnel, or set LAB_IP); as root (id -u = 0, e.g. in a container) it also needs
+# --allow-root. LAB_ARGS adds flags: `make lab LAB_ARGS="--port=8890 --no-browser"`.
+# tests/test_lab_server.py starts the server with this same command line.
+LAB_IP ?= 127.0.0.1
+LAB_ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
+LAB_ARGS ?=
+LAB_COMMAND = $(VENV)/bin/jupyter lab notebooks/ --ServerApp.ip=$(LAB_IP) $(LAB_ROOT_FLAG) $(LAB_ARGS)
+
 .PHONY: lab test test-fast notebooks lint format bench student-notebooks train clean-venv
 
+# An index that cannot be reached (no network, a firewall) costs at most
+# TORCH_INDEX_TIMEOUT seconds: pip skips it and installs from what it finds
+# elsewhere (its default index, find-links, a local wheel); should that attempt
+# fail, it is retried with pip's own settings alone.
+TORCH_PLAIN_INSTALL = $(PIP_INSTALL) "$(TORCH)"
+TORCH_INDEX_INSTALL = $(PIP_INSTALL) --timeout $(TORCH_INDEX_TIMEOUT) --retries 0 --extra-index-url $(TORCH_INDEX) "$(TORCH)"
+TORCH_INSTALL = $(if $(TORCH_INDEX),$(TORCH_INDEX_INSTALL) || $(TORCH_PLAIN_INSTALL),$(TORCH_PLAIN_INSTALL))
+
 $(STAMP): pyproject.toml
+	@echo "==> [1/3] Python environment in $(VENV)"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet "$(TORCH)"
-	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
+	@echo "==> [2/3] $(TORCH) from $(or $(TORCH_INDEX),pip's configured index) (the largest download)"
+	$(TORCH_INSTALL)
+	@echo "==> [3/3] grpo-lab (editable) with the extras [$(EXTRAS)]"
+	$(PIP_INSTALL) -e ".[$(EXTRAS)]"
 	touch $(STAMP)
+	@echo "==> $(VENV) is ready"
 
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab notebooks/
+	$(LAB_COMMAND)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check grpo_lab tests benchmarks
@@ -42,7 +73,7 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix grpo_lab tests benchmarks
 
 bench: $(STAMP)
-	$(PY) -m pip install --quiet -e ".[$(EXTRAS),bench]"
+	$(PIP_INSTALL) -e ".[$(EXTRAS),bench]"
 	$(PY) benchmarks/run_cpu.py
 
 student-notebooks: $(STAMP)

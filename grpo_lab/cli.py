@@ -5,6 +5,7 @@
     grpo-lab train --resume RUN_DIR [--steps 80]          # continue a run exactly
     grpo-lab plot RUN_DIR                                 # RUN_DIR/curves.png
     grpo-lab student-notebooks OUT_DIR [--source notebooks]
+    grpo-lab notebooks DIR [--force]                      # copy the course notebooks
 
 Every ``train`` flag is generated from a ``TrainConfig`` field, so the command
 line and ``TrainConfig.for_profile(profile, **overrides)`` are the same thing.
@@ -52,7 +53,7 @@ USAGE_HINT = "see grpo-lab train --help"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``grpo-lab`` argument parser with its three commands."""
+    """The ``grpo-lab`` argument parser with its four commands."""
     parser = argparse.ArgumentParser(
         prog="grpo-lab", description="Group Relative Policy Optimization, hands on."
     )
@@ -103,7 +104,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     notebooks_parser.add_argument("out_dir", metavar="OUT_DIR")
     notebooks_parser.add_argument(
-        "--source", default="notebooks", help="folder of solution notebooks"
+        "--source",
+        default=None,
+        help="folder of solution notebooks (default: ./notebooks if it exists, "
+        "else the notebooks shipped with the package)",
+    )
+    copy_parser = commands.add_parser(
+        "notebooks",
+        parents=[common],
+        help="copy the course notebooks (with solutions) into DIR",
+    )
+    copy_parser.add_argument("out_dir", metavar="DIR")
+    copy_parser.add_argument(
+        "--force", action="store_true", help="overwrite notebooks already in DIR"
     )
     return parser
 
@@ -407,9 +420,26 @@ def run_plot(arguments: argparse.Namespace) -> int:
 
 def run_student_notebooks(arguments: argparse.Namespace) -> int:
     """``grpo-lab student-notebooks OUT_DIR``: strip solutions into OUT_DIR."""
-    from grpo_lab.teaching.student import write_student_notebooks
+    from grpo_lab.teaching.shipped_notebooks import shipped_notebooks_dir
 
-    source = Path(arguments.source)
+    try:
+        from grpo_lab.teaching.student import write_student_notebooks
+    except ModuleNotFoundError as error:
+        if error.name != "nbformat":
+            raise
+        raise UserError(
+            "student-notebooks needs nbformat, which is not installed",
+            "pip install nbformat; the lab and dev extras include it",
+        ) from error
+    if arguments.source is not None:
+        source = Path(arguments.source)
+    elif Path("notebooks").is_dir():
+        source = Path("notebooks")
+    else:
+        try:
+            source = shipped_notebooks_dir()
+        except FileNotFoundError as error:
+            raise UserError(str(error), "give --source the notebooks") from error
     if not source.is_dir():
         raise UserError(f"{source} is not a folder", "give --source the notebooks")
     written = write_student_notebooks(source, arguments.out_dir)
@@ -417,10 +447,25 @@ def run_student_notebooks(arguments: argparse.Namespace) -> int:
     return 0
 
 
+def run_notebooks(arguments: argparse.Namespace) -> int:
+    """``grpo-lab notebooks DIR``: copy the shipped notebooks into DIR."""
+    from grpo_lab.teaching.shipped_notebooks import copy_notebooks
+
+    try:
+        copied = copy_notebooks(arguments.out_dir, overwrite=arguments.force)
+    except (FileNotFoundError, FileExistsError) as error:
+        raise UserError(
+            str(error), "pass --force to overwrite, or another DIR"
+        ) from error
+    print(f"{len(copied)} notebooks copied to {arguments.out_dir}")
+    return 0
+
+
 COMMANDS = {
     "train": run_train,
     "plot": run_plot,
     "student-notebooks": run_student_notebooks,
+    "notebooks": run_notebooks,
 }
 
 

@@ -30,6 +30,26 @@ def test_curve_reads_steps_that_carry_the_key():
     assert curve(HISTORY, "loss/clip_fraction") == ([], [])
 
 
+def test_curve_keeps_numbers_only_and_returns_int_steps_float_values():
+    history = [
+        {"sft/loss": 1.0},  # no step: an SFT line
+        {"step": 1.0, "x": 2},
+        {"step": 2, "x": "n/a"},
+        {"step": 3, "x": None},
+        {"step": 4, "x": 0.5},
+    ]
+    steps, values = curve(history, "x")
+    assert (steps, values) == ([1, 4], [2.0, 0.5])
+    assert all(type(s) is int for s in steps) and all(type(v) is float for v in values)
+
+
+def test_curve_is_the_one_copy_the_explorer_uses():
+    from grpo_lab.teaching import explorer
+
+    assert explorer.curve is curve
+    assert not hasattr(explorer, "metric_curve")
+
+
 def test_plot_has_a_panel_per_quantity_and_marks_missing_ones():
     figure = plot_run_curves(HISTORY, title="run")
     axes = figure.axes

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
@@ -55,6 +59,14 @@ def test_conda_and_makefile_pin_the_same_torch_inside_the_package_range():
     assert _base_requirement("torch").specifier.contains(pinned_version)
 
 
+def test_conda_takes_torch_from_the_makefiles_cpu_index():
+    indexes = [line for line in _conda_pip_lines() if line.startswith("--")]
+    match = re.search(
+        r"^TORCH_CPU_INDEX := (.+)$", (ROOT / "Makefile").read_text(), re.M
+    )
+    assert indexes == [f"--extra-index-url {match.group(1).strip()}"]
+
+
 def test_conda_python_satisfies_requires_python():
     environment = yaml.safe_load((ROOT / "environment.yml").read_text())
     python = next(d for d in environment["dependencies"] if str(d).startswith("python"))
@@ -71,3 +83,103 @@ def test_vllm_extra_agrees_with_the_base_pins():
     assert _base_requirement("torch").specifier.contains("2.13.0")
     transformers = _base_requirement("transformers").specifier
     assert transformers.contains("5.10.4") and not transformers.contains("5.18.0")
+
+
+# --- how `make` builds the environment ---------------------------------------
+
+FAKE_PYTHON = """#!/bin/sh
+# Records each call; a torch install through an extra index fails, as if the
+# index could not be reached and nothing else served torch.
+echo "$*" >> "{log}"
+case "$*" in *--extra-index-url*) exit 1 ;; esac
+exit 0
+"""
+
+
+def _plain_environment() -> dict[str, str]:
+    """This process's environment less the flags an outer `make test` passes down."""
+    outer = ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")
+    return {key: value for key, value in os.environ.items() if key not in outer}
+
+
+def _build_with_fake_python(tmp_path: Path, nvidia_smi: bool) -> tuple[str, list[str]]:
+    """Run the Makefile's environment build with a stand-in python; what make
+    printed and the stand-in's calls."""
+    if shutil.which("make") is None:
+        pytest.skip("needs make")
+    venv, tools = tmp_path / "venv", tmp_path / "tools"
+    (venv / "bin").mkdir(parents=True)
+    tools.mkdir()
+    log = tmp_path / "calls.log"
+    python = venv / "bin" / "python"
+    python.write_text(FAKE_PYTHON.format(log=log))
+    python.chmod(0o755)
+    if nvidia_smi:
+        (tools / "nvidia-smi").write_text("#!/bin/sh\nexit 0\n")
+        (tools / "nvidia-smi").chmod(0o755)
+    path = f"{tools}:/usr/bin:/bin"
+    if not nvidia_smi and shutil.which("nvidia-smi", path=path):
+        pytest.skip("this machine has nvidia-smi in /usr/bin or /bin")
+    done = subprocess.run(
+        ["make", "--no-print-directory", f"VENV={venv}", f"{venv}/.grpo-lab-installed"],
+        cwd=ROOT,
+        env={**_plain_environment(), "PATH": path},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (venv / ".grpo-lab-installed").exists()
+    return done.stdout, log.read_text().splitlines()
+
+
+def test_cpu_machine_asks_the_cpu_index_briefly_then_falls_back(tmp_path):
+    printed, calls = _build_with_fake_python(tmp_path, nvidia_smi=False)
+    torch = _makefile_variable("TORCH")
+    index, plain, package = calls
+    # First the CPU wheel index, with a short timeout and no retries...
+    assert "--extra-index-url https://download.pytorch.org/whl/cpu" in index
+    timeout = int(re.search(r"--timeout (\d+)", index).group(1))
+    assert timeout <= 30 and "--retries 0" in index and index.endswith(torch)
+    # ...and, when that fails, pip with its own settings; then the package.
+    assert plain == f"-m pip install --progress-bar on {torch}"
+    assert (
+        package
+        == f"-m pip install --progress-bar on -e .[{_makefile_variable('EXTRAS')}]"
+    )
+    # Every step says what it does.
+    assert [line for line in printed.splitlines() if line.startswith("==> [")] == [
+        f"==> [1/3] Python environment in {tmp_path / 'venv'}",
+        f"==> [2/3] {torch} from https://download.pytorch.org/whl/cpu "
+        "(the largest download)",
+        f"==> [3/3] grpo-lab (editable) with the extras [{_makefile_variable('EXTRAS')}]",
+    ]
+
+
+def test_gpu_machine_takes_torch_from_pips_own_index(tmp_path):
+    printed, calls = _build_with_fake_python(tmp_path, nvidia_smi=True)
+    assert calls[0] == f"-m pip install --progress-bar on {_makefile_variable('TORCH')}"
+    assert len(calls) == 2 and "pip's configured index" in printed
+
+
+def test_environment_build_is_not_silent():
+    makefile = (ROOT / "Makefile").read_text()
+    assert "--quiet" not in makefile and " -q " not in makefile
+    assert "PIP_INSTALL := $(PY) -m pip install --progress-bar on" in makefile
+
+
+def test_make_lab_listens_on_localhost_and_allows_root_as_root():
+    if shutil.which("make") is None:
+        pytest.skip("needs make")
+    dry_run = subprocess.run(
+        ["make", "-n", "-o", ".venv/.grpo-lab-installed", "lab", "LAB_ARGS=--x=1"],
+        cwd=ROOT,
+        env=_plain_environment(),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert dry_run.startswith(".venv/bin/jupyter lab notebooks/ ")
+    assert "--ServerApp.ip=127.0.0.1" in dry_run.split()
+    assert ("--allow-root" in dry_run.split()) == (os.geteuid() == 0)
+    assert dry_run.endswith("--x=1")

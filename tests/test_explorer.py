@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
+import tempfile
 from pathlib import Path
 
 import matplotlib
@@ -12,7 +14,13 @@ import pytest
 
 matplotlib.use("Agg")
 
+import ipywidgets as widgets
+import matplotlib.image
+import matplotlib.pyplot as plt
+import numpy as np
+
 from grpo_lab.teaching import explorer
+from grpo_lab.teaching.curves import curve
 from grpo_lab.training.config import TrainConfig
 from grpo_lab.training.loop import RunResult
 
@@ -20,12 +28,17 @@ from grpo_lab.training.loop import RunResult
 class FakeTrain:
     """Stands in for grpo_lab.training.train: reward_mean = lr * step, logged."""
 
-    def __init__(self, fail: bool = False):
+    def __init__(self, fail: bool = False, during=None):
         self.configs: list[TrainConfig] = []
+        self.progress: list[bool] = []
         self.fail = fail
+        self.during = during  # called while "training", to look at the widget
 
     def __call__(self, config: TrainConfig, progress: bool = True) -> RunResult:
         self.configs.append(config)
+        self.progress.append(progress)
+        if self.during is not None:
+            self.during()
         Path(config.run_dir).mkdir(parents=True)
         (Path(config.run_dir) / "weights.bin").write_bytes(b"0" * 10)
         if self.fail:
@@ -100,7 +113,7 @@ def test_run_cached_different_config_trains_again(base_config, tmp_path):
     )
     assert len(fake.configs) == 2 and not other.from_cache
     # reward_mean = lr * step: the second run's own history was stored.
-    assert explorer.metric_curve(other.history, "train/reward_mean")[1] == [
+    assert curve(other.history, "train/reward_mean")[1] == [
         0.01,
         0.02,
         0.03,
@@ -183,16 +196,6 @@ def test_run_ablations_labels_by_name(base_config, tmp_path):
     assert len({run.key for run in runs}) == len(configs)
 
 
-def test_metric_curve_skips_lines_without_step_or_value():
-    history = [
-        {"sft/loss": 1.0},
-        {"step": 1, "train/reward_mean": 0.2},
-        {"step": 2, "train/reward_mean": None},  # non-finite values are logged None
-        {"step": 3, "train/reward_mean": 0.5},
-    ]
-    assert explorer.metric_curve(history, "train/reward_mean") == ([1, 3], [0.2, 0.5])
-
-
 def test_plot_comparison_draws_one_line_per_run(base_config, tmp_path):
     runs = explorer.sweep(base_config, "lr", [1e-3, 1e-2], tmp_path, FakeTrain())
     figure = explorer.plot_comparison(runs, "train/reward_mean")
@@ -201,7 +204,6 @@ def test_plot_comparison_draws_one_line_per_run(base_config, tmp_path):
     assert list(lines[1].get_xdata()) == [1, 2, 3]
     assert list(lines[1].get_ydata()) == pytest.approx([0.01, 0.02, 0.03])
     assert figure.axes[0].get_ylabel() == "train/reward_mean"
-    matplotlib.pyplot.close(figure)
 
 
 def test_plot_comparison_rejects_a_metric_no_run_logged(base_config, tmp_path):
@@ -217,7 +219,6 @@ def test_plot_comparison_notes_loss_diagnostics_no_update_logged(base_config, tm
     (axis,) = figure.axes
     assert [len(line.get_xdata()) for line in axis.get_lines()] == [0]
     assert "not logged" in axis.texts[0].get_text()
-    matplotlib.pyplot.close(figure)
 
 
 def test_final_values(base_config, tmp_path):
@@ -261,20 +262,165 @@ def test_widget_callback_runs_once_per_setting(base_config, tmp_path):
     assert explorer.show_comparison([], ["train/reward_mean"]) is None
 
 
+def test_comparison_figures_stay_outside_pyplot(base_config, tmp_path):
+    runs = explorer.sweep(base_config, "lr", [1e-3, 1e-2], tmp_path, FakeTrain())
+    before = plt.get_fignums()
+    figure = explorer.comparison_figure(runs, ["train/reward_mean"])
+    explorer.plot_comparison(runs, "train/reward_mean")
+    explorer.show_comparison(runs, ["train/reward_mean"])
+    assert plt.get_fignums() == before
+    assert [line.get_label() for line in figure.axes[0].get_lines()] == [
+        "lr=0.001",
+        "lr=0.01",
+    ]
+
+
+def parts(widget: widgets.VBox) -> dict:
+    """The explorer widget's controls, button, status, progress area and chart."""
+    dropdowns = {
+        child.description: child
+        for row in widget.children[:2]
+        for child in row.children
+        if isinstance(child, widgets.Dropdown)
+    }
+    button, status = widget.children[2].children
+    progress_area, chart = widget.children[3:]
+    assert isinstance(progress_area, widgets.Output)
+    assert isinstance(chart, widgets.Image)
+    return {
+        "dropdowns": dropdowns,
+        "button": button,
+        "status": status,
+        "progress": progress_area,
+        "chart": chart,
+    }
+
+
+def drawn_fraction(png: bytes) -> float:
+    """Share of the image's pixels that are not the white figure background."""
+    pixels = matplotlib.image.imread(io.BytesIO(png))[..., :3]  # (H, W, 3)
+    return float(np.mean(np.any(pixels < 0.95, axis=-1)))
+
+
 def test_explorer_widget_builds_without_running(base_config, tmp_path):
     fake = FakeTrain()
     widget = explorer.explorer_widget(base_config, tmp_path, train_fn=fake)
     assert fake.configs == []
-    dropdowns = [
-        child
-        for row in widget.children[:2]
-        for child in row.children
-        if hasattr(child, "options")
-    ]
-    assert {d.description for d in dropdowns} == set(explorer.WIDGET_CHOICES)
-    button = widget.children[2].children[0]
-    button.click()
-    assert len(fake.configs) == 1
+    found = parts(widget)
+    assert set(found["dropdowns"]) == set(explorer.WIDGET_CHOICES)
+    assert found["chart"].layout.display == "none"  # no runs yet: no chart
+    found["button"].click()
+    assert len(fake.configs) == 1 and fake.progress == [True]
+    assert found["chart"].layout.display is None
+    assert drawn_fraction(found["chart"].value) > 0.02
+
+
+def test_run_button_fits_its_label_and_is_not_squeezed(base_config, tmp_path):
+    button = parts(explorer.explorer_widget(base_config, tmp_path))["button"]
+    assert button.description == explorer.RUN_BUTTON_LABEL
+    # ipywidgets' fixed default width cuts the label off; auto fits its text.
+    assert button.layout.width == "auto"
+    assert button.layout.flex == "0 0 auto"
+    assert float(button.layout.min_width.removesuffix("em")) >= 0.6 * len(
+        explorer.RUN_BUTTON_LABEL
+    )
+
+
+def test_run_button_is_disabled_while_running(base_config, tmp_path):
+    seen = []
+    fake = FakeTrain(during=lambda: seen.append(found["button"].disabled))
+    widget = explorer.explorer_widget(base_config, tmp_path, train_fn=fake)
+    found = parts(widget)
+    assert not found["button"].disabled
+    found["button"].click()
+    assert seen == [True] and not found["button"].disabled
+    assert found["status"].value.endswith(": trained")
+
+
+def test_run_button_is_enabled_again_after_a_failure(base_config, tmp_path):
+    seen = []
+    fake = FakeTrain(fail=True, during=lambda: seen.append(found["button"].disabled))
+    found = parts(explorer.explorer_widget(base_config, tmp_path, train_fn=fake))
+    # Outside a kernel ipywidgets logs the callback's exception instead of raising.
+    found["button"].click()
+    assert seen == [True] and not found["button"].disabled
+    assert found["status"].value == "failed: RuntimeError: training crashed"
+    # A setting the config refuses: not run, and the button still works.
+    found["dropdowns"]["epochs_per_rollout_batch"].value = 2
+    found["dropdowns"]["importance_reweighting_method"].value = "none"
+    found["button"].click()
+    assert found["status"].value.startswith("not run: ")
+    assert not found["button"].disabled
+
+
+@pytest.mark.slow
+def test_every_run_redraws_a_chart(base_config, tmp_path):
+    # 20 clicks over different settings (and repeats, read from the cache).
+    fake = FakeTrain()
+    results = explorer.sweep(base_config, "lr", [1e-3], tmp_path, fake)
+    found = parts(
+        explorer.explorer_widget(base_config, tmp_path, results=results, train_fn=fake)
+    )
+    before = plt.get_fignums()
+    first = found["chart"].value
+    assert drawn_fraction(first) > 0.02  # existing results are drawn at once
+    shown = []
+    lrs = explorer.WIDGET_CHOICES["lr"]
+    for click in range(20):
+        found["dropdowns"]["lr"].value = lrs[click % len(lrs)]
+        found["button"].click()
+        shown.append(found["chart"].value)
+    assert min(drawn_fraction(png) for png in shown) > 0.02
+    # 4 settings, one of which (lr 1e-3) is the sweep's run: the sweep's run and
+    # the 16 repeated clicks are read from the cache.
+    assert len(results) == 4 and len(fake.configs) == 4
+    # A new run adds a line; a cached one, already compared, leaves the chart.
+    assert shown[0] != first and shown[1] != shown[0] and shown[3] != shown[1]
+    assert shown[4:] == [shown[3]] * 16
+    assert plt.get_fignums() == before
+
+
+def test_default_cache_dir_is_writable_temp_or_the_variable(monkeypatch, tmp_path):
+    monkeypatch.delenv(explorer.RUNS_DIR_VARIABLE, raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    default = explorer.default_cache_dir()
+    assert default.parent.parent == tmp_path / "tmp"
+    assert default.name == "explorer_cache"
+    assert default.parent.name.startswith("grpo_lab-")
+    monkeypatch.setenv(explorer.RUNS_DIR_VARIABLE, str(tmp_path / "mine"))
+    assert explorer.default_cache_dir() == tmp_path / "mine" / "explorer_cache"
+    monkeypatch.setenv(explorer.RUNS_DIR_VARIABLE, "")
+    assert explorer.default_cache_dir() == default
+
+
+def test_runs_without_a_cache_dir_write_nothing_in_the_working_folder(
+    base_config, tmp_path, monkeypatch
+):
+    # Notebook 09 from a read-only folder: nothing may land in the working folder.
+    working = tmp_path / "course"
+    working.mkdir()
+    monkeypatch.chdir(working)
+    monkeypatch.setenv(explorer.RUNS_DIR_VARIABLE, str(tmp_path / "runs"))
+    fake = FakeTrain()
+    run = explorer.run_cached(base_config, train_fn=fake)
+    explorer.sweep(base_config, "lr", [1e-3], train_fn=fake)
+    explorer.run_ablations({"base": base_config}, train_fn=fake)
+    parts(explorer.explorer_widget(base_config, train_fn=fake))["button"].click()
+    assert list(working.iterdir()) == []
+    cache = tmp_path / "runs" / "explorer_cache"
+    assert (cache / run.key / "history.json").exists()
+    assert Path(fake.configs[0].run_dir).is_relative_to(cache)
+
+
+def test_runs_show_progress_bars_unless_told_not_to(base_config, tmp_path, capsys):
+    fake = FakeTrain()
+    explorer.sweep(base_config, "lr", [1e-3, 3e-3], tmp_path, fake)
+    assert fake.progress == [True, True]
+    assert "sweep of lr" in capsys.readouterr().err  # tqdm's bar over the runs
+    explorer.sweep(base_config, "lr", [1e-2], tmp_path, fake, progress=False)
+    explorer.run_ablations({"b": base_config}, tmp_path / "b", fake, progress=False)
+    assert fake.progress[2:] == [False, False]
+    assert capsys.readouterr().err == ""
 
 
 @pytest.mark.slow
@@ -294,7 +440,7 @@ def test_real_tiny_run_is_cached(tmp_path):
     first = explorer.run_cached(config, tmp_path)
     second = explorer.run_cached(config, tmp_path)
     assert not first.from_cache and second.from_cache
-    steps, rewards = explorer.metric_curve(first.history, "train/reward_mean")
+    steps, rewards = curve(first.history, "train/reward_mean")
     assert steps == [1, 2] and all(0.0 <= r <= 1.0 for r in rewards)
     assert second.history == first.history
     entry = tmp_path / first.key

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import io
+
 import matplotlib
 
 matplotlib.use("Agg")
 
+import matplotlib.image
 import matplotlib.pyplot as plt
 import pytest
 import torch
@@ -13,9 +16,12 @@ from matplotlib.figure import Figure
 
 from grpo_lab.teaching.memory import PeakTensorMemory, saved_for_backward_bytes
 from grpo_lab.teaching.plots import (
+    PNG_DPI,
     PROMPT_COLOUR,
     RESPONSE_COLOUR,
     clipped_objective_curves,
+    figure_png,
+    new_figure,
     plot_advantages,
     plot_clipped_objective,
     plot_memory_against_chunk_size,
@@ -68,6 +74,49 @@ def test_figures_are_returned_not_shown(draw):
     figure = draw()
     assert isinstance(figure, Figure) and figure.axes
     plt.close(figure)
+
+
+STANDALONE_DRAWINGS = [
+    lambda **kw: plot_advantages([1.0, 0.0, 0.0, 1.0], **kw),
+    lambda **kw: plot_clipped_objective(0.3, **kw),
+    lambda **kw: plot_token_and_sequence_ratios([0.0, 0.7, -0.1], **kw),
+    lambda **kw: plot_memory_against_chunk_size([4, 8], [100, 200], 400, **kw),
+]
+
+
+@pytest.mark.parametrize("draw", STANDALONE_DRAWINGS)
+def test_default_figures_go_through_pyplot_for_plt_show(draw):
+    # Notebooks 02 and 04 call a plot function and then plt.show().
+    before = set(plt.get_fignums())
+    figure = draw()
+    assert set(plt.get_fignums()) - before == {figure.number}
+    plt.close(figure)
+
+
+@pytest.mark.parametrize("draw", STANDALONE_DRAWINGS)
+def test_standalone_figures_stay_outside_pyplot(draw):
+    before = plt.get_fignums()
+    figure = draw(standalone=True)
+    assert plt.get_fignums() == before
+    assert figure.axes and figure.get_layout_engine() is not None
+
+
+def test_new_figure_has_the_asked_size():
+    figure = new_figure((3.0, 2.0), standalone=True)
+    assert tuple(figure.get_size_inches()) == (3.0, 2.0)
+
+
+def test_figure_png_renders_the_drawing():
+    figure = new_figure((2.0, 1.0), standalone=True)
+    figure.subplots().plot([0, 1], [0, 1], linewidth=8, color="black")
+    png = figure_png(figure)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    pixels = matplotlib.image.imread(io.BytesIO(png))  # (H, W, 4)
+    assert pixels.shape[:2] == (1 * PNG_DPI, 2 * PNG_DPI)
+    assert (pixels[..., :3] < 0.2).all(axis=-1).mean() > 0.01  # the black line
+    empty = matplotlib.image.imread(io.BytesIO(figure_png(new_figure((2.0, 1.0)))))
+    assert empty[..., :3].min() == 1.0  # nothing drawn: all white
+    plt.close("all")
 
 
 def test_advantage_bars_are_the_package_advantages():

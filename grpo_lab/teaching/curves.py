@@ -3,7 +3,8 @@
 ``plot_run_curves(history)`` returns a matplotlib ``Figure`` with one panel per
 quantity a GRPO run is judged by: reward, held-out accuracy, token entropy,
 clip fraction and response length. ``grpo-lab plot RUN_DIR`` saves it as
-``RUN_DIR/curves.png``. Taught in ``notebooks/`` on the training loop.
+``RUN_DIR/curves.png``. :func:`curve` reads one metric's (steps, values) and is
+the only copy of that logic. Taught in ``notebooks/08_training_loop.ipynb``.
 """
 
 from __future__ import annotations
@@ -45,14 +46,23 @@ CURVE_PANELS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
 )
 
 
-def curve(history: Sequence[Mapping[str, Any]], key: str) -> tuple[list, list]:
-    """(steps, values) of ``key`` over the GRPO lines that carry it."""
-    points = [
-        (record["step"], record[key])
-        for record in history
-        if "step" in record and record.get(key) is not None
-    ]
-    return [step for step, _ in points], [value for _, value in points]
+def curve(
+    history: Sequence[Mapping[str, Any]], key: str
+) -> tuple[list[int], list[float]]:
+    """(steps, values) of ``key`` over the GRPO lines that logged a number for it.
+
+    The one reader of a metric's curve: run plots, the explorer's comparisons and
+    the notebooks all call it. SFT lines (no ``step``) and values that are not
+    numbers (``None`` stands for a non-finite value in ``metrics.jsonl``) are left
+    out; steps come back as ``int`` and values as ``float``.
+    """
+    steps, values = [], []
+    for record in history:
+        value = record.get(key)
+        if "step" in record and isinstance(value, (int, float)):
+            steps.append(int(record["step"]))
+            values.append(float(value))
+    return steps, values
 
 
 def plot_run_curves(

@@ -6,40 +6,83 @@ written, not what it computes). ``run_cached`` trains once per key and keeps the
 metrics (not the weights) under ``cache_dir/<key>/``, so revisiting a setting is
 instant. ``sweep`` varies one field, ``ablation_configs`` builds the classic
 ablations, ``plot_comparison`` overlays one metric of several runs, and
-``explorer_widget`` wires all of it to sliders. Every widget callback is a plain
-function here, so tests call it with a fake ``train``.
+``explorer_widget`` wires all of it to dropdowns and a Run button. Every widget
+callback is a plain function here, so tests call it with a fake ``train``.
+
+The cache lives in ``default_cache_dir()`` unless a ``cache_dir`` is given:
+``$GRPO_LAB_RUNS_DIR/explorer_cache``, or a per-user folder under the system's
+temporary directory, so the explorer runs from a read-only folder too. Runs
+show ``tqdm.auto`` progress bars (``progress=False`` turns them off); figures are
+standalone ``Figure`` objects that pyplot never sees.
 Taught in ``notebooks/09_hyperparameter_explorer.ipynb``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import getpass
 import hashlib
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import ipywidgets as widgets
-import matplotlib.pyplot as plt
-from IPython.display import display
+from IPython.display import Image, display
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from tqdm.auto import tqdm
+from transformers.utils import CONFIG_NAME as MODEL_CONFIG_FILE
 
+from grpo_lab.teaching.curves import curve
+from grpo_lab.teaching.plots import figure_png
 from grpo_lab.training.config import TrainConfig
 from grpo_lab.training.loop import RunResult
+from grpo_lab.training.run_dir import CONFIG_FILE
 
 # Fields that say where a run is written, not what it computes.
 CACHE_EXCLUDED_FIELDS = ("run_dir", "resume")
 # What the cache keeps of a run: its config and every metrics line.
-CACHED_CONFIG_FILE = "config.json"
 CACHED_HISTORY_FILE = "history.json"
-DEFAULT_CACHE_DIR = Path("runs") / "explorer_cache"
+# The environment variable naming the folder that holds the explorer's cache.
+RUNS_DIR_VARIABLE = "GRPO_LAB_RUNS_DIR"
+# The label of the Run button; its layout makes room for all of it.
+RUN_BUTTON_LABEL = "Run (or load from cache)"
 
 TrainFunction = Callable[..., RunResult]
+Result = TypeVar("Result")
+
+
+def default_runs_dir() -> Path:
+    """$GRPO_LAB_RUNS_DIR if set, else ``<system temp dir>/grpo_lab-<user>``.
+
+    The temporary-directory default is writable wherever the notebooks are read
+    from (a read-only course folder, an installed package).
+    """
+    configured = os.environ.get(RUNS_DIR_VARIABLE, "").strip()
+    if configured:
+        return Path(configured).expanduser()
+    return Path(tempfile.gettempdir()) / f"grpo_lab-{_user_name()}"
+
+
+def _user_name() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no user name (e.g. a container's bare uid)
+        return str(os.getuid()) if hasattr(os, "getuid") else "user"
+
+
+def default_cache_dir() -> Path:
+    """The cache when none is given: ``default_runs_dir() / "explorer_cache"``."""
+    return default_runs_dir() / "explorer_cache"
+
+
+def _cache_dir(cache_dir: str | Path | None) -> Path:
+    return default_cache_dir() if cache_dir is None else Path(cache_dir)
 
 
 @dataclass(frozen=True)
@@ -71,19 +114,20 @@ def config_cache_key(config: TrainConfig) -> str:
 
 def run_cached(
     config: TrainConfig,
-    cache_dir: str | Path,
+    cache_dir: str | Path | None = None,
     train_fn: TrainFunction | None = None,
     label: str | None = None,
-    progress: bool = False,
+    progress: bool = True,
 ) -> CachedRun:
     """The run of ``config``: read from ``cache_dir/<key>/`` or trained and stored.
 
-    ``train_fn(config, progress=...) -> RunResult`` defaults to
-    :func:`grpo_lab.training.train`. Training happens in a temporary folder that
-    is renamed into place only when it succeeded, so a crash leaves no entry.
+    ``cache_dir`` defaults to :func:`default_cache_dir`. ``train_fn(config,
+    progress=...) -> RunResult`` defaults to :func:`grpo_lab.training.train`, whose
+    progress bar ``progress`` turns on. Training happens in a temporary folder
+    that is renamed into place only when it succeeded, so a crash leaves no entry.
     """
     key = config_cache_key(config)
-    entry = Path(cache_dir) / key
+    entry = _cache_dir(cache_dir) / key
     label = key if label is None else label
     if (entry / CACHED_HISTORY_FILE).exists():
         history = json.loads((entry / CACHED_HISTORY_FILE).read_text(encoding="utf-8"))
@@ -107,7 +151,7 @@ def _train_into_entry(
         history = [dict(record) for record in result.history]
         staged = workspace / "entry"
         staged.mkdir()
-        (staged / CACHED_CONFIG_FILE).write_text(
+        (staged / CONFIG_FILE).write_text(
             json.dumps(_cacheable_fields(config), indent=2, sort_keys=True) + "\n",
             encoding="utf-8",
         )
@@ -134,11 +178,14 @@ def sweep(
     base_config: TrainConfig,
     field: str,
     values: Sequence[Any],
-    cache_dir: str | Path,
+    cache_dir: str | Path | None = None,
     train_fn: TrainFunction | None = None,
-    progress: bool = False,
+    progress: bool = True,
 ) -> list[CachedRun]:
-    """One cached run per value of ``field``, everything else as in ``base_config``."""
+    """One cached run per value of ``field``, everything else as in ``base_config``.
+
+    ``progress`` shows a bar over the runs and each training run's own bar.
+    """
     names = {f.name for f in dataclasses.fields(TrainConfig)}
     if field not in names or field in CACHE_EXCLUDED_FIELDS:
         raise ValueError(
@@ -154,8 +201,13 @@ def sweep(
             label=f"{field}={value}",
             progress=progress,
         )
-        for value in values
+        for value in _runs_bar(values, f"sweep of {field}", progress)
     ]
+
+
+def _runs_bar(items: Sequence[Any], description: str, progress: bool) -> Any:
+    """``items``, wrapped in a ``tqdm.auto`` bar counting runs when ``progress``."""
+    return tqdm(items, desc=description, unit="run", disable=not progress)
 
 
 def ablation_configs(
@@ -210,35 +262,23 @@ def _task_max_new_tokens(config: TrainConfig) -> int:
 
 def run_ablations(
     configs: dict[str, TrainConfig],
-    cache_dir: str | Path,
+    cache_dir: str | Path | None = None,
     train_fn: TrainFunction | None = None,
-    progress: bool = False,
+    progress: bool = True,
 ) -> list[CachedRun]:
     """``run_cached`` for each named config, labelled by its name."""
     return [
         run_cached(config, cache_dir, train_fn, label=name, progress=progress)
-        for name, config in configs.items()
+        for name, config in _runs_bar(list(configs.items()), "ablations", progress)
     ]
-
-
-def metric_curve(
-    history: Sequence[dict[str, Any]], metric: str
-) -> tuple[list[int], list[float]]:
-    """(steps, values) of ``metric`` over the GRPO lines that logged it."""
-    steps, values = [], []
-    for record in history:
-        value = record.get(metric)
-        if "step" in record and isinstance(value, (int, float)):
-            steps.append(int(record["step"]))
-            values.append(float(value))
-    return steps, values
 
 
 def plot_comparison(
     results: Sequence[CachedRun], metric: str, axis: Axes | None = None
 ) -> Figure:
-    """One line per run: ``metric`` against the GRPO step."""
-    curves = {run.label: metric_curve(run.history, metric) for run in results}
+    """One line per run: ``metric`` against the GRPO step, on ``axis`` or on a
+    new standalone figure."""
+    curves = {run.label: curve(run.history, metric) for run in results}
     logged = any(steps for steps, _ in curves.values())
     # loss/* diagnostics are left out of steps whose update was skipped (every
     # group's rewards equal), so a short run may never log them.
@@ -248,7 +288,8 @@ def plot_comparison(
             "read_metrics(run_dir) shows the keys a run logged"
         )
     if axis is None:
-        figure, axis = plt.subplots(figsize=(6.4, 3.6))
+        figure = Figure(figsize=(6.4, 3.6))
+        axis = figure.subplots()
     else:
         figure = axis.figure
     if not logged:
@@ -274,7 +315,7 @@ def final_values(results: Sequence[CachedRun], metric: str) -> dict[str, float |
     """The last logged value of ``metric`` for each run (None if never logged)."""
     finals: dict[str, float | None] = {}
     for run in results:
-        _, values = metric_curve(run.history, metric)
+        _, values = curve(run.history, metric)
         finals[run.label] = values[-1] if values else None
     return finals
 
@@ -335,40 +376,57 @@ def settings_label(config: TrainConfig, base_config: TrainConfig) -> str:
 def run_from_settings(
     base_config: TrainConfig,
     settings: dict[str, Any],
-    cache_dir: str | Path,
+    cache_dir: str | Path | None,
     results: list[CachedRun],
     train_fn: TrainFunction | None = None,
+    *,
+    progress: bool = True,
 ) -> CachedRun:
-    """The widget's callback: run (or read) one setting and add it to ``results``."""
+    """The widget's callback: run (or read) one setting and add it to ``results``.
+
+    ``cache_dir=None`` is :func:`default_cache_dir`.
+    """
     config = config_from_settings(base_config, settings)
     run = run_cached(
-        config, cache_dir, train_fn, label=settings_label(config, base_config)
+        config,
+        cache_dir,
+        train_fn,
+        label=settings_label(config, base_config),
+        progress=progress,
     )
     if all(existing.key != run.key for existing in results):
         results.append(run)
     return run
 
 
-def show_comparison(
+def comparison_figure(
     results: Sequence[CachedRun], metrics: Sequence[str]
 ) -> Figure | None:
-    """Draw ``metrics`` of ``results`` side by side, display, close, return."""
+    """``metrics`` of ``results`` side by side on one standalone figure (None if
+    there are no results)."""
     if not results:
         return None
-    figure, axes = plt.subplots(
-        1, len(metrics), figsize=(5.2 * len(metrics), 3.6), squeeze=False
-    )
+    figure = Figure(figsize=(5.2 * len(metrics), 3.6))
+    axes = figure.subplots(1, len(metrics), squeeze=False)
     for axis, metric in zip(axes[0], metrics):
         plot_comparison(results, metric, axis=axis)
     figure.tight_layout()
-    display(figure)
-    plt.close(figure)
+    return figure
+
+
+def show_comparison(
+    results: Sequence[CachedRun], metrics: Sequence[str]
+) -> Figure | None:
+    """Display :func:`comparison_figure` as a PNG image and return the figure."""
+    figure = comparison_figure(results, metrics)
+    if figure is not None:
+        display(Image(data=figure_png(figure), format="png"))
     return figure
 
 
 def explorer_widget(
     base_config: TrainConfig,
-    cache_dir: str | Path = DEFAULT_CACHE_DIR,
+    cache_dir: str | Path | None = None,
     metrics: Sequence[str] = ("train/reward_mean", "eval/accuracy_greedy"),
     results: list[CachedRun] | None = None,
     train_fn: TrainFunction | None = None,
@@ -376,6 +434,10 @@ def explorer_widget(
     """Dropdowns for each setting and a Run button; runs are compared below.
 
     Nothing runs until the button is pressed, so displaying it never blocks.
+    While a run trains, the button is disabled (and enabled again afterwards,
+    also when the run fails) and its progress bar shows in the widget. The
+    comparison of ``results`` is a PNG image, redrawn after each run.
+    ``cache_dir=None`` is :func:`default_cache_dir`.
     """
     results = [] if results is None else results
     controls = {
@@ -387,32 +449,73 @@ def explorer_widget(
         )
         for name, choices in WIDGET_CHOICES.items()
     }
-    button = widgets.Button(description="Run (or load from cache)")
+    button = widgets.Button(
+        description=RUN_BUTTON_LABEL,
+        icon="play",
+        # Wide enough for the whole label, and never squeezed by the status text.
+        layout=widgets.Layout(width="auto", min_width="16em", flex="0 0 auto"),
+    )
     status = widgets.Label()
-    output = widgets.Output()
+    progress_area = widgets.Output()
+    chart = widgets.Image(format="png")
+
+    def redraw() -> None:
+        figure = comparison_figure(results, metrics)
+        if figure is not None:
+            chart.value = figure_png(figure)
+        chart.layout.display = None if figure is not None else "none"
 
     def on_click(_button: widgets.Button) -> None:
         settings = {name: control.value for name, control in controls.items()}
+        button.disabled = True
         status.value = "running…"
         try:
-            run = run_from_settings(base_config, settings, cache_dir, results, train_fn)
+            run = _inside(
+                progress_area,
+                lambda: run_from_settings(
+                    base_config, settings, cache_dir, results, train_fn
+                ),
+            )
         except ValueError as error:
             status.value = f"not run: {error}"
             return
+        except Exception as error:
+            status.value = f"failed: {type(error).__name__}: {error}"
+            raise
+        finally:
+            button.disabled = False
         status.value = f"{run.label}: {'from cache' if run.from_cache else 'trained'}"
-        with output:
-            output.clear_output(wait=True)
-            show_comparison(results, metrics)
+        redraw()
 
     button.on_click(on_click)
+    redraw()
     return widgets.VBox(
         [
             widgets.HBox(list(controls.values())[:4]),
             widgets.HBox(list(controls.values())[4:]),
             widgets.HBox([button, status]),
-            output,
+            progress_area,
+            chart,
         ]
     )
+
+
+def _inside(area: widgets.Output, work: Callable[[], Result]) -> Result:
+    """``work()`` with what it displays (progress bars) shown in ``area``.
+
+    An exception propagates to the caller: ``Output`` would otherwise print and
+    swallow it inside a kernel.
+    """
+    failure: Exception | None = None
+    with area:
+        area.clear_output()
+        try:
+            result = work()
+        except Exception as error:
+            failure = error
+    if failure is not None:
+        raise failure
+    return result
 
 
 def _closest_choice(value: Any, choices: Sequence[Any]) -> Any:
@@ -425,16 +528,20 @@ def _closest_choice(value: Any, choices: Sequence[Any]) -> Any:
     return choices[len(choices) // 2]
 
 
-def warmed_up_model(config: TrainConfig, cache_dir: str | Path) -> str:
+def warmed_up_model(
+    config: TrainConfig, cache_dir: str | Path | None = None, progress: bool = True
+) -> str:
     """A folder holding ``config``'s model after the supervised warm-up alone.
 
     Short explorer runs start from it (``model=<folder>``, ``sft_max_steps=0``):
     every run then begins where GRPO has a signal (a model that never samples a
     correct answer gets all-zero advantages), and the warm-up is paid once per
     warm-up config. Written to a temporary folder and renamed into place.
+    ``cache_dir=None`` is :func:`default_cache_dir`; ``progress`` shows a bar
+    over the warm-up's steps.
     """
-    folder = Path(cache_dir) / f"warm-{config_cache_key(config)}"
-    if (folder / "config.json").exists():
+    folder = _cache_dir(cache_dir) / f"warm-{config_cache_key(config)}"
+    if (folder / MODEL_CONFIG_FILE).exists():
         return str(folder)
     from grpo_lab.tasks import get_task
     from grpo_lab.training.loop import build_policy, save_final_model, warm_up_settings
@@ -443,13 +550,24 @@ def warmed_up_model(config: TrainConfig, cache_dir: str | Path) -> str:
     policy = build_policy(config)
     task = get_task(config.task, **config.task_options)
     settings = warm_up_settings(config, task)
-    warm_up(policy.model, policy.tokenizer, policy.backend, task, settings, log=_ignore)
+    with tqdm(
+        total=settings.max_steps, desc="SFT warm-up", disable=not progress
+    ) as bar:
+        warm_up(
+            policy.model,
+            policy.tokenizer,
+            policy.backend,
+            task,
+            settings,
+            log=lambda record: bar.update(1),  # only the model is kept, not metrics
+        )
     folder.parent.mkdir(parents=True, exist_ok=True)
     workspace = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     save_final_model(policy, workspace)
-    workspace.rename(folder)
+    try:
+        workspace.rename(folder)
+    except OSError:  # another process put the same warm-up in place first
+        shutil.rmtree(workspace, ignore_errors=True)
+        if not (folder / MODEL_CONFIG_FILE).exists():
+            raise
     return str(folder)
-
-
-def _ignore(record: dict[str, Any]) -> None:
-    """The warm-up's metrics lines are not kept: only its model is."""

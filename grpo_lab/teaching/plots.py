@@ -3,11 +3,17 @@
 Every function takes explicit numbers and returns a matplotlib ``Figure`` (or an
 HTML string) without showing it, so a test can call it and a widget can redraw
 it. Notebooks 01-05 use them.
+
+By default a figure is made through pyplot, so that ``plt.show()`` in a notebook
+cell shows it. ``standalone=True`` makes a ``Figure`` that pyplot never sees:
+widget callbacks draw into one they own, render it with :func:`figure_png`, and
+no global figure state is shared between two redraws.
 """
 
 from __future__ import annotations
 
 import html
+import io
 from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
@@ -20,6 +26,26 @@ from grpo_lab.losses import compute_policy_gradient_loss
 PROMPT_COLOUR = "#e8e8e8"
 RESPONSE_COLOUR = "#b7e4c7"
 PAD_COLOUR = "#ffffff"
+# Pixels per inch of the PNG images the widgets show.
+PNG_DPI = 100
+
+
+def new_figure(figsize: tuple[float, float], *, standalone: bool = False) -> Figure:
+    """A figure of ``figsize`` inches: through pyplot, or outside it if standalone.
+
+    Its layout is tightened each time it is drawn (one drawing pass per picture,
+    where a ``tight_layout()`` call would add one of its own).
+    """
+    if standalone:
+        return Figure(figsize=figsize, layout="tight")
+    return plt.figure(figsize=figsize, layout="tight")
+
+
+def figure_png(figure: Figure, dpi: int = PNG_DPI) -> bytes:
+    """``figure`` rendered as PNG bytes (what a ``widgets.Image`` shows)."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=dpi)
+    return buffer.getvalue()
 
 
 def response_mask_table(
@@ -79,13 +105,16 @@ def plot_advantages(
     baseline: str = "mean",
     advantage_normalizer: str = "std",
     advantage_eps: float = 1e-6,
+    *,
+    standalone: bool = False,
 ) -> Figure:
     """Bar chart of one group's rewards and its advantages under one recipe."""
     raw_rewards = torch.tensor(list(rewards), dtype=torch.float32)  # (G,)
     advantages, _ = compute_group_normalized_rewards(
         raw_rewards, len(rewards), baseline, advantage_eps, advantage_normalizer
     )
-    figure, (reward_axis, advantage_axis) = plt.subplots(1, 2, figsize=(8, 3))
+    figure = new_figure((8, 3), standalone=standalone)
+    reward_axis, advantage_axis = figure.subplots(1, 2)
     positions = range(len(rewards))
     reward_axis.bar(positions, raw_rewards.tolist(), color="#6c8ebf")
     reward_axis.set(title="rewards r_i", xlabel="response i", ylim=(-0.05, 1.05))
@@ -97,7 +126,6 @@ def plot_advantages(
         xlabel="response i",
     )
     advantage_axis.title.set_fontsize(9)
-    figure.tight_layout()
     return figure
 
 
@@ -118,10 +146,13 @@ def clipped_objective_curves(
     return objective.detach()[0], gradient.detach()[0]
 
 
-def plot_clipped_objective(cliprange: float = 0.2, max_ratio: float = 2.0) -> Figure:
+def plot_clipped_objective(
+    cliprange: float = 0.2, max_ratio: float = 2.0, *, standalone: bool = False
+) -> Figure:
     """Objective and gradient against the ratio w, for A = +1 and A = -1."""
     ratios = torch.linspace(0.01, max_ratio, 400)  # (N,)
-    figure, axes = plt.subplots(2, 2, figsize=(9, 5.5), sharex=True)
+    figure = new_figure((9, 5.5), standalone=standalone)
+    axes = figure.subplots(2, 2, sharex=True)
     for column, advantage in enumerate((1.0, -1.0)):
         objective, gradient = clipped_objective_curves(ratios, advantage, cliprange)
         unclipped = advantage * ratios
@@ -141,7 +172,6 @@ def plot_clipped_objective(cliprange: float = 0.2, max_ratio: float = 2.0) -> Fi
     axes[0, 0].set_ylabel("objective (maximised)")
     axes[1, 0].set_ylabel("d objective / d w")
     figure.suptitle(f"PPO/GRPO clipping, cliprange ε = {cliprange:g} (green: 1 ± ε)")
-    figure.tight_layout()
     return figure
 
 
@@ -149,13 +179,16 @@ def plot_token_and_sequence_ratios(
     token_log_ratios: Sequence[float],
     token_cliprange: float = 0.2,
     sequence_cliprange: float = 3e-4,
+    *,
+    standalone: bool = False,
 ) -> Figure:
     """Token ratios w_t (bars) against GSPO's sequence ratio s (line), with each
     method's clip band: tokens are clipped one by one, the sequence as a whole."""
     log_ratios = torch.tensor(list(token_log_ratios), dtype=torch.float64)  # (T,)
     token_ratios = log_ratios.exp()
     sequence_ratio = log_ratios.mean().exp().item()
-    figure, axis = plt.subplots(figsize=(8, 3.2))
+    figure = new_figure((8, 3.2), standalone=standalone)
+    axis = figure.subplots()
     outside = (token_ratios - 1).abs() > token_cliprange
     colours = ["#e76f51" if flag else "#6c8ebf" for flag in outside.tolist()]
     positions = range(len(token_ratios))
@@ -173,16 +206,20 @@ def plot_token_and_sequence_ratios(
         ),
     )
     axis.title.set_fontsize(9)
-    figure.tight_layout()
     return figure
 
 
 def plot_memory_against_chunk_size(
-    chunk_sizes: Sequence[int], saved_bytes: Sequence[int], full_bytes: int
+    chunk_sizes: Sequence[int],
+    saved_bytes: Sequence[int],
+    full_bytes: int,
+    *,
+    standalone: bool = False,
 ) -> Figure:
     """Bytes saved for backward by chunked scoring, against the chunk size, next
     to the unchunked figure."""
-    figure, axis = plt.subplots(figsize=(6, 3.2))
+    figure = new_figure((6, 3.2), standalone=standalone)
+    axis = figure.subplots()
     mebibytes = [value / 2**20 for value in saved_bytes]
     axis.plot(list(chunk_sizes), mebibytes, "o-", label="chunked + checkpointed head")
     axis.axhline(
@@ -195,5 +232,4 @@ def plot_memory_against_chunk_size(
         title="memory kept for backward by the log-prob computation",
     )
     axis.legend(fontsize=8)
-    figure.tight_layout()
     return figure

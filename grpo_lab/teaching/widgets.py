@@ -1,21 +1,23 @@
-"""Interactive explorers for the notebooks, built on ipywidgets.
+"""Interactive explorers for the notebooks, built on ipywidgets (notebooks 03-05).
 
-Each explorer is a thin shell: sliders wired by ``widgets.interactive_output``
-into an ``Output`` widget, so nothing blocks and no figure leaks into the cell's
-own output. The callback behind each one is a plain function here
-(``show_*``) that draws with :mod:`grpo_lab.teaching.plots`, displays the
-figure, closes it and returns it, so tests call it directly.
+Each explorer is a thin shell: controls whose changes call one drawing function
+(``draw_*`` here), which draws with :mod:`grpo_lab.teaching.plots` into a
+standalone matplotlib ``Figure`` it owns (pyplot never sees it) and returns it.
+The explorer renders that figure to PNG bytes and puts them in a
+``widgets.Image``, replacing the previous picture in one step: there is no
+shared pyplot state between two redraws and no moment at which the chart is
+cleared but not yet drawn. Tests call the ``draw_*`` functions directly, and
+drive the controls to read the image each change produced.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import ipywidgets as widgets
-import matplotlib.pyplot as plt
 import torch
-from IPython.display import display
 from matplotlib.figure import Figure
 
 from grpo_lab.advantages import (
@@ -24,6 +26,7 @@ from grpo_lab.advantages import (
     compute_group_normalized_rewards,
 )
 from grpo_lab.teaching.plots import (
+    figure_png,
     plot_advantages,
     plot_clipped_objective,
     plot_token_and_sequence_ratios,
@@ -38,12 +41,6 @@ RECIPES = {
 }
 
 
-def _show(figure: Figure) -> Figure:
-    display(figure)
-    plt.close(figure)
-    return figure
-
-
 def recipe_name(baseline: str, advantage_normalizer: str) -> str:
     """The published method that a (baseline, normalizer) pair is, or 'custom'."""
     for name, recipe in RECIPES.items():
@@ -52,19 +49,58 @@ def recipe_name(baseline: str, advantage_normalizer: str) -> str:
     return "custom"
 
 
-def show_advantages(
+def chart_explorer(
+    controls: Mapping[str, widgets.ValueWidget],
+    draw: Callable[..., Figure],
+    caption: Callable[..., str] | None = None,
+) -> tuple[widgets.Image, widgets.Label]:
+    """An image that shows ``draw(**values)``, redrawn whenever a control changes.
+
+    ``values`` maps each name of ``controls`` to that control's value. ``caption``
+    (same arguments) gives the text of the label under the image. The image is
+    drawn once before this returns.
+    """
+    image = widgets.Image(format="png")
+    label = widgets.Label()
+
+    def redraw(_change: Any = None) -> None:
+        values = {name: control.value for name, control in controls.items()}
+        if caption is not None:
+            label.value = caption(**values)
+        image.value = figure_png(draw(**values))
+
+    for control in controls.values():
+        control.observe(redraw, names="value")
+    redraw()
+    return image, label
+
+
+def _ordered_rewards(rewards: Mapping[str, float]) -> list[float]:
+    """Values of r0, r1, ..., r10 in index order (r10 after r2)."""
+    return [rewards[key] for key in sorted(rewards, key=lambda k: int(k[1:]))]
+
+
+def advantages_caption(
     baseline: str = "mean", advantage_normalizer: str = "std", **rewards: float
-) -> Figure:
-    """Callback of :func:`advantage_explorer`: rewards r0, r1, ... of one group."""
-    ordered = [rewards[key] for key in sorted(rewards, key=lambda k: int(k[1:]))]
+) -> str:
+    """'<recipe>: advantages = [...]' for rewards r0, r1, ... of one group."""
+    ordered = _ordered_rewards(rewards)
     advantages, _ = compute_group_normalized_rewards(
         torch.tensor(ordered), len(ordered), baseline, 1e-6, advantage_normalizer
     )
-    print(
+    return (
         f"{recipe_name(baseline, advantage_normalizer)}: advantages = "
         f"{[round(a, 3) for a in advantages.tolist()]}"
     )
-    return _show(plot_advantages(ordered, baseline, advantage_normalizer))
+
+
+def draw_advantages(
+    baseline: str = "mean", advantage_normalizer: str = "std", **rewards: float
+) -> Figure:
+    """Drawing of :func:`advantage_explorer`: rewards r0, r1, ... of one group."""
+    return plot_advantages(
+        _ordered_rewards(rewards), baseline, advantage_normalizer, standalone=True
+    )
 
 
 def advantage_explorer(rewards: Sequence[float] = (1.0, 0.0, 0.0, 1.0)) -> widgets.VBox:
@@ -82,19 +118,20 @@ def advantage_explorer(rewards: Sequence[float] = (1.0, 0.0, 0.0, 1.0)) -> widge
         options=ADVANTAGE_NORMALIZERS, value="std", description="normalizer"
     )
     controls = {"baseline": baseline, "advantage_normalizer": normalizer, **sliders}
-    output = widgets.interactive_output(show_advantages, controls)
+    image, label = chart_explorer(controls, draw_advantages, advantages_caption)
     return widgets.VBox(
         [
             widgets.HBox([baseline, normalizer]),
             widgets.VBox(list(sliders.values())),
-            output,
+            label,
+            image,
         ]
     )
 
 
-def show_clipped_objective(cliprange: float = 0.2) -> Figure:
-    """Callback of :func:`cliprange_explorer`."""
-    return _show(plot_clipped_objective(cliprange))
+def draw_clipped_objective(cliprange: float = 0.2) -> Figure:
+    """Drawing of :func:`cliprange_explorer`."""
+    return plot_clipped_objective(cliprange, standalone=True)
 
 
 def cliprange_explorer(cliprange: float = 0.2) -> widgets.VBox:
@@ -102,8 +139,8 @@ def cliprange_explorer(cliprange: float = 0.2) -> widgets.VBox:
     slider = widgets.FloatSlider(
         value=cliprange, min=0.01, max=0.8, step=0.01, description="cliprange ε"
     )
-    output = widgets.interactive_output(show_clipped_objective, {"cliprange": slider})
-    return widgets.VBox([slider, output])
+    image, _ = chart_explorer({"cliprange": slider}, draw_clipped_objective)
+    return widgets.VBox([slider, image])
 
 
 def example_token_log_ratios(
@@ -121,12 +158,12 @@ def example_token_log_ratios(
     return log_ratios.tolist()
 
 
-def show_token_and_sequence_ratios(
+def draw_token_and_sequence_ratios(
     response_length: int = 12, outlier_ratio: float = 2.0
 ) -> Figure:
-    """Callback of :func:`gspo_explorer`."""
+    """Drawing of :func:`gspo_explorer`."""
     log_ratios = example_token_log_ratios(response_length, outlier_ratio)
-    return _show(plot_token_and_sequence_ratios(log_ratios))
+    return plot_token_and_sequence_ratios(log_ratios, standalone=True)
 
 
 def gspo_explorer(
@@ -139,8 +176,8 @@ def gspo_explorer(
     outlier = widgets.FloatLogSlider(
         value=outlier_ratio, base=10, min=-1, max=1, step=0.02, description="outlier w"
     )
-    output = widgets.interactive_output(
-        show_token_and_sequence_ratios,
+    image, _ = chart_explorer(
         {"response_length": length, "outlier_ratio": outlier},
+        draw_token_and_sequence_ratios,
     )
-    return widgets.VBox([widgets.HBox([length, outlier]), output])
+    return widgets.VBox([widgets.HBox([length, outlier]), image])
