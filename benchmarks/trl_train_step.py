@@ -46,9 +46,6 @@ FLAGS = {
 }  # fmt: skip
 QUICK = {"model": ["tiny"], "prompts": 2, "group_size": 2, "prompt_len": 8,
          "max_completion_len": 16, "steps": 2}  # fmt: skip
-# What one model's run depends on (sent to the peak-memory workers).
-SETTING_KEYS = ("prompts", "group_size", "prompt_len", "max_completion_len", "steps",
-                "seed", "device")  # fmt: skip
 LEARNING_RATE, MAX_GRAD_NORM, CLIPRANGE = 1e-5, 1.0, 0.2
 SIDES = ("ours", "ours_shared", "trl")  # shared: share_prompt_prefix=True
 TIMING_COLUMNS = [
@@ -133,30 +130,25 @@ def build_batch(
     raw_rewards[::group_size] = 1.0  # no all-zero group
     raw_rewards[1::group_size] = 0.0
     advantages = compute_group_normalized_rewards(raw_rewards, group_size)[0].float()
-    pad = tokenizer.pad_token_id
-    ours = pad_prompt_and_response_ids(prompt_ids, response_ids, pad)
-    trl_inputs = _trl_inputs(prompt_ids, response_ids, advantages, pad)
+    ours = pad_prompt_and_response_ids(prompt_ids, response_ids, tokenizer.pad_token_id)
+    trl_inputs = _trl_inputs(ours, settings["prompt_len"], advantages)
     ours, trl_inputs = (
         {k: v.to(device) for k, v in b.items()} for b in (ours, trl_inputs)
     )
     return ours, trl_inputs, advantages.to(device)
 
 
-def _trl_inputs(prompt_ids, response_ids, advantages, pad_token_id) -> dict:
-    """The dict GRPOTrainer._generate_and_score_completions returns (no vLLM)."""
-    width = max(len(ids) for ids in response_ids)
-    completion_ids = torch.full((len(response_ids), width), pad_token_id)  # (B, C)
-    completion_mask = torch.zeros((len(response_ids), width), dtype=torch.long)
-    for row, ids in enumerate(response_ids):
-        completion_ids[row, : len(ids)] = torch.tensor(ids)
-        completion_mask[row, : len(ids)] = 1
-    prompt = torch.tensor(prompt_ids)  # (B, P)
+def _trl_inputs(ours: dict, prompt_len: int, advantages: torch.Tensor) -> dict:
+    """What GRPOTrainer._generate_and_score_completions returns (no vLLM), cut
+    from the same ids: every prompt is ``prompt_len`` tokens long."""
+    ids = torch.cat([ours["input_ids"][:, :1], ours["labels"]], dim=1)  # (B, P + C)
+    completion_mask = ours["response_mask"][:, prompt_len - 1 :]  # (B, C)
     return {
-        "prompt_ids": prompt,
-        "prompt_mask": torch.ones_like(prompt),
-        "completion_ids": completion_ids,
+        "prompt_ids": ids[:, :prompt_len],  # (B, P)
+        "prompt_mask": torch.ones_like(ids[:, :prompt_len]),  # (B, P)
+        "completion_ids": ids[:, prompt_len:],  # (B, C)
         "completion_mask": completion_mask,
-        "advantages": advantages.float(),
+        "advantages": advantages,  # (B,)
         "num_items_in_batch": completion_mask.sum(),
     }
 
@@ -333,7 +325,9 @@ def worker(spec: dict) -> dict:
 
 
 def run_model(arguments, model_name: str) -> tuple[dict, list[dict]]:
-    settings = {"model": model_name, **{k: getattr(arguments, k) for k in SETTING_KEYS}}
+    # What one model's run depends on (sent to the peak-memory workers).
+    settings = {**vars(arguments), "model": model_name}
+    settings = {k: settings[k] for k in (*FLAGS, "seed")}
     device = torch.device(arguments.device)
     tokenizer = build_char_tokenizer()
     agreement_rows = [
