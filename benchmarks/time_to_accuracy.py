@@ -209,16 +209,16 @@ def trl_config(config: TrainConfig, out_dir: str):
 
 
 def summarize(framework: str, evaluations: list[dict], arguments) -> dict:
+    """A run's first evaluation at the target, and its last evaluation."""
     reached = first_reaching(evaluations, arguments.accuracy, arguments.target) or {}
     last = evaluations[-1] if evaluations else {}
+    per_step = last["seconds"] / last["step"] if last.get("step") else None
     return {
         "framework": framework,
         "reached": bool(reached),
         "steps_to_target": reached.get("step"),
         "seconds_to_target": reached.get("seconds"),
-        "seconds_per_step": last["seconds"] / last["step"]
-        if last.get("step")
-        else None,
+        "seconds_per_step": per_step,
         "last_step": last.get("step"),
         "last_accuracy_greedy": last.get("accuracy_greedy"),
         "last_accuracy_sampled": last.get("accuracy_sampled"),
