@@ -7,82 +7,32 @@ temperature 1, and greedy) at step 0, just after the warm-up, and at the end,
 and the first evaluated step at which each reaches --target.
 
     .venv/bin/python benchmarks/cpu_profile.py                 # seeds 0 1 2
-    .venv/bin/python benchmarks/cpu_profile.py --smoke         # 2 tiny steps
+    .venv/bin/python benchmarks/cpu_profile.py --quick         # 2 tiny steps
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+import shlex
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench_utils import (
-    DEFAULT_OUT_DIR,
-    REPO_ROOT,
-    command_line,
-    format_table,
-    machine_info,
-    write_json,
-)
+import harness
 
-SMOKE_FLAGS = [
-    "--steps", "2", "--rollout-batch-size", "8", "--train-batch-size", "8",
-    "--group-size", "4", "--eval-every", "1", "--eval-size", "4",
-    "--sft-max-steps", "2", "--sft-eval-every", "1", "--sft-eval-size", "4",
-]  # fmt: skip
-
-
-def run_seed(seed: int, run_dir: Path, extra_flags: list[str]) -> dict:
-    """One `grpo-lab train` process; its wall time and its accuracy curve."""
-    command = [
-        sys.executable, "-m", "grpo_lab.cli", "train", "--profile", "cpu",
-        "--seed", str(seed), "--run-dir", str(run_dir), "--no-progress",
-        *extra_flags,
-    ]  # fmt: skip
-    started = time.perf_counter()
-    subprocess.run(command, check=True, cwd=REPO_ROOT, stdout=subprocess.DEVNULL)
-    wall_seconds = time.perf_counter() - started
-    records = [
-        json.loads(line)
-        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-    ]
-    return {"seed": seed, "wall_seconds": wall_seconds, **curve_summary(records)}
-
-
-def curve_summary(records: list[dict]) -> dict:
-    evaluations = [r for r in records if "step" in r and "eval/accuracy_sampled" in r]
-    grpo_steps = [r for r in records if "step" in r and "time/step_seconds" in r]
-    first, last = evaluations[0], evaluations[-1]
-    return {
-        "sft_steps": sum(1 for r in records if "sft/step" in r),
-        "grpo_steps": len(grpo_steps),
-        "grpo_step_seconds": sum(r["time/step_seconds"] for r in grpo_steps),
-        "sampled_start": first["eval/accuracy_sampled"],
-        "sampled_end": last["eval/accuracy_sampled"],
-        "greedy_start": first["eval/accuracy_greedy"],
-        "greedy_end": last["eval/accuracy_greedy"],
-        "evaluations": [
-            {
-                "step": r["step"],
-                "accuracy_sampled": r["eval/accuracy_sampled"],
-                "accuracy_greedy": r["eval/accuracy_greedy"],
-            }
-            for r in evaluations
-        ],
-    }
-
-
-def first_step_reaching(run: dict, measure: str, target: float) -> int | None:
-    return next(
-        (e["step"] for e in run["evaluations"] if e[f"accuracy_{measure}"] >= target),
-        None,
-    )
-
-
+FLAGS = {
+    "seeds": [0, 1, 2],
+    "target": 0.9,
+    "train_flags": harness.Flag("", help="more `grpo-lab train` flags, one string"),
+}
+QUICK = {
+    "train_flags": "--steps 2 --rollout-batch-size 8 --train-batch-size 8 "
+    "--group-size 4 --eval-every 1 --eval-size 4 --sft-max-steps 2 "
+    "--sft-eval-every 1 --sft-eval-size 4",
+}
+KINDS = ("sampled", "greedy")  # held-out accuracy: temperature 1, and greedy
 COLUMNS = [
     ("seed", "seed"), ("sft_steps", "warm-up steps"), ("grpo_steps", "GRPO steps"),
     ("sampled_start", "sampled acc. step 0"), ("sampled_end", "sampled acc. end"),
@@ -93,48 +43,99 @@ COLUMNS = [
 ]  # fmt: skip
 
 
-def parse_arguments(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--target", type=float, default=0.9)
-    parser.add_argument(
-        "--out", type=Path, default=DEFAULT_OUT_DIR / "cpu_profile.json"
+def run_seed(seed: int, run_dir: Path, train_flags: str, target: float) -> dict:
+    """One `grpo-lab train` process; its wall time and its accuracy curve."""
+    command = [
+        sys.executable, "-m", "grpo_lab.cli", "train", "--profile", "cpu",
+        "--seed", str(seed), "--run-dir", str(run_dir), "--no-progress",
+        *shlex.split(train_flags),
+    ]  # fmt: skip
+    started = time.perf_counter()
+    subprocess.run(
+        command, check=True, cwd=harness.REPO_ROOT, stdout=subprocess.DEVNULL
     )
-    parser.add_argument("--smoke", action="store_true", help="2 tiny steps per seed")
-    return parser.parse_args(argv)
+    wall_seconds = time.perf_counter() - started
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    every_record = [json.loads(line) for line in lines]
+    records = [record for record in every_record if "step" in record]  # GRPO steps
+    evaluations = [evaluation(r) for r in records if "eval/accuracy_sampled" in r]
+    step_seconds = [r["time/step_seconds"] for r in records if "time/step_seconds" in r]
+    run = {
+        "seed": seed,
+        "wall_seconds": wall_seconds,
+        "sft_steps": sum("sft/step" in r for r in every_record),
+        "grpo_steps": len(step_seconds),
+        "grpo_step_seconds": sum(step_seconds),
+        "evaluations": evaluations,
+    }
+    for kind in KINDS:
+        run[f"{kind}_start"] = evaluations[0][f"accuracy_{kind}"]
+        run[f"{kind}_end"] = evaluations[-1][f"accuracy_{kind}"]
+        reached = first_reaching(evaluations, kind, target)
+        run[f"first_{kind}_at_target"] = reached["step"] if reached else None
+    return run
 
 
-def main(argv=None) -> None:
-    arguments = parse_arguments(argv)
-    machine = machine_info()
-    extra_flags = SMOKE_FLAGS if arguments.smoke else []
+def evaluation(record: dict, **extra) -> dict:
+    """One held-out evaluation of a metrics record: its step and both accuracies."""
+    accuracies = {f"accuracy_{kind}": record[f"eval/accuracy_{kind}"] for kind in KINDS}
+    return {"step": record["step"], **extra, **accuracies}
+
+
+def first_reaching(evaluations: list[dict], kind: str, target: float) -> dict | None:
+    """The first evaluation whose ``kind`` accuracy is at least ``target``."""
+    return next((e for e in evaluations if e[f"accuracy_{kind}"] >= target), None)
+
+
+def curve_line(label: str, evaluations: list[dict]) -> str:
+    """'- label: step: sampled / greedy [(seconds s)], ...', one list item."""
+    points = [
+        f"{e['step']}: {e['accuracy_sampled']:.2f} / {e['accuracy_greedy']:.2f}"
+        + (f" ({e['seconds']:.0f} s)" if "seconds" in e else "")
+        for e in evaluations
+    ]
+    return f"- {label}: " + ", ".join(points)
+
+
+def report(arguments, runs: list[dict]) -> dict:
+    curves = ["Held-out accuracy by step (step: sampled / greedy):", ""]
+    for run in runs:
+        last = run["evaluations"][-1]
+        every_50 = [e for e in run["evaluations"] if e["step"] % 50 == 0 or e is last]
+        curves.append(curve_line(f"seed {run['seed']}", every_50))
+    return {
+        "title": "The cpu training profile end to end (`grpo-lab train --profile cpu`)",
+        "description": (
+            "One fresh `grpo-lab train --profile cpu --seed S` process per seed, "
+            "with the profile's defaults; wall time covers the whole command "
+            "(model build, supervised warm-up, GRPO steps, evaluations every 10 "
+            "steps, checkpoints, final save). Accuracy is on 200 held-out prompts: "
+            "one answer sampled at temperature 1 (the distribution being trained), "
+            'and greedy decoding. Step 0 is right after the warm-up; "first ≥ '
+            'target" is the first evaluated step at or above '
+            f"{arguments.target}."
+        ),
+        "tables": [harness.table(COLUMNS, runs, notes="\n".join(curves))],
+        "notes": "",
+    }
+
+
+def measure(arguments, save: harness.Save) -> dict:
     runs = []
     with tempfile.TemporaryDirectory() as scratch:
         for seed in arguments.seeds:
-            run = run_seed(seed, Path(scratch) / f"seed-{seed}", extra_flags)
-            for measure in ("sampled", "greedy"):
-                run[f"first_{measure}_at_target"] = first_step_reaching(
-                    run, measure, arguments.target
-                )
-            runs.append(run)
-            print(format_table(runs[-1:], COLUMNS), flush=True)
-    write_json(
-        arguments.out,
-        {
-            "benchmark": "cpu_profile",
-            "command": command_line(__file__, argv),
-            "machine": machine,
-            "settings": {
-                "seeds": arguments.seeds,
-                "target": arguments.target,
-                "extra_flags": extra_flags,
-            },
-            "runs": runs,
-        },
-    )
-    print(format_table(runs, COLUMNS))
-    print(f"wrote {arguments.out}")
+            run_dir = Path(scratch) / f"seed-{seed}"
+            runs.append(
+                run_seed(seed, run_dir, arguments.train_flags, arguments.target)
+            )
+            save(report(arguments, runs))
+            print(f"seed {seed}: {runs[-1]['wall_seconds']:.1f} s", flush=True)
+    return report(arguments, runs)
+
+
+def main(argv=None) -> dict | None:
+    return harness.main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

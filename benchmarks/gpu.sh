@@ -4,8 +4,9 @@
 #   PYTHONPATH=. bash benchmarks/gpu.sh              # on the GPU machine
 #   PYTHONPATH=. bash benchmarks/gpu.sh --cpu-smoke  # tiny sizes on CPU: every code path
 #
-# Writes JSON and logs to $OUT if set, else benchmarks/out/gpu; then renders
-# the Markdown tables into $OUT/GPU_RESULTS.md (copy them into RESULTS.md).
+# Writes result files and logs to $OUT if set, else benchmarks/out/gpu, and
+# renders them into $OUT/GPU_RESULTS.md. To publish them, copy the JSON files
+# into benchmarks/results/ and run benchmarks/render_results.py.
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
@@ -55,9 +56,9 @@ run() {  # run NAME TIMEOUT_SECONDS COMMAND...: log to $OUT_DIR/NAME.log, keep g
 cat "$OUT_DIR/machine.txt"
 
 if [ $SMOKE -eq 1 ]; then
-    run logprob_memory 300 "$PYTHON" benchmarks/logprob_memory.py --smoke --in-process \
+    run logprob_memory 300 "$PYTHON" benchmarks/logprob_memory.py --quick --in-process \
         --out "$OUT_DIR/logprob_memory_gpu.json"
-    run gpu_throughput 300 "$PYTHON" benchmarks/gpu_throughput.py --smoke \
+    run gpu_throughput 300 "$PYTHON" benchmarks/gpu_throughput.py --quick \
         --out "$OUT_DIR/gpu_throughput.json"
 else
     # Qwen2's head: vocabulary 151,936, B=4 sequences of 1024 and 4096 tokens,
@@ -70,6 +71,6 @@ else
         --out "$OUT_DIR/gpu_throughput.json"
 fi
 
-run render 60 "$PYTHON" benchmarks/render_results.py --gpu-dir "$OUT_DIR" \
-    --gpu-only --out "$OUT_DIR/GPU_RESULTS.md"
+run render 60 "$PYTHON" benchmarks/render_results.py "$OUT_DIR" --bare \
+    --out "$OUT_DIR/GPU_RESULTS.md"
 exit $status

@@ -1,11 +1,11 @@
 """Rerun every CPU benchmark, then render benchmarks/RESULTS.md (``make bench``).
 
-    .venv/bin/python benchmarks/run_cpu.py            # full sizes (tens of minutes)
-    .venv/bin/python benchmarks/run_cpu.py --smoke    # tiny sizes, into benchmarks/out/smoke
+    .venv/bin/python benchmarks/run_cpu.py          # full sizes, into benchmarks/results/
+    .venv/bin/python benchmarks/run_cpu.py --quick  # tiny sizes, into benchmarks/out/quick
     .venv/bin/python benchmarks/run_cpu.py --only logprob_memory trl_train_step
 
-A GPU run's JSON directory (from benchmarks/gpu.sh) can be passed with --gpu-dir
-so that RESULTS.md keeps its GPU tables.
+A full run replaces the committed result files it reruns; RESULTS.md is then
+rendered from benchmarks/results/, GPU result files copied there included.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import subprocess
 import sys
 import time
 
-from bench_utils import BENCHMARK_DIR, DEFAULT_OUT_DIR, REPO_ROOT
+from harness import BENCHMARK_DIR, OUT_DIR, REPO_ROOT
+from render_results import RESULTS_DIR
 
 # name: (script, extra arguments at full size). The trainable-head runs take the
 # largest case only, at batch 1 and 2: the (V, H) gradients every method holds
@@ -36,37 +37,32 @@ BENCHMARKS = {
 }  # fmt: skip
 
 
-def main(argv=None) -> int:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--quick", "--smoke", action="store_true")
     parser.add_argument(
         "--only", nargs="+", choices=list(BENCHMARKS), default=list(BENCHMARKS)
     )
-    parser.add_argument("--gpu-dir", default=None)
     arguments = parser.parse_args(argv)
-    out_dir = DEFAULT_OUT_DIR / "smoke" if arguments.smoke else DEFAULT_OUT_DIR
+    out_dir = OUT_DIR / "quick" if arguments.quick else RESULTS_DIR
     for name in arguments.only:
         script, extra = BENCHMARKS[name]
         command = [
             sys.executable,
             str(BENCHMARK_DIR / script),
             "--out",
-            str(out_dir / f"{name}.json"),
-            *(["--smoke"] if arguments.smoke else extra),
+            str((out_dir / f"{name}.json").relative_to(REPO_ROOT)),
+            *(["--quick"] if arguments.quick else extra),
         ]
         print(f"== {' '.join(command)}", flush=True)
         started = time.perf_counter()
         subprocess.run(command, check=True, cwd=REPO_ROOT)
         print(f"== {name}: {time.perf_counter() - started:.0f} s", flush=True)
-    render = [sys.executable, str(BENCHMARK_DIR / "render_results.py")]
-    render += ["--out-dir", str(out_dir)]
-    if arguments.gpu_dir:
-        render += ["--gpu-dir", arguments.gpu_dir]
-    if arguments.smoke:
+    render = [sys.executable, str(BENCHMARK_DIR / "render_results.py"), str(out_dir)]
+    if arguments.quick:
         render += ["--out", str(out_dir / "RESULTS.md")]
     subprocess.run(render, check=True, cwd=REPO_ROOT)
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -23,18 +23,18 @@ prompts) every --eval-every steps. Time to accuracy = training wall time
 (rollouts + reward + update; evaluation excluded on both sides) up to the first
 evaluation whose --accuracy ("sampled" by default, the distribution being
 trained) reaches --target. Both sides run every step (--max-steps), so their
-time per step is also compared over identical step ranges. Differences that remain: the prompts are drawn from the same
-generator but in a different order (grpo_lab draws 32 fresh prompts per step,
-TRL shuffles a dataset of the same size), the random streams of the samplers
-differ, and TRL's advantage is (r - mean) / (std + 1e-4) with the unbiased std.
+time per step is also compared over identical step ranges. Differences that
+remain: the prompts are drawn from the same generator but in a different order
+(grpo_lab draws 32 fresh prompts per step, TRL shuffles a dataset of the same
+size), the random streams of the samplers differ, and TRL's advantage is
+(r - mean) / (std + 1e-4) with the unbiased std.
 
     .venv/bin/python benchmarks/time_to_accuracy.py
-    .venv/bin/python benchmarks/time_to_accuracy.py --smoke
+    .venv/bin/python benchmarks/time_to_accuracy.py --quick
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import statistics
 import sys
@@ -43,14 +43,11 @@ import time
 import warnings
 from pathlib import Path
 
+import harness
 import torch
-from bench_utils import (
-    DEFAULT_OUT_DIR,
-    command_line,
-    format_table,
-    machine_info,
-    write_json,
-)
+from cpu_profile import curve_line, evaluation, first_reaching
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+from trl_train_step import grpo_config, grpo_trainer
 
 from grpo_lab.rollouts import make_backend
 from grpo_lab.tasks import get_task
@@ -65,28 +62,42 @@ from grpo_lab.training.loop import (
 )
 from grpo_lab.training.sft import warm_up
 
-SMOKE_OVERRIDES = {
-    "rollout_batch_size": 8,
-    "train_batch_size": 8,
-    "group_size": 4,
-    "eval_size": 4,
-    "sft_max_steps": 2,
-    "sft_eval_every": 1,
-    "sft_eval_size": 4,
-    "sft_batch_size": 4,
+FLAGS = {
+    "seeds": [0, 1, 2],
+    "warm_seed": 0,
+    "target": 0.9,
+    "accuracy": harness.Flag(
+        "sampled", ("sampled", "greedy"), "which held-out accuracy must reach --target"
+    ),
+    "max_steps": 400,
+    "eval_every": 20,
+    "stop_at_target": harness.Flag(
+        False, help="stop TRL at the target (default: both sides run every step)"
+    ),
+    "config_overrides": harness.Flag({}, help="TrainConfig fields to set, as JSON"),
 }
+QUICK = {
+    "seeds": [0],
+    "max_steps": 2,
+    "eval_every": 1,
+    "config_overrides": {
+        "rollout_batch_size": 8, "train_batch_size": 8, "group_size": 4,
+        "eval_size": 4, "sft_max_steps": 2, "sft_eval_every": 1,
+        "sft_eval_size": 4, "sft_batch_size": 4,
+    },
+}  # fmt: skip
 
 
-def base_config(arguments, seed: int, run_dir: Path) -> TrainConfig:
-    overrides = SMOKE_OVERRIDES if arguments.smoke else {}
+def base_config(arguments, seed: int, run_dir: str) -> TrainConfig:
+    """The cpu profile at this run's steps and evaluation interval."""
     return TrainConfig.for_profile(
         "cpu",
         seed=seed,
         steps=arguments.max_steps,
         eval_every=arguments.eval_every,
         checkpoint_every=0,
-        run_dir=str(run_dir),
-        **overrides,
+        run_dir=run_dir,
+        **arguments.config_overrides,
     )
 
 
@@ -108,169 +119,106 @@ def warm_start(config: TrainConfig, folder: Path) -> float:
     return seconds
 
 
-def run_ours(config: TrainConfig, warm_folder: Path, target: float, measure: str):
+def run_ours(config: TrainConfig, warm_folder: Path, arguments) -> dict:
+    """grpo_lab's train() from the warm start; evaluations from its history."""
     config = dataclasses.replace(config, model=str(warm_folder), sft_max_steps=0)
-    result = train(config, progress=False)
     elapsed, evaluations = 0.0, []
-    for record in result.history:
-        if "step" not in record:
-            continue
-        elapsed += record.get("time/step_seconds", 0.0)
-        if "eval/accuracy_greedy" in record:
-            evaluations.append(
-                {
-                    "step": record["step"],
-                    "seconds": elapsed,
-                    "accuracy_greedy": record["eval/accuracy_greedy"],
-                    "accuracy_sampled": record["eval/accuracy_sampled"],
-                }
-            )
-    return summarize("grpo_lab", evaluations, target, measure)
+    for record in train(config, progress=False).history:
+        if "step" in record:
+            elapsed += record.get("time/step_seconds", 0.0)
+            if "eval/accuracy_greedy" in record:
+                evaluations.append(evaluation(record, seconds=elapsed))
+    return summarize("grpo_lab", evaluations, arguments)
 
 
-class HeldOutAccuracy:
-    """A TRL callback: grpo_lab's evaluate() every k steps (may stop at the target)."""
+class HeldOutAccuracy(TrainerCallback):
+    """grpo_lab's evaluate() in TRL's loop every k steps (may stop at the target)."""
 
-    def __init__(self, config, task, tokenizer, target, measure, stop_at_target):
+    def __init__(self, config, task, tokenizer, arguments):
         self.config, self.task, self.tokenizer = config, task, tokenizer
-        self.target, self.measure = target, measure
-        self.stop_at_target = stop_at_target
+        self.arguments = arguments
         self.eval_examples = task.eval(config.eval_size, seed=config.seed)
         self.evaluations: list[dict] = []
-        self.started = 0.0
-        self.excluded = 0.0
+        self.started = self.excluded = 0.0
 
-    def callback(self):
-        from transformers import TrainerCallback
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.started = time.perf_counter()
+        self.held_out(0, model)  # the accuracy training starts from
 
-        outer = self
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        reached = self.held_out(state.global_step, model)
+        if reached and self.arguments.stop_at_target:
+            control.should_training_stop = True
 
-        class _Callback(TrainerCallback):
-            def on_train_begin(self, args, state, control, model=None, **kwargs):
-                outer.started = time.perf_counter()
-                outer.evaluate(0, model)  # the accuracy training starts from
-
-            def on_step_end(self, args, state, control, model=None, **kwargs):
-                reached = outer.evaluate(state.global_step, model)
-                if reached and outer.stop_at_target:
-                    control.should_training_stop = True
-
-        return _Callback()
-
-    def evaluate(self, step: int, model) -> bool:
+    def held_out(self, step: int, model) -> bool:
+        """Evaluate when due (time excluded); True when the target is reached."""
         if step % self.config.eval_every and step != self.config.steps:
             return False
         now = time.perf_counter()
         training_seconds = now - self.started - self.excluded
-        backend = make_backend("hf", model, self.tokenizer)
-        policy = Policy(model, self.tokenizer, None, backend)
+        policy = Policy(
+            model, self.tokenizer, None, make_backend("hf", model, self.tokenizer)
+        )
         was_training = model.training
         record = evaluate(self.config, self.task, policy, self.eval_examples, step)
         model.train(was_training)
         self.excluded += time.perf_counter() - now
         self.evaluations.append(
-            {
-                "step": step,
-                "seconds": training_seconds,
-                "accuracy_greedy": record["eval/accuracy_greedy"],
-                "accuracy_sampled": record["eval/accuracy_sampled"],
-            }
+            evaluation({"step": step, **record}, seconds=training_seconds)
         )
-        return record[f"eval/accuracy_{self.measure}"] >= self.target
+        accuracy = record[f"eval/accuracy_{self.arguments.accuracy}"]
+        return accuracy >= self.arguments.target
 
 
-def run_trl(
-    config: TrainConfig,
-    warm_folder: Path,
-    target: float,
-    measure: str,
-    out_dir: Path,
-    stop_at_target: bool,
-):
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOTrainer
-
+def run_trl(config: TrainConfig, warm_folder: Path, arguments) -> dict:
+    """TRL's GRPOTrainer from the warm start, evaluated by HeldOutAccuracy."""
     task = get_task(config.task, **config.task_options)
     tokenizer = AutoTokenizer.from_pretrained(warm_folder)
     model = AutoModelForCausalLM.from_pretrained(warm_folder, dtype=torch.float32)
     examples = task.train(config.prompts_per_step * config.steps, config.seed)
-    dataset = Dataset.from_list(
-        [{"prompt": e.prompt, "ground_truth": e.ground_truth} for e in examples]
-    )
+    rows = [{"prompt": e.prompt, "ground_truth": e.ground_truth} for e in examples]
 
     def reward(prompts, completions, ground_truth, **kwargs):
         return [
-            task.reward_fn(completion, truth)["reward"]
-            for completion, truth in zip(completions, ground_truth)
+            task.reward_fn(c, t)["reward"] for c, t in zip(completions, ground_truth)
         ]
 
-    accuracy = HeldOutAccuracy(config, task, tokenizer, target, measure, stop_at_target)
+    callback = HeldOutAccuracy(config, task, tokenizer, arguments)
+    trl_settings = trl_config(config, f"{config.run_dir}-trl")
+    trainer = grpo_trainer(model, tokenizer, trl_settings, rows, reward, [callback])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer = GRPOTrainer(
-            model=model,
-            reward_funcs=reward,
-            args=trl_config(config, out_dir),
-            train_dataset=dataset,
-            processing_class=tokenizer,
-            callbacks=[accuracy.callback()],
-        )
         trainer.train()
-    return summarize("TRL", accuracy.evaluations, target, measure)
+    return summarize("TRL", callback.evaluations, arguments)
 
 
-def trl_config(config: TrainConfig, out_dir: Path):
-    from trl import GRPOConfig
-
-    return GRPOConfig(
-        output_dir=str(out_dir),
-        seed=config.seed,
-        max_steps=config.steps,
+def trl_config(config: TrainConfig, out_dir: str):
+    """TRL's GRPOConfig matched to the cpu profile (see the module docstring)."""
+    return grpo_config(
+        out_dir, True, seed=config.seed, max_steps=config.steps,
         per_device_train_batch_size=config.rollout_batch_size,
-        num_generations=config.group_size,
-        gradient_accumulation_steps=1,
-        steps_per_generation=1,
-        num_iterations=1,
-        learning_rate=config.lr,
-        lr_scheduler_type="constant_with_warmup",
+        num_generations=config.group_size, steps_per_generation=1,
+        learning_rate=config.lr, lr_scheduler_type="constant_with_warmup",
         warmup_steps=getattr(config, "lr_warmup_steps", 0),
-        weight_decay=config.weight_decay,
-        adam_beta1=0.9,
-        adam_beta2=config.adam_beta2,
-        max_grad_norm=config.max_grad_norm,
-        beta=0.0,
-        loss_type="grpo",
-        scale_rewards="group",
-        temperature=config.temperature,
-        top_p=config.top_p,
-        top_k=0,
-        max_completion_length=config.max_new_tokens,
-        bf16=False,
-        use_cpu=True,
-        report_to="none",
-        save_strategy="no",
-        logging_steps=1_000_000,
-        disable_dropout=True,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
-    )
+        weight_decay=config.weight_decay, adam_beta1=0.9,
+        adam_beta2=config.adam_beta2, max_grad_norm=config.max_grad_norm,
+        loss_type="grpo", scale_rewards="group", temperature=config.temperature,
+        top_p=config.top_p, top_k=0, max_completion_length=config.max_new_tokens,
+        dataloader_num_workers=0, disable_tqdm=True,
+    )  # fmt: skip
 
 
-def summarize(
-    framework: str, evaluations: list[dict], target: float, measure: str
-) -> dict:
-    key = f"accuracy_{measure}"
-    reached = next((e for e in evaluations if e[key] >= target), None)
+def summarize(framework: str, evaluations: list[dict], arguments) -> dict:
+    """A run's first evaluation at the target, and its last evaluation."""
+    reached = first_reaching(evaluations, arguments.accuracy, arguments.target) or {}
     last = evaluations[-1] if evaluations else {}
+    per_step = last["seconds"] / last["step"] if last.get("step") else None
     return {
         "framework": framework,
-        "reached": reached is not None,
-        "steps_to_target": reached["step"] if reached else None,
-        "seconds_to_target": reached["seconds"] if reached else None,
-        "seconds_per_step": (
-            last["seconds"] / last["step"] if last.get("step") else None
-        ),
+        "reached": bool(reached),
+        "steps_to_target": reached.get("step"),
+        "seconds_to_target": reached.get("seconds"),
+        "seconds_per_step": per_step,
         "last_step": last.get("step"),
         "last_accuracy_greedy": last.get("accuracy_greedy"),
         "last_accuracy_sampled": last.get("accuracy_sampled"),
@@ -293,12 +241,11 @@ def add_common_step_pace(runs: list[dict]) -> None:
         )
         if not shared:
             continue
-        common = max(shared)
         both_reached = [run["steps_to_target"] for run in same_seed]
         to_target = max(both_reached) if all(both_reached) else None
         for run in same_seed:
-            run["common_steps"] = common
-            run["seconds_per_common_step"] = _pace(run, common)
+            run["common_steps"] = max(shared)
+            run["seconds_per_common_step"] = _pace(run, max(shared))
             if to_target in shared:
                 run["target_steps"] = to_target
                 run["seconds_per_step_to_target"] = _pace(run, to_target)
@@ -309,67 +256,34 @@ def _pace(run: dict, steps: int) -> float:
     return seconds / steps
 
 
+MEANS = (  # averaged over seeds; all but the first also as TRL / grpo_lab
+    "steps_to_target",
+    "seconds_to_target",
+    "seconds_per_common_step",
+    "seconds_per_step_to_target",
+)
+
+
 def summary_rows(runs: list[dict]) -> list[dict]:
+    """Per framework: seeds, seeds at target, means; TRL's over grpo_lab's."""
     rows = []
     for framework in ("grpo_lab", "TRL"):
         mine = [r for r in runs if r["framework"] == framework]
-        reached = [r for r in mine if r["reached"]]
+        means = {f"mean_{key}": _mean([r.get(key) for r in mine]) for key in MEANS}
+        reached = sum(r["reached"] for r in mine)
         rows.append(
-            {
-                "framework": framework,
-                "seeds": len(mine),
-                "reached": len(reached),
-                "mean_steps_to_target": _mean([r["steps_to_target"] for r in reached]),
-                "mean_seconds_to_target": _mean(
-                    [r["seconds_to_target"] for r in reached]
-                ),
-                "mean_seconds_per_common_step": _mean(
-                    [r.get("seconds_per_common_step") for r in mine]
-                ),
-                "mean_seconds_per_step_to_target": _mean(
-                    [r.get("seconds_per_step_to_target") for r in mine]
-                ),
-            }
+            {"framework": framework, "seeds": len(mine), "reached": reached, **means}
         )
     ours, theirs = rows
-    for key in (
-        "mean_seconds_to_target",
-        "mean_seconds_per_common_step",
-        "mean_seconds_per_step_to_target",
-    ):
-        if ours[key] and theirs[key]:
-            theirs[key.replace("mean_", "trl_over_ours_")] = theirs[key] / ours[key]
+    for key in MEANS[1:]:
+        if ours[f"mean_{key}"] and theirs[f"mean_{key}"]:
+            theirs[f"trl_over_ours_{key}"] = theirs[f"mean_{key}"] / ours[f"mean_{key}"]
     return rows
 
 
-def _mean(values):
+def _mean(values: list) -> float | None:
     values = [v for v in values if v is not None]
     return statistics.mean(values) if values else None
-
-
-def parse_arguments(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--warm-seed", type=int, default=0)
-    parser.add_argument("--target", type=float, default=0.9)
-    parser.add_argument(
-        "--accuracy", choices=("sampled", "greedy"), default="sampled",
-        help="which held-out accuracy must reach --target",
-    )  # fmt: skip
-    parser.add_argument("--max-steps", type=int, default=400)
-    parser.add_argument("--eval-every", type=int, default=20)
-    parser.add_argument(
-        "--stop-at-target", action="store_true",
-        help="stop TRL at the target (default: both sides run every step)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--out", type=Path, default=DEFAULT_OUT_DIR / "time_to_accuracy.json"
-    )
-    parser.add_argument("--smoke", action="store_true", help="a few tiny steps")
-    arguments = parser.parse_args(argv)
-    if arguments.smoke:
-        arguments.seeds, arguments.max_steps, arguments.eval_every = [0], 2, 1
-    return arguments
 
 
 COLUMNS = [
@@ -396,66 +310,83 @@ SUMMARY_COLUMNS = [
 ]  # fmt: skip
 
 
-def main(argv=None) -> None:
-    arguments = parse_arguments(argv)
-    machine = machine_info()  # the load when the benchmark starts
-    runs = []
-    with tempfile.TemporaryDirectory() as scratch:
-        scratch = Path(scratch)
-        warm_folder = scratch / "warm"
-        warm_seconds = warm_start(
-            base_config(arguments, arguments.warm_seed, scratch / "warm-run"),
-            warm_folder,
-        )
-        for seed in arguments.seeds:
-            config = base_config(arguments, seed, scratch / f"ours-{seed}")
-            for framework in ("grpo_lab", "TRL"):
-                if framework == "grpo_lab":
-                    run = run_ours(
-                        config, warm_folder, arguments.target, arguments.accuracy
-                    )
-                else:
-                    run = run_trl(
-                        config,
-                        warm_folder,
-                        arguments.target,
-                        arguments.accuracy,
-                        scratch / f"trl-{seed}",
-                        arguments.stop_at_target,
-                    )
-                runs.append({**run, "seed": seed, "warm_up_seconds": warm_seconds})
-                add_common_step_pace(runs)
-                print(format_table(runs[-1:], COLUMNS), flush=True)
-                # Written after every run: an interrupted benchmark keeps its results.
-                write_json(
-                    arguments.out, results_payload(arguments, argv, machine, runs)
+NOTES = """Notes:
+
+- Both sides start from the same warmed-up weights; the warm-up (grpo_lab's
+  supervised warm-up, until a quarter of sampled held-out answers are right) is
+  shared and not counted.
+- Seconds per step include sampling, rewards and the update on both sides.
+  TRL's generation goes through its own `generate` call and bookkeeping;
+  grpo_lab's through `grpo_lab.rollouts.hf`.
+- grpo_lab runs each prompt once for its group of 8, both when sampling (one
+  prefill per distinct prompt, its key/value cache copied to the 8 rows) and
+  in the update (`share_prompt_prefix`, the cpu profile's default); TRL runs
+  every prompt 8 times. With 6-token prompts and responses of 5 digits plus
+  EOS, a group's update runs 5 + 8 × 7 = 61 positions instead of 8 × 12 = 96.
+- Both sides run every step. Later steps cost grpo_lab less (more groups are
+  all correct, and it does not score groups whose rewards are all equal), so
+  time per step is given over two identical step ranges: all steps ("shared
+  steps"), and the steps until both runs had reached the target."""
+
+
+def curves(runs: list[dict]) -> str:
+    return "\n".join(
+        [
+            "Held-out accuracy by step (step: sampled / greedy accuracy; seconds "
+            "exclude evaluation):",
+            "",
+            *(
+                curve_line(
+                    f"{run['framework']}, seed {run['seed']}", run["evaluations"]
                 )
-    payload = results_payload(arguments, argv, machine, runs)
-    print(format_table(runs, COLUMNS))
-    print(format_table(payload["summary"], SUMMARY_COLUMNS))
-    print(f"wrote {arguments.out}")
+                for run in runs
+            ),
+        ]
+    )
 
 
-def results_payload(arguments, argv, machine: dict, runs: list[dict]) -> dict:
+def report(arguments, runs: list[dict]) -> dict:
+    config, seeds = base_config(arguments, 0, "run"), arguments.seeds
     return {
-        "benchmark": "time_to_accuracy",
-        "command": command_line(__file__, argv),
-        "machine": machine,
-        "settings": {k: v for k, v in vars(arguments).items() if k != "out"},
-        "config": base_config(arguments, 0, Path("run")).to_dict(),
+        "title": "Time to accuracy against TRL GRPOTrainer (CPU toy task), "
+        f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}",
         "description": (
             f"Target: {arguments.accuracy} held-out accuracy (temperature "
             f"{'1' if arguments.accuracy == 'sampled' else '0'}) ≥ "
-            f"{arguments.target} on "
-            f"{base_config(arguments, 0, Path('run')).eval_size} prompts, checked "
-            f"every {arguments.eval_every} steps, at most {arguments.max_steps} "
-            "steps; seconds exclude evaluation and the shared warm-up. "
-            "Both sides and every seed start from the same warmed-up weights."
+            f"{arguments.target} on {config.eval_size} prompts, checked every "
+            f"{arguments.eval_every} steps, at most {arguments.max_steps} steps; "
+            "seconds exclude evaluation and the shared warm-up. Both sides and "
+            "every seed start from the same warmed-up weights."
         ),
-        "runs": runs,
-        "summary": summary_rows(runs),
+        "tables": [
+            harness.table(COLUMNS, runs),
+            harness.table(SUMMARY_COLUMNS, summary_rows(runs), notes=curves(runs)),
+        ],
+        "notes": NOTES,
+        "config": config.to_dict(),
     }
 
 
+def measure(arguments, save: harness.Save) -> dict:
+    runs = []
+    with tempfile.TemporaryDirectory() as scratch:
+        warm_folder = Path(scratch) / "warm"
+        warm_config = base_config(arguments, arguments.warm_seed, f"{scratch}/warm-run")
+        warm_seconds = warm_start(warm_config, warm_folder)
+        for seed in arguments.seeds:
+            config = base_config(arguments, seed, f"{scratch}/seed-{seed}")
+            for side in (run_ours, run_trl):
+                run = side(config, warm_folder, arguments)
+                runs.append({**run, "seed": seed, "warm_up_seconds": warm_seconds})
+                add_common_step_pace(runs)
+                save(report(arguments, runs))
+                print(f"{run['framework']}, seed {seed}: {run['last_step']} steps")
+    return report(arguments, runs)
+
+
+def main(argv=None) -> dict | None:
+    return harness.main(sys.modules[__name__], argv)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

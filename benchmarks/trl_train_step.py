@@ -2,199 +2,203 @@
 
 Both sides start from the same weights and see the same token ids and the same
 advantages; generation and rewards are outside the timed region on both sides.
-
-  grpo_lab  policy_gradient_update(model, AdamW, 1, max_grad_norm, batch, advantages)
-            (on-policy: importance_reweighting_method="none"); timed twice:
-            as is, and with share_prompt_prefix=True (each of the batch's
-            prompts runs once for its group; the training loop's setting)
-  TRL       GRPOTrainer.training_step(model, inputs) with generation bypassed
-            (its _prepare_inputs returns the prepared batch), then
-            clip_grad_norm_, optimizer.step, optimizer.zero_grad: what the
-            Trainer's inner loop does per step. TRL 1.16 scores with its fused,
-            chunked output head (no (B, T, V) logits).
-
-Settings matched: group size, epsilon 0.2, beta 0 (no KL, no reference model),
-one iteration per batch (so TRL's old log-probs are the detached current ones),
-no gradient accumulation, max_grad_norm 1, float32, torch.optim.AdamW(fused=True)
-on both sides (TRL's default optim, "adamw_torch_fused").
-
-Agreement (one step from the same weights, gradients read before the update):
-  TRL loss_type="grpo"    vs grpo_lab importance_reweighting_method="grpo" with
-                          old_log_probs = the current log-probs, cliprange 0.2,
-                          loss_normalization="sequence": both are
-                          mean_i( sum_t -A_i * ratio_it / |o_i| ) with ratio = 1.
-  TRL loss_type="dr_grpo" vs loss_normalization="constant" with
-                          normalization_constant = B * max_completion_length.
-  grpo_lab's on-policy "none" loss, -A * log p, has a different value but the
-  same gradient; its gradient is compared too.
-
-Time per step: steps alternate between the sides in one process (median of
---steps). Peak memory: each side in a fresh process, one step after a warm-up
-step, peak above the memory held after setup.
+Time per step: the sides alternate in one process (median of --steps after a
+warm-up step). Peak memory: each side in a fresh process, one step after a
+warm-up step. Agreement: the loss and gradients of one step from the same
+weights, read before the update. ``report`` states the method in full (the
+sides, the settings matched, which grpo_lab settings define the same loss as
+which TRL loss_type); it goes into the result file and RESULTS.md.
 
     .venv/bin/python benchmarks/trl_train_step.py
-    .venv/bin/python benchmarks/trl_train_step.py --smoke
+    .venv/bin/python benchmarks/trl_train_step.py --quick
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
-import json
 import statistics
 import sys
 import tempfile
-import time
 import warnings
-from pathlib import Path
 
+import harness
 import torch
-from bench_utils import (
-    DEFAULT_OUT_DIR,
-    PeakMemory,
-    command_line,
-    format_table,
-    machine_info,
-    run_worker,
-    synchronize,
-    write_json,
-)
-from transformers import AutoModelForCausalLM, Qwen2Config
 
 from grpo_lab.advantages import compute_group_normalized_rewards
 from grpo_lab.logprobs import get_response_log_probs
 from grpo_lab.masks import pad_prompt_and_response_ids
 from grpo_lab.models import build_char_tokenizer
+from grpo_lab.teaching.gradient_recorder import GradientRecorder
 from grpo_lab.train_step import policy_gradient_update
 
 MODEL_SHAPES = {
     # The CPU toy-task model: character vocabulary.
-    "tiny": {"hidden_size": 128, "num_layers": 2, "heads": 4, "kv_heads": 2,
-             "intermediate_size": 256, "vocab_size": None},
+    "tiny": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "intermediate_size": 256, "vocab_size": None},
     # A small model with a realistic vocabulary, where the output head matters.
-    "small": {"hidden_size": 512, "num_layers": 4, "heads": 8, "kv_heads": 2,
-              "intermediate_size": 1408, "vocab_size": 32000},
+    "small": {"hidden_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8,
+              "num_key_value_heads": 2, "intermediate_size": 1408, "vocab_size": 32000},
 }  # fmt: skip
-LEARNING_RATE = 1e-5
-# grpo_lab as is, grpo_lab with share_prompt_prefix=True, and TRL.
-OUR_SIDES = ("ours", "ours_shared")
-SIDES = (*OUR_SIDES, "trl")
-MAX_GRAD_NORM = 1.0
-CLIPRANGE = 0.2
+FLAGS = {
+    "model": harness.Flag(["tiny", "small"], tuple(MODEL_SHAPES)), "prompts": 4,
+    "group_size": 4, "prompt_len": 32, "max_completion_len": 128, "steps": 5,
+    "device": "cpu",
+}  # fmt: skip
+QUICK = {"model": ["tiny"], "prompts": 2, "group_size": 2, "prompt_len": 8,
+         "max_completion_len": 16, "steps": 2}  # fmt: skip
+LEARNING_RATE, MAX_GRAD_NORM, CLIPRANGE = 1e-5, 1.0, 0.2
+SIDES = ("ours", "ours_shared", "trl")  # shared: share_prompt_prefix=True
+TIMING_COLUMNS = [
+    ("model", "model"), ("parameters", "params"), ("vocab_size", "vocab"),
+    ("batch_size", "B"), ("sequence_len", "T"), ("ours_seconds", "grpo_lab s/step"),
+    ("trl_seconds", "TRL s/step"), ("trl_time_over_ours", "TRL / grpo_lab time"),
+    ("shared_seconds", "shared-prompt s/step"),
+    ("trl_time_over_shared", "TRL / shared-prompt time"),
+    ("ours_peak_mib", "grpo_lab peak MiB"),
+    ("shared_peak_mib", "shared-prompt peak MiB"), ("trl_peak_mib", "TRL peak MiB"),
+    ("trl_peak_over_ours", "TRL / grpo_lab peak"),
+]  # fmt: skip
+AGREEMENT_COLUMNS = [
+    ("model", "model"), ("trl_loss_type", "TRL loss_type"), ("ours", "grpo_lab"),
+    ("trl_loss", "TRL loss"), ("our_loss", "grpo_lab loss"),
+    ("loss_abs_diff", "|Δ loss|"), ("max_abs_grad_diff", "max |Δ grad|"),
+    ("max_abs_grad", "max |grad|"),
+]  # fmt: skip
+NOTES = """Reading: the ratio columns compare the two on the same batch in one
+process. Both run the same model forward and backward; what differs is the
+scoring around it. TRL 1.16 scores with its own chunked head
+(`add_fused_lm_head`); off Triton devices it scores every position, prompt
+included, and computes the entropy at each. grpo_lab scores the (B, T)
+response positions it needs with the lean default path, which keeps no
+(B, T, V) log-softmax table. Both sides' times include the AdamW step.
+
+Where the definitions coincide and where they differ:
+
+- TRL `loss_type="grpo"` is `mean_i( sum_t -min(r A_i, clip(r) A_i) / |o_i| )`;
+  with one iteration per batch its old log-probs are the detached current ones,
+  so `r = 1` and the value is `-mean(A)`. grpo_lab's `"grpo"` reweighting with
+  `old_log_probs` = the current log-probs and `loss_normalization="sequence"` is
+  the same expression: same value, same gradient.
+- TRL `loss_type="dr_grpo"` divides the masked token sum by
+  `B * max_completion_length`; grpo_lab's `"constant"` normalization divides by
+  `normalization_constant`, so they coincide for
+  `normalization_constant = B * max_completion_length`.
+- grpo_lab's on-policy default `"none"` uses `-A * log p` (REINFORCE form): its
+  value differs from TRL's (`-A * 1`), its gradient `-A * grad log p` is the same.
+- TRL's default `loss_type="dapo"` (divide by the number of tokens in the
+  accumulated generation batch) has no exact grpo_lab counterpart with variable
+  token counts across microbatches; with one microbatch it equals
+  `"constant"` with `normalization_constant` = that token count.
+- Advantages: TRL's `scale_rewards="group"` divides by the unbiased group
+  standard deviation plus 1e-4; grpo_lab's `"std"` normalizer uses its own
+  epsilon. Here both sides receive the same precomputed advantages."""
 
 
 def build_model(shape_name: str, tokenizer, device: torch.device):
     shape = MODEL_SHAPES[shape_name]
-    config = Qwen2Config(
-        vocab_size=shape["vocab_size"] or len(tokenizer),
-        hidden_size=shape["hidden_size"],
-        num_hidden_layers=shape["num_layers"],
-        num_attention_heads=shape["heads"],
-        num_key_value_heads=shape["kv_heads"],
-        intermediate_size=shape["intermediate_size"],
+    model = harness.random_qwen2(
+        0,
+        **{**shape, "vocab_size": shape["vocab_size"] or len(tokenizer)},
         max_position_embeddings=1024,
-        tie_word_embeddings=True,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=tokenizer.eos_token_id,
     )
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config).to(device).train()
+    return model.to(device).train()
 
 
-def build_batch(settings: dict, vocab_size: int, pad_token_id: int, eos_token_id: int):
-    """Prompts of one length (no prompt padding), responses of varied lengths."""
+def build_batch(
+    settings: dict, model, tokenizer, device
+) -> tuple[dict, dict, torch.Tensor]:
+    """Both sides' inputs: prompts of one length, responses of varied lengths."""
     generator = torch.Generator().manual_seed(settings["seed"])
-    batch_size = settings["prompts"] * settings["group_size"]
-    low = 2  # ids 0 and 1 are <pad> and <eos>
-    prompt_ids = [
-        torch.randint(
-            low, vocab_size, (settings["prompt_len"],), generator=generator
-        ).tolist()
-        for _ in range(settings["prompts"])
-    ]
-    prompt_ids = [ids for ids in prompt_ids for _ in range(settings["group_size"])]
+    group_size, vocab_size = settings["group_size"], model.config.vocab_size
+
+    def random_ids(count: int) -> list[int]:  # ids 0 and 1 are <pad> and <eos>
+        return torch.randint(2, vocab_size, (count,), generator=generator).tolist()
+
+    prompts = [random_ids(settings["prompt_len"]) for _ in range(settings["prompts"])]
+    prompt_ids = [ids for ids in prompts for _ in range(group_size)]
+    longest = settings["max_completion_len"]
     lengths = torch.randint(
-        settings["max_completion_len"] // 4,
-        settings["max_completion_len"],
-        (batch_size,),
-        generator=generator,
-    ).tolist()
-    response_ids = [
-        [
-            *torch.randint(
-                low, vocab_size, (length - 1,), generator=generator
-            ).tolist(),
-            eos_token_id,
-        ]
-        for length in lengths
-    ]
-    raw_rewards = torch.rand(batch_size, generator=generator).round()  # (B,)
-    raw_rewards[:: settings["group_size"]] = 1.0  # no all-zero group
-    raw_rewards[1 :: settings["group_size"]] = 0.0
-    advantages, _ = compute_group_normalized_rewards(
-        raw_rewards, settings["group_size"]
+        longest // 4, longest, (len(prompt_ids),), generator=generator
     )
-    ours = pad_prompt_and_response_ids(prompt_ids, response_ids, pad_token_id)
-    trl_inputs = _trl_inputs(prompt_ids, response_ids, advantages, pad_token_id)
-    return ours, trl_inputs, advantages.float()
+    response_ids = [
+        [*random_ids(n - 1), tokenizer.eos_token_id] for n in lengths.tolist()
+    ]
+    raw_rewards = torch.rand(len(prompt_ids), generator=generator).round()  # (B,)
+    raw_rewards[::group_size] = 1.0  # no all-zero group
+    raw_rewards[1::group_size] = 0.0
+    advantages = compute_group_normalized_rewards(raw_rewards, group_size)[0].float()
+    ours = pad_prompt_and_response_ids(prompt_ids, response_ids, tokenizer.pad_token_id)
+    trl_inputs = _trl_inputs(ours, settings["prompt_len"], advantages)
+    ours, trl_inputs = (
+        {k: v.to(device) for k, v in b.items()} for b in (ours, trl_inputs)
+    )
+    return ours, trl_inputs, advantages.to(device)
 
 
-def _trl_inputs(prompt_ids, response_ids, advantages, pad_token_id) -> dict:
-    """The dict GRPOTrainer._generate_and_score_completions returns (no vLLM)."""
-    width = max(len(ids) for ids in response_ids)
-    completion_ids = torch.full((len(response_ids), width), pad_token_id)  # (B, C)
-    completion_mask = torch.zeros((len(response_ids), width), dtype=torch.long)
-    for row, ids in enumerate(response_ids):
-        completion_ids[row, : len(ids)] = torch.tensor(ids)
-        completion_mask[row, : len(ids)] = 1
-    prompt = torch.tensor(prompt_ids)  # (B, P)
+def _trl_inputs(ours: dict, prompt_len: int, advantages: torch.Tensor) -> dict:
+    """What GRPOTrainer._generate_and_score_completions returns (no vLLM), cut
+    from the same ids: every prompt is ``prompt_len`` tokens long."""
+    ids = torch.cat([ours["input_ids"][:, :1], ours["labels"]], dim=1)  # (B, P + C)
+    completion_mask = ours["response_mask"][:, prompt_len - 1 :]  # (B, C)
     return {
-        "prompt_ids": prompt,
-        "prompt_mask": torch.ones_like(prompt),
-        "completion_ids": completion_ids,
+        "prompt_ids": ids[:, :prompt_len],  # (B, P)
+        "prompt_mask": torch.ones_like(ids[:, :prompt_len]),  # (B, P)
+        "completion_ids": ids[:, prompt_len:],  # (B, C)
         "completion_mask": completion_mask,
-        "advantages": advantages.float(),
+        "advantages": advantages,  # (B,)
         "num_items_in_batch": completion_mask.sum(),
     }
 
 
-def build_trainer(model, tokenizer, settings: dict, loss_type: str, out_dir: str):
-    from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
+def grpo_config(out_dir, use_cpu: bool, **settings):
+    """TRL's GRPOConfig as both comparisons set it: one iteration per batch, no
+    KL (beta 0), no gradient accumulation, float32, no logging or saving."""
+    from trl import GRPOConfig
 
-    batch_size = settings["prompts"] * settings["group_size"]
-    config = GRPOConfig(
-        output_dir=out_dir,
-        per_device_train_batch_size=batch_size,
-        num_generations=settings["group_size"],
-        max_completion_length=settings["max_completion_len"],
-        loss_type=loss_type,
-        beta=0.0,
-        epsilon=CLIPRANGE,
-        num_iterations=1,
-        gradient_accumulation_steps=1,
-        learning_rate=LEARNING_RATE,
-        lr_scheduler_type="constant",
-        weight_decay=0.0,
-        max_grad_norm=MAX_GRAD_NORM,
-        bf16=False,
-        use_cpu=settings["device"] == "cpu",
-        report_to="none",
-        logging_steps=1_000_000,
-        save_strategy="no",
-        disable_dropout=True,
-    )
-    dataset = Dataset.from_list([{"prompt": "0"}] * batch_size)
+    return GRPOConfig(
+        output_dir=str(out_dir), gradient_accumulation_steps=1, num_iterations=1,
+        beta=0.0, bf16=False, use_cpu=use_cpu, report_to="none",
+        logging_steps=1_000_000, save_strategy="no", disable_dropout=True, **settings,
+    )  # fmt: skip
+
+
+def grpo_trainer(model, tokenizer, config, rows: list[dict], reward, callbacks=()):
+    """TRL's GRPOTrainer on a dataset of ``rows``, its warnings silenced."""
+    from datasets import Dataset
+    from trl import GRPOTrainer
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer = GRPOTrainer(
+        return GRPOTrainer(
             model=model,
-            reward_funcs=lambda completions, **kwargs: [0.0] * len(completions),
+            reward_funcs=reward,
             args=config,
-            train_dataset=dataset,
+            train_dataset=Dataset.from_list(rows),
             processing_class=tokenizer,
+            callbacks=list(callbacks),
         )
+
+
+def build_trainer(model, tokenizer, settings: dict, loss_type: str, out_dir: str):
+    batch_size = settings["prompts"] * settings["group_size"]
+    config = grpo_config(
+        out_dir, settings["device"] == "cpu", per_device_train_batch_size=batch_size,
+        num_generations=settings["group_size"], loss_type=loss_type,
+        max_completion_length=settings["max_completion_len"], epsilon=CLIPRANGE,
+        learning_rate=LEARNING_RATE, lr_scheduler_type="constant", weight_decay=0.0,
+        max_grad_norm=MAX_GRAD_NORM,
+    )  # fmt: skip
+    dataset = [{"prompt": "0"}] * batch_size
+    trainer = grpo_trainer(
+        model,
+        tokenizer,
+        config,
+        dataset,
+        lambda completions, **_: [0.0] * len(completions),
+    )
     trainer.create_optimizer()
     trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train's loop
     # Generation is not part of the step being compared: hand the batch through.
@@ -203,40 +207,20 @@ def build_trainer(model, tokenizer, settings: dict, loss_type: str, out_dir: str
 
 
 def trl_step(trainer, inputs) -> None:
-    model = trainer.model
-    trainer.training_step(model, inputs, None)
-    torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+    """What the Trainer's inner loop does per step, after generation."""
+    trainer.training_step(trainer.model, inputs, None)
+    torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), MAX_GRAD_NORM)
     trainer.optimizer.step()
     trainer.optimizer.zero_grad(set_to_none=True)
 
 
-def ours_step(model, optimizer, batch, advantages, share_prompt_prefix) -> None:
-    policy_gradient_update(
-        model,
-        optimizer,
-        1,
-        MAX_GRAD_NORM,
-        batch,
-        advantages,
-        share_prompt_prefix=share_prompt_prefix,
-    )
-
-
-class GradientRecorder(torch.optim.Optimizer):
-    """An optimizer whose step() keeps a copy of the gradients and changes nothing."""
-
-    def __init__(self, params):
-        super().__init__(params, {})
-        self.gradients: list[torch.Tensor] = []
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        self.gradients = [
-            p.grad.detach().clone()
-            for group in self.param_groups
-            for p in group["params"]
-            if p.grad is not None
-        ]
+def flat_gradient(model) -> torch.Tensor:
+    """Every parameter's .grad (zeros where none), flattened: (N,)."""
+    grads = [
+        p.grad if p.grad is not None else torch.zeros_like(p)
+        for p in model.parameters()
+    ]
+    return torch.cat([grad.flatten() for grad in grads])
 
 
 def agreement(settings: dict, tokenizer, device) -> list[dict]:
@@ -244,22 +228,25 @@ def agreement(settings: dict, tokenizer, device) -> list[dict]:
     rows = []
     for loss_type, normalization in (("grpo", "sequence"), ("dr_grpo", "constant")):
         model = build_model(settings["model"], tokenizer, device)
-        ours, trl_inputs, advantages = _batch_on(settings, model, tokenizer, device)
-        batch_size = advantages.shape[0]
-        constant = batch_size * settings["max_completion_len"]
+        ours, trl_inputs, advantages = build_batch(settings, model, tokenizer, device)
+        constant = advantages.shape[0] * settings["max_completion_len"]
         with tempfile.TemporaryDirectory() as out_dir:
             trainer = build_trainer(
                 copy.deepcopy(model), tokenizer, settings, loss_type, out_dir
             )
-            trl_loss = trainer.compute_loss(trainer.model, trl_inputs)
-            trl_loss.backward()
-            trl_gradients = [p.grad for p in trainer.model.parameters()]
+            loss = trainer.compute_loss(trainer.model, trl_inputs)
+            loss.backward()
+            trl_loss, trl_gradient = float(loss.detach()), flat_gradient(trainer.model)
         with torch.no_grad():
             old_log_probs = get_response_log_probs(
                 model, ours["input_ids"], ours["labels"]
             )["log_probs"]  # (B, T)
+        label = normalization
+        if normalization == "constant":
+            label += f" (constant {constant})"
         for method in ("grpo", "none"):
             recorder = GradientRecorder(model.parameters())
+            clipped = method == "grpo"  # old log-probs = the current ones: ratio 1
             our_loss, _ = policy_gradient_update(
                 model,
                 recorder,
@@ -268,150 +255,91 @@ def agreement(settings: dict, tokenizer, device) -> list[dict]:
                 ours,
                 advantages,
                 importance_reweighting_method=method,
-                old_log_probs=old_log_probs if method == "grpo" else None,
-                cliprange=CLIPRANGE if method == "grpo" else None,
+                old_log_probs=old_log_probs if clipped else None,
+                cliprange=CLIPRANGE if clipped else None,
                 loss_normalization=normalization,
                 normalization_constant=constant
                 if normalization == "constant"
                 else None,
             )
-            gradient_diff = max(
-                float((a - b).abs().max())
-                for a, b in zip(recorder.gradients, trl_gradients)
-            )
-            gradient_scale = max(float(b.abs().max()) for b in trl_gradients)
             rows.append(
                 {
                     "trl_loss_type": loss_type,
-                    "ours": f"{method}, {normalization}"
-                    + (
-                        f" (constant {constant})" if normalization == "constant" else ""
-                    ),
-                    "trl_loss": float(trl_loss.detach()),
+                    "ours": f"{method}, {label}",
+                    "trl_loss": trl_loss,
                     "our_loss": float(our_loss),
-                    "loss_abs_diff": abs(float(trl_loss.detach()) - float(our_loss)),
-                    "max_abs_grad_diff": gradient_diff,
-                    "max_abs_grad": gradient_scale,
+                    "loss_abs_diff": abs(trl_loss - float(our_loss)),
+                    "max_abs_grad_diff": float(
+                        (recorder.gradient - trl_gradient).abs().max()
+                    ),
+                    "max_abs_grad": float(trl_gradient.abs().max()),
                 }
             )
     return rows
 
 
-def _batch_on(settings, model, tokenizer, device):
-    ours, trl_inputs, advantages = build_batch(
-        settings,
-        model.config.vocab_size,
-        tokenizer.pad_token_id,
-        tokenizer.eos_token_id,
-    )
-    ours = {key: value.to(device) for key, value in ours.items()}
-    trl_inputs = {key: value.to(device) for key, value in trl_inputs.items()}
-    return ours, trl_inputs, advantages.to(device)
-
-
 def _setup_side(side: str, settings: dict, tokenizer, device, out_dir: str):
+    """One side's step as a function of no arguments, ready to time."""
     model = build_model(settings["model"], tokenizer, device)
-    ours, trl_inputs, advantages = _batch_on(settings, model, tokenizer, device)
-    if side in OUR_SIDES:
-        # TRL's default optim is "adamw_torch_fused": the same kernel on both sides.
-        optimizer = torch.optim.AdamW(
-            model.parameters(), lr=LEARNING_RATE, weight_decay=0.0, fused=True
-        )
-        share = side == "ours_shared"
-        return lambda: ours_step(model, optimizer, ours, advantages, share)
-    trainer = build_trainer(model, tokenizer, settings, "grpo", out_dir)
-    return lambda: trl_step(trainer, trl_inputs)
+    ours, trl_inputs, advantages = build_batch(settings, model, tokenizer, device)
+    if side == "trl":
+        trainer = build_trainer(model, tokenizer, settings, "grpo", out_dir)
+        return lambda: trl_step(trainer, trl_inputs)
+    # TRL's default optim is "adamw_torch_fused": the same kernel on both sides.
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=LEARNING_RATE, weight_decay=0.0, fused=True
+    )
+    share = side == "ours_shared"
+    return lambda: policy_gradient_update(
+        model, optimizer, 1, MAX_GRAD_NORM, ours, advantages, share_prompt_prefix=share
+    )
 
 
 def timing(settings: dict, tokenizer, device) -> dict:
-    """Median seconds per step, the two sides alternating in one process."""
+    """Median seconds per step, the sides alternating in one process."""
     with tempfile.TemporaryDirectory() as out_dir:
         steps = {
             side: _setup_side(side, settings, tokenizer, device, out_dir)
             for side in SIDES
         }
         seconds = {side: [] for side in steps}
-        for step_index in range(settings["steps"] + 1):
+        for _ in range(settings["steps"] + 1):
             for side, step in steps.items():
-                synchronize(device)
-                start = time.perf_counter()
-                step()
-                synchronize(device)
-                if step_index > 0:  # the first step of each side is a warm-up
-                    seconds[side].append(time.perf_counter() - start)
-    return {side: statistics.median(values) for side, values in seconds.items()}
+                seconds[side].append(harness.timed(device, step)[1])
+    # The first step of each side is a warm-up.
+    return {side: statistics.median(values[1:]) for side, values in seconds.items()}
 
 
-def peak_memory_worker(side: str, settings: dict) -> dict:
+def worker(spec: dict) -> dict:
     """In a fresh process: peak memory of one step after a warm-up step."""
+    settings = spec["settings"]
     device = torch.device(settings["device"])
-    tokenizer = build_char_tokenizer()
     with tempfile.TemporaryDirectory() as out_dir:
-        step = _setup_side(side, settings, tokenizer, device, out_dir)
+        step = _setup_side(
+            spec["side"], settings, build_char_tokenizer(), device, out_dir
+        )
         step()
-        synchronize(device)
-        with PeakMemory(device) as peak:
+        with harness.PeakMemory(device) as peak:
             step()
-    return {"side": side, "peak_bytes": peak.peak_bytes}
-
-
-def parse_arguments(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=sorted(MODEL_SHAPES), nargs="+",
-                        default=["tiny", "small"])  # fmt: skip
-    parser.add_argument("--prompts", type=int, default=4)
-    parser.add_argument("--group-size", type=int, default=4)
-    parser.add_argument("--prompt-len", type=int, default=32)
-    parser.add_argument("--max-completion-len", type=int, default=128)
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument(
-        "--out", type=Path, default=DEFAULT_OUT_DIR / "trl_train_step.json"
-    )
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes, few steps")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
-    arguments = parser.parse_args(argv)
-    if arguments.smoke:
-        arguments.model = ["tiny"]
-        arguments.prompts, arguments.group_size = 2, 2
-        arguments.prompt_len, arguments.max_completion_len = 8, 16
-        arguments.steps = 2
-    return arguments
-
-
-def settings_for(arguments, model_name: str) -> dict:
-    return {
-        "model": model_name,
-        "prompts": arguments.prompts,
-        "group_size": arguments.group_size,
-        "prompt_len": arguments.prompt_len,
-        "max_completion_len": arguments.max_completion_len,
-        "steps": arguments.steps,
-        "seed": arguments.seed,
-        "device": arguments.device,
-    }
+    return peak.peak_bytes
 
 
 def run_model(arguments, model_name: str) -> tuple[dict, list[dict]]:
-    settings = settings_for(arguments, model_name)
+    # What one model's run depends on (sent to the peak-memory workers).
+    settings = {**vars(arguments), "model": model_name}
+    settings = {k: settings[k] for k in (*FLAGS, "seed")}
     device = torch.device(arguments.device)
     tokenizer = build_char_tokenizer()
     agreement_rows = [
         {"model": model_name, **row} for row in agreement(settings, tokenizer, device)
     ]
     seconds = timing(settings, tokenizer, device)
-    script = str(Path(__file__).resolve())
-    peaks = {
-        side: run_worker(
-            [script, "--worker", json.dumps({"side": side, "settings": settings})]
-        )["peak_bytes"]
+    peaks = {  # bytes
+        side: harness.run_worker(__file__, {"side": side, "settings": settings})
         for side in SIDES
     }
     model = build_model(model_name, tokenizer, torch.device("cpu"))
-    ours, _, _ = build_batch(
-        settings, model.config.vocab_size, tokenizer.pad_token_id, 1
-    )
+    ours, _, _ = build_batch(settings, model, tokenizer, torch.device("cpu"))
     row = {
         "model": model_name,
         "parameters": sum(p.numel() for p in model.parameters()),
@@ -432,53 +360,50 @@ def run_model(arguments, model_name: str) -> tuple[dict, list[dict]]:
     return row, agreement_rows
 
 
-TIMING_COLUMNS = [
-    ("model", "model"), ("parameters", "params"), ("vocab_size", "vocab"),
-    ("batch_size", "B"), ("sequence_len", "T"), ("ours_seconds", "grpo_lab s/step"),
-    ("trl_seconds", "TRL s/step"), ("trl_time_over_ours", "TRL / grpo_lab time"),
-    ("shared_seconds", "shared-prompt s/step"),
-    ("trl_time_over_shared", "TRL / shared-prompt time"),
-    ("ours_peak_mib", "grpo_lab peak MiB"),
-    ("shared_peak_mib", "shared-prompt peak MiB"), ("trl_peak_mib", "TRL peak MiB"),
-    ("trl_peak_over_ours", "TRL / grpo_lab peak"),
-]  # fmt: skip
-AGREEMENT_COLUMNS = [
-    ("model", "model"), ("trl_loss_type", "TRL loss_type"), ("ours", "grpo_lab"),
-    ("trl_loss", "TRL loss"), ("our_loss", "grpo_lab loss"),
-    ("loss_abs_diff", "|Δ loss|"), ("max_abs_grad_diff", "max |Δ grad|"),
-    ("max_abs_grad", "max |grad|"),
-]  # fmt: skip
+def report(arguments, timing_rows: list[dict], agreement_rows: list[dict]) -> dict:
+    return {
+        "title": "One GRPO step against TRL GRPOTrainer "
+        f"({harness.device_label(arguments.device)})",
+        "description": (
+            "Same weights, token ids and advantages on both sides; generation and "
+            "rewards outside the timed region. grpo_lab: `policy_gradient_update` "
+            '(on-policy), as is and with `share_prompt_prefix=True` ("shared-prompt" '
+            "columns: each of the batch's prompts runs once for its group, as in the "
+            "training loop). TRL: `GRPOTrainer.training_step` on the prepared batch "
+            "(its `_prepare_inputs` bypassed) + `clip_grad_norm_` + `optimizer.step`. "
+            f"Group size {arguments.group_size}, epsilon 0.2, beta 0, one iteration, "
+            "no gradient accumulation, max_grad_norm 1, fused AdamW on both sides "
+            "(TRL's default), float32. Seconds: median over "
+            f"{arguments.steps} alternating steps after a warm-up; peak: fresh "
+            "process per side, one step after a warm-up step."
+        ),
+        "tables": [
+            harness.table(TIMING_COLUMNS, timing_rows),
+            harness.table(
+                AGREEMENT_COLUMNS,
+                agreement_rows,
+                title="Loss and gradient agreement, one step from the same weights "
+                "(gradients read before the update):",
+            ),
+        ],
+        "notes": NOTES,
+    }
 
 
-def main(argv=None) -> None:
-    arguments = parse_arguments(argv)
-    if arguments.worker:
-        spec = json.loads(arguments.worker)
-        print(json.dumps(peak_memory_worker(spec["side"], spec["settings"])))
-        return
+def measure(arguments, save: harness.Save) -> dict:
     timing_rows, agreement_rows = [], []
     for model_name in arguments.model:
         row, rows = run_model(arguments, model_name)
         timing_rows.append(row)
         agreement_rows.extend(rows)
-        print(format_table([row], TIMING_COLUMNS), flush=True)
-    payload = {
-        "benchmark": "trl_train_step",
-        "command": command_line(__file__, argv),
-        "machine": machine_info(),
-        "settings": {
-            key: value
-            for key, value in vars(arguments).items()
-            if key not in {"worker", "out"}
-        },
-        "timing": timing_rows,
-        "agreement": agreement_rows,
-    }
-    write_json(arguments.out, payload)
-    print(format_table(timing_rows, TIMING_COLUMNS))
-    print(format_table(agreement_rows, AGREEMENT_COLUMNS))
-    print(f"wrote {arguments.out}")
+        save(report(arguments, timing_rows, agreement_rows))
+        print(f"{model_name}: TRL / grpo_lab time {row['trl_time_over_ours']:.2f}")
+    return report(arguments, timing_rows, agreement_rows)
+
+
+def main(argv=None) -> dict | None:
+    return harness.main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

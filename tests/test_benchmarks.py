@@ -1,45 +1,74 @@
-"""Every benchmark script runs at its smallest sizes and writes the expected JSON.
+"""Every benchmark runs at its quick sizes and writes a result file that follows
+the format; render_results renders any such file, and the committed ones
+render to the committed RESULTS.md.
 
-Not timing tests: they check that each code path runs, that the JSON carries
-its fields, and that the agreement checks inside the benchmarks hold (the
-optimized log-prob paths match naive; TRL's loss matches grpo_lab's where the
-definitions coincide). The TRL comparisons need the ``bench`` extra.
+Not timing tests: they check that each code path runs, that a result file
+records its run (machine, load, time, command), and that the agreement checks
+inside the benchmarks hold (the optimized log-prob paths match naive; TRL's
+loss matches grpo_lab's where the definitions coincide). The TRL comparisons
+need the ``bench`` extra.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BENCHMARK_DIR = REPO_ROOT / "benchmarks"
 sys.path.insert(0, str(BENCHMARK_DIR))
 
 import gpu_throughput  # noqa: E402
+import harness  # noqa: E402
 import logprob_memory  # noqa: E402
 import render_results  # noqa: E402
 
-MACHINE_FIELDS = {"nproc", "cpu_model", "load_average", "torch", "transformers"}
+SCRIPTS = {
+    "cpu_profile", "logprob_memory", "trl_train_step", "time_to_accuracy",
+    "gpu_throughput", "run_cpu", "harness",
+}  # fmt: skip
+MACHINE_FIELDS = {
+    "nproc", "cpu_model", "torch", "transformers", "torch_threads", "git_commit",
+    "load_average_start", "load_average_end", "utc_start", "utc_end",
+}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def smoke_dir(tmp_path_factory) -> Path:
-    """logprob_memory (in-process) and gpu_throughput at smoke sizes, run once."""
+def quick_dir(tmp_path_factory) -> Path:
+    """logprob_memory (in-process) and gpu_throughput at quick sizes, run once."""
     out_dir = tmp_path_factory.mktemp("bench")
     logprob_memory.main(
-        ["--smoke", "--in-process", "--out", str(out_dir / "logprob_memory.json")]
+        ["--quick", "--in-process", "--out", str(out_dir / "logprob_memory.json")]
     )
-    gpu_throughput.main(["--smoke", "--out", str(out_dir / "gpu_throughput.json")])
+    gpu_throughput.main(["--quick", "--out", str(out_dir / "gpu_throughput.json")])
     return out_dir
 
 
 def read(path: Path) -> dict:
     return json.loads(path.read_text())
+
+
+def assert_records_its_run(result: dict, script: str, flags: list[str]) -> None:
+    """The result file passes the schema and says how, where and when it ran."""
+    render_results.check_result(result)
+    assert result["benchmark"] == script and result["complete"] is True
+    assert result["argv"][1:] == [f"benchmarks/{script}.py", *flags]
+    assert result["command"] == shlex.join(result["argv"])
+    machine = result["machine"]
+    assert set(machine) >= MACHINE_FIELDS
+    assert machine["torch"] == torch.__version__
+    assert machine["utc_start"] <= machine["utc_end"]
+    assert len(machine["load_average_end"]) == 3
+    assert result["settings"]["quick"] is True
+    assert "out" not in result["settings"]
 
 
 def assert_log_probs_agree(rows: list[dict], tolerance: float) -> None:
@@ -53,11 +82,13 @@ def assert_log_probs_agree(rows: list[dict], tolerance: float) -> None:
             assert row[key] < tolerance, (row["method"], key, row[key])
 
 
-def test_logprob_memory_rows_cover_every_method_and_agree(smoke_dir):
-    payload = read(smoke_dir / "logprob_memory.json")
-    assert set(payload["machine"]) >= MACHINE_FIELDS
-    assert payload["command"].startswith(".venv/bin/python")
-    rows = payload["rows"]
+def test_logprob_memory_rows_cover_every_method_and_agree(quick_dir):
+    out = quick_dir / "logprob_memory.json"
+    result = read(out)
+    flags = ["--quick", "--in-process", "--out", str(out)]
+    assert_records_its_run(result, "logprob_memory", flags)
+    (table,) = result["tables"]
+    rows = table["rows"]
     methods = ["naive", "default", "chunk=16", "chunk=64"]
     assert [(row["head"], row["method"]) for row in rows] == [
         (head, method) for head in ("frozen", "trainable") for method in methods
@@ -70,13 +101,17 @@ def test_logprob_memory_rows_cover_every_method_and_agree(smoke_dir):
     # The default and chunked paths compute the same log-probs, entropies and
     # gradients as log_softmax + gather (float32: rounding only).
     assert_log_probs_agree(rows, 1e-4)
+    assert "trainable head, T=64: chunked head" in table["notes"]
+    assert "every case in one process" in result["description"]
+    assert result["title"] == "Log-prob memory and time (CPU)"
 
 
 @pytest.mark.slow
 def test_logprob_memory_fresh_process_per_case(tmp_path):
     out = tmp_path / "logprob_memory.json"
-    logprob_memory.main(["--smoke", "--heads", "frozen", "--out", str(out)])
-    rows = read(out)["rows"]
+    result = logprob_memory.main(["--quick", "--heads", "frozen", "--out", str(out)])
+    assert read(out) == json.loads(json.dumps(result, default=str))
+    rows = result["tables"][0]["rows"]
     assert [row["method"] for row in rows] == [
         "naive",
         "default",
@@ -85,40 +120,223 @@ def test_logprob_memory_fresh_process_per_case(tmp_path):
     ]
     assert all(row["peak_bytes"] > 0 for row in rows)
     assert_log_probs_agree(rows, 1e-4)
-    assert "fresh process" in read(out)["memory_measure"]
+    assert "fresh process per case" in result["description"]
 
 
-def test_gpu_throughput_smoke_reports_both_head_paths_and_rollouts(smoke_dir):
-    payload = read(smoke_dir / "gpu_throughput.json")
-    assert payload["peak_flops"] == 989e12
-    train_rows = payload["train_step"]
-    assert [row["logits_chunk_size"] for row in train_rows] == [0, 8]
-    for row in train_rows:
+def test_gpu_throughput_quick_reports_both_head_paths_and_rollouts(quick_dir):
+    out = quick_dir / "gpu_throughput.json"
+    result = read(out)
+    assert_records_its_run(result, "gpu_throughput", ["--quick", "--out", str(out)])
+    assert result["peak_flops"] == 989e12
+    train, rollouts = result["tables"]
+    assert [row["logits_chunk_size"] for row in train["rows"]] == [0, 8]
+    for row in train["rows"]:
         # tokens/s is B * T / seconds per step: 4 * 32 tokens here.
         assert row["tokens_per_second"] == pytest.approx(
             4 * 32 / row["seconds_per_step"]
         )
         assert 0 < row["mfu"] < 1
-    (rollout,) = payload["rollout"]
+    (rollout,) = rollouts["rows"]
     # 2 rows x 4 new tokens each, every row forced to full length.
     assert rollout["tokens_per_second"] == pytest.approx(2 * 4 / rollout["seconds"])
+    assert rollouts["title"].startswith("HF `generate` rollouts")
 
 
-def test_render_results_writes_every_table_with_its_command(smoke_dir, tmp_path):
-    out = tmp_path / "RESULTS.md"
-    render_results.main(
-        ["--out-dir", str(smoke_dir), "--gpu-dir", str(smoke_dir), "--out", str(out)]
+def test_quick_sets_small_sizes_and_explicit_flags_still_win():
+    full = harness.arguments_of(logprob_memory, [])
+    assert (full.vocab_sizes, full.heads, full.seed) == ([32000, 151936], ["frozen"], 0)
+    quick = harness.arguments_of(logprob_memory, ["--quick"])
+    assert (quick.vocab_sizes, quick.heads) == ([512], ["frozen", "trainable"])
+    mixed = harness.arguments_of(
+        logprob_memory, ["--smoke", "--heads", "trainable", "--seq-lens", "32", "16"]
     )
+    assert (mixed.heads, mixed.seq_lens, mixed.vocab_sizes) == (
+        ["trainable"],
+        [32, 16],
+        [512],
+    )
+    on_gpu = harness.arguments_of(gpu_throughput, ["--quick", "--device", "cuda"])
+    assert (on_gpu.device, on_gpu.shape) == ("cuda", "tiny")
+    with pytest.raises(SystemExit):  # choices are enforced
+        harness.arguments_of(logprob_memory, ["--heads", "thawed"])
+
+
+def test_flags_take_their_type_from_the_default():
+    benchmark = types.SimpleNamespace(
+        __file__=str(BENCHMARK_DIR / "made_up.py"),
+        __doc__="A benchmark made up for this test.",
+        FLAGS={"seeds": [0, 1], "rate": 0.5, "name": "a", "switch": False,
+               "overrides": {}, "mode": harness.Flag("x", ("x", "y"))},
+        QUICK={},
+    )  # fmt: skip
+    parsed = harness.arguments_of(
+        benchmark,
+        ["--seeds", "3", "--rate", "2", "--switch", "--overrides", '{"k": 1}'],
+    )
+    assert parsed.seeds == [3] and not hasattr(parsed, "seed")
+    assert parsed.rate == 2.0 and isinstance(parsed.rate, float)
+    assert (parsed.name, parsed.switch, parsed.overrides) == ("a", True, {"k": 1})
+    assert parsed.out == BENCHMARK_DIR / "out" / "made_up.json"
+
+
+def test_main_saves_while_measuring_and_records_the_command(tmp_path, capsys):
+    out = tmp_path / "made_up.json"
+    seen_on_disk = []
+
+    def measure(arguments, save):
+        report = {
+            "title": "Made up",
+            "description": f"size {arguments.size}",
+            "tables": [harness.table([("size", "size")], [{"size": arguments.size}])],
+            "notes": "",
+        }
+        save(report)
+        seen_on_disk.append(read(out))
+        return report
+
+    benchmark = types.SimpleNamespace(
+        __file__=str(BENCHMARK_DIR / "made_up.py"),
+        __doc__="A benchmark made up for this test.",
+        FLAGS={"size": 8},
+        QUICK={"size": 2},
+        measure=measure,
+    )
+    result = harness.main(benchmark, ["--quick", "--out", str(out)])
+    (partial,) = seen_on_disk
+    assert partial["complete"] is False and result["complete"] is True
+    assert read(out)["complete"] is True
+    assert result["settings"] == {"quick": True, "seed": 0, "size": 2}
+    assert result["argv"][1:] == ["benchmarks/made_up.py", "--quick", "--out", str(out)]
+    # One print: the section as RESULTS.md would show it.
+    printed = capsys.readouterr().out
+    assert printed.count("## Made up") == 1 and "| size |\n| --- |\n| 2 |" in printed
+
+
+def synthetic_result(**changes) -> dict:
+    result = {
+        "schema": 1,
+        "benchmark": "never_seen",
+        "title": "A benchmark no script writes",
+        "description": "Made up for this test.",
+        "command": "python benchmarks/never_seen.py --size 3",
+        "argv": ["python", "benchmarks/never_seen.py", "--size", "3"],
+        "machine": {"nproc": 7, "cpu_model": "Test CPU", "torch": "9.9",
+                    "git_commit": "0123456789abcdef", "git_dirty": True,
+                    "load_average_start": [0.5, 0.25, 0.125],
+                    "load_average_end": [1.0, 0.5, 0.25],
+                    "utc_start": "2030-01-01T00:00:00Z",
+                    "utc_end": "2030-01-01T00:01:00Z"},
+        "settings": {"size": 3},
+        "complete": False,
+        "tables": [
+            {"title": "First table:", "columns": [["name", "name"], ["x", "x value"]],
+             "rows": [{"name": "a", "x": 0.000012345}, {"name": "b"}],
+             "notes": "A note under the first table."},
+            {"title": "", "columns": [["n", "count"]], "rows": [{"n": 12345.0}],
+             "notes": ""},
+        ],
+        "notes": "Closing notes.",
+    }  # fmt: skip
+    return {**result, **changes}
+
+
+def test_render_results_renders_a_file_it_has_never_seen_without_the_scripts(
+    tmp_path,
+):
+    path = tmp_path / "never_seen.json"
+    path.write_text(json.dumps(synthetic_result()))
+    out = tmp_path / "RESULTS.md"
+    code = (
+        "import sys; sys.path.insert(0, 'benchmarks'); import render_results; "
+        "render_results.main(sys.argv[1:]); "
+        f"print(sorted(set(sys.modules) & set({sorted(SCRIPTS | {'torch'})!r})))"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", code, str(path), "--out", str(out)],
+        cwd=REPO_ROOT, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert completed.stdout.strip().splitlines()[-1] == "[]"  # nothing imported
     text = out.read_text()
+    assert text.startswith("# Benchmarks")
+    assert "## A benchmark no script writes" in text
+    assert "Command: `python benchmarks/never_seen.py --size 3`" in text
+    assert (
+        "Machine: nproc 7; CPU Test CPU; torch 9.9; commit 0123456789ab with "
+        "uncommitted changes; load average at start 0.50, 0.25, 0.12; load average "
+        "at end 1.00, 0.50, 0.25; 2030-01-01T00:00:00Z to 2030-01-01T00:01:00Z"
+    ) in text
+    assert "Stopped before it finished" in text
+    first_table = (
+        "First table:\n\n| name | x value |\n| --- | --- |\n| a | 1.23e-05 |\n"
+        "| b | – |\n\nA note under the first table."
+    )
+    assert first_table in text
+    assert "| count |\n| --- |\n| 12345 |" in text
+    assert "Closing notes." in text
+    assert "No result file here was measured on a GPU" in text
+
+
+def test_render_results_prints_a_repeated_closing_note_once(tmp_path):
+    for name in ("a", "b"):
+        result = synthetic_result(title=f"Section {name}", complete=True)
+        (tmp_path / f"{name}.json").write_text(json.dumps(result))
+    text = render_results.render([tmp_path], bare=True)
+    assert text.index("## Section a") < text.index("## Section b")
+    assert text.count("Closing notes.") == 1
+    assert "# Benchmarks" not in text and "## GPU" not in text
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"schema": 2}, "expected schema 1"),
+        ({"title": None}, "title of type str"),
+        ({"machine": {"nproc": 1}}, "machine.load_average_start"),
+        ({"tables": [{"title": "", "columns": [["only key"]], "rows": [],
+                      "notes": ""}]}, r"tables\[0\]: expected columns of \[key, header\]"),
+        ({"tables": [{"title": "", "columns": [], "rows": [1], "notes": ""}]},
+         "rows of objects"),
+    ],
+)  # fmt: skip
+def test_check_result_names_the_field_that_breaks_the_format(changes, message):
+    with pytest.raises(ValueError, match=message):
+        render_results.check_result(synthetic_result(**changes), "never_seen.json")
+
+
+def test_committed_results_render_to_the_committed_results_md():
+    """RESULTS.md holds nothing but what benchmarks/results/ renders to."""
+    paths = sorted((BENCHMARK_DIR / "results").glob("*.json"))
+    assert {path.stem for path in paths} >= {
+        "cpu_profile", "logprob_memory", "logprob_memory_trainable",
+        "logprob_memory_trainable_b2", "time_to_accuracy", "trl_train_step",
+    }  # fmt: skip
+    rendered = render_results.render([BENCHMARK_DIR / "results"])
+    assert rendered == (BENCHMARK_DIR / "RESULTS.md").read_text()
+
+
+def test_recorded_and_rerun_command_lines_still_parse():
+    """Each committed result's command, and each run_cpu.py run, parses today."""
+    import run_cpu
+    import time_to_accuracy  # also imports cpu_profile and trl_train_step
+
+    modules = {name: sys.modules[name] for name in SCRIPTS - {"run_cpu", "harness"}}
+    for path in (BENCHMARK_DIR / "results").glob("*.json"):
+        argv = read(path)["argv"]
+        parsed = vars(harness.arguments_of(modules[Path(argv[1]).stem], argv[2:]))
+        settings = {k: v for k, v in parsed.items() if k not in {"out", "worker"}}
+        assert settings == read(path)["settings"], path.name
+    for script, extra in run_cpu.BENCHMARKS.values():
+        harness.arguments_of(modules[Path(script).stem], extra)
+    assert time_to_accuracy.QUICK["config_overrides"]["eval_size"] == 4
+
+
+def test_render_results_renders_the_quick_results(quick_dir):
+    text = render_results.render([quick_dir], bare=True)
     assert "## Log-prob memory and time (CPU)" in text
-    assert "benchmarks/logprob_memory.py --smoke" in text
+    assert "benchmarks/logprob_memory.py --quick --in-process" in text
     assert "| frozen | 512 | 64 | chunk=16 |" in text
-    assert "trainable head, T=64: chunked head" in text
-    assert "Qwen2.5-1.5B shape" in text and "tokens/s" in text
-    # Files absent from these folders are said to be missing, not invented: the
-    # trainable-head CPU run, the cpu profile, both TRL benchmarks and the GPU
-    # log-prob run.
-    assert text.count("Not run.") == 5
+    assert "## Train-step and rollout throughput, tiny shape (CPU)" in text
+    assert "new tokens/s" in text
 
 
 @pytest.mark.slow
@@ -135,7 +353,8 @@ def test_gpu_script_cpu_smoke_runs_every_step(tmp_path):
     for name in ("logprob_memory_gpu.json", "gpu_throughput.json", "machine.txt"):
         assert (tmp_path / name).exists(), name
     results = (tmp_path / "GPU_RESULTS.md").read_text()
-    assert "GPU: log-prob memory and time" in results
+    assert "## Log-prob memory and time (CPU)" in results
+    assert "## Train-step and rollout throughput" in results
 
 
 @pytest.mark.slow
@@ -144,9 +363,10 @@ def test_trl_train_step_losses_and_gradients_agree(tmp_path):
     import trl_train_step
 
     out = tmp_path / "trl_train_step.json"
-    trl_train_step.main(["--smoke", "--out", str(out)])
-    payload = read(out)
-    (timing,) = payload["timing"]
+    result = trl_train_step.main(["--quick", "--out", str(out)])
+    assert_records_its_run(read(out), "trl_train_step", ["--quick", "--out", str(out)])
+    timing_table, agreement_table = result["tables"]
+    (timing,) = timing_table["rows"]
     assert timing["ours_seconds"] > 0 and timing["trl_seconds"] > 0
     assert timing["trl_time_over_ours"] == pytest.approx(
         timing["trl_seconds"] / timing["ours_seconds"]
@@ -157,7 +377,8 @@ def test_trl_train_step_losses_and_gradients_agree(tmp_path):
         timing["trl_seconds"] / timing["shared_seconds"]
     )
     rows = {
-        (r["trl_loss_type"], r["ours"].split(",")[0]): r for r in payload["agreement"]
+        (r["trl_loss_type"], r["ours"].split(",")[0]): r
+        for r in agreement_table["rows"]
     }
     assert set(rows) == {
         ("grpo", "grpo"),
@@ -171,32 +392,42 @@ def test_trl_train_step_losses_and_gradients_agree(tmp_path):
     # Ratio 1 on both sides: the values coincide exactly where definitions do.
     assert rows[("grpo", "grpo")]["loss_abs_diff"] < 1e-6
     assert rows[("dr_grpo", "grpo")]["loss_abs_diff"] < 1e-6
+    # The on-policy loss -A * log p has another value, the same gradient.
+    assert rows[("dr_grpo", "none")]["loss_abs_diff"] > 1e-4
 
 
 @pytest.mark.slow
-def test_time_to_accuracy_smoke_runs_both_trainers(tmp_path):
+def test_time_to_accuracy_quick_runs_both_trainers(tmp_path):
     pytest.importorskip("trl")
     import time_to_accuracy
 
     out = tmp_path / "time_to_accuracy.json"
-    time_to_accuracy.main(["--smoke", "--out", str(out)])
-    payload = read(out)
-    assert [run["framework"] for run in payload["runs"]] == ["grpo_lab", "TRL"]
-    for run in payload["runs"]:
-        # Smoke: 2 steps, evaluated before the first and after each.
+    result = time_to_accuracy.main(["--quick", "--out", str(out)])
+    flags = ["--quick", "--out", str(out)]
+    assert_records_its_run(read(out), "time_to_accuracy", flags)
+    runs, summary = (table["rows"] for table in result["tables"])
+    assert [run["framework"] for run in runs] == ["grpo_lab", "TRL"]
+    for run in runs:
+        # Quick: 2 steps, evaluated before the first and after each.
         assert [e["step"] for e in run["evaluations"]] == [0, 1, 2]
         assert run["seconds_per_step"] > 0
-    assert [row["framework"] for row in payload["summary"]] == ["grpo_lab", "TRL"]
+        assert run["common_steps"] == 2
+    assert [row["framework"] for row in summary] == ["grpo_lab", "TRL"]
+    assert result["config"]["eval_size"] == 4
 
 
-def test_cpu_profile_smoke_runs_the_real_command(tmp_path):
+def test_cpu_profile_quick_runs_the_real_command(tmp_path):
     import cpu_profile
 
     out = tmp_path / "cpu_profile.json"
-    cpu_profile.main(["--smoke", "--seeds", "0", "--out", str(out)])
-    (run,) = read(out)["runs"]
+    flags = ["--quick", "--seeds", "0", "--out", str(out)]
+    cpu_profile.main(flags)
+    result = read(out)
+    assert_records_its_run(result, "cpu_profile", flags)
+    (run,) = result["tables"][0]["rows"]
     assert run["seed"] == 0 and run["wall_seconds"] > 0
     assert run["grpo_steps"] == 2 and 1 <= run["sft_steps"] <= 2
     assert [e["step"] for e in run["evaluations"]] == [0, 1, 2]
     for key in ("sampled_start", "sampled_end", "greedy_start", "greedy_end"):
         assert 0.0 <= run[key] <= 1.0
+    assert "- seed 0: 0: " in result["tables"][0]["notes"]
