@@ -25,6 +25,7 @@ from grpo_lab.prefix_sharing import (
     PrefixSplit,
     can_share_prefix,
     check_shared_prefix_length,
+    check_token_batch,
     forward_with_shared_prefix,
     join_prefix_and_tail,
     split_at_prefix,
@@ -42,6 +43,9 @@ if TYPE_CHECKING:
 # logits untouched: no logit_scale, no final_logit_softcapping, no division. Gemma2,
 # for one, divides, applies tanh and multiplies after lm_head, so it is not listed.
 CHUNKED_HEAD_MODEL_TYPES = frozenset({"olmo2", "qwen2", "qwen3", "llama"})
+
+# Token ids an input embedding accepts.
+_INPUT_ID_DTYPES = (torch.int64, torch.int32)
 
 # Float32 scratch space per chunk of rows: bounds every temporary to this size.
 _WORKSPACE_BYTES = 16 * 1024 * 1024
@@ -74,14 +78,29 @@ def compute_entropy(logits: torch.Tensor) -> torch.Tensor:
     p = 0) adds 0, not 0 * -inf = nan. Uniform over 4 tokens gives ln 4; a
     one-hot-like distribution gives about 0.
     """
-    if logits.ndim < 1:
-        raise ValueError(
-            "logits must have a vocabulary dimension (shape (..., V)), got a scalar"
-        )
+    _check_entropy_logits(logits)
     logits = _probability_logits(logits, 1.0)
     log_normalizer = torch.logsumexp(logits, dim=-1)
     expected_logit = _expected_logit(torch.softmax(logits, dim=-1), logits)
     return log_normalizer - expected_logit
+
+
+def _check_entropy_logits(logits: torch.Tensor) -> None:
+    if not isinstance(logits, torch.Tensor):
+        raise ValueError(
+            f"logits must be a floating-point tensor, got {type(logits).__name__}"
+        )
+    if not logits.is_floating_point():
+        raise ValueError(f"logits must be a floating-point tensor, got {logits.dtype}")
+    if logits.ndim < 1:
+        raise ValueError(
+            "logits must have a vocabulary dimension (shape (..., V)), got a scalar"
+        )
+    if logits.shape[-1] == 0:
+        raise ValueError(
+            "logits must have at least one vocabulary entry (shape (..., V), "
+            f"V >= 1), got shape {tuple(logits.shape)}"
+        )
 
 
 def _expected_logit(probabilities: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
@@ -257,9 +276,11 @@ def get_response_log_probs(
 
     Taught in ``notebooks/02_logprobs_and_entropy.ipynb``.
     """
+    _check_model(model)
     chunk_size = _resolved_chunk_size(model, logits_chunk_size)
     check_temperature(temperature)
     _check_labels_match_input_ids(input_ids, labels)
+    _check_input_id_range(input_ids, _input_vocabulary_size(model))
     check_shared_prefix_length(shared_prefix_length, input_ids.shape[1])
     if shared_prefix_length and can_share_prefix(model):
         split = split_at_prefix(input_ids, labels, shared_prefix_length)
@@ -365,16 +386,58 @@ def check_temperature(
         raise ValueError(f"{name} must be {expected}, got {temperature!r}")
 
 
+def _check_model(model) -> None:
+    if not callable(model):
+        raise ValueError(
+            "model must be a causal LM (a torch.nn.Module returning .logits), "
+            f"got {type(model).__name__}"
+        )
+
+
 def _check_labels_match_input_ids(
     input_ids: torch.Tensor, labels: torch.Tensor
 ) -> None:
-    if labels.shape != input_ids.shape:
+    check_token_batch(input_ids, labels)
+    if 0 in input_ids.shape:
         raise ValueError(
-            f"labels must have the shape of input_ids {tuple(input_ids.shape)}, "
-            f"got {tuple(labels.shape)}"
+            "input_ids must hold at least one row and one position, got shape "
+            f"{tuple(input_ids.shape)}"
+        )
+    if input_ids.dtype not in _INPUT_ID_DTYPES:
+        raise ValueError(
+            f"input_ids must be torch.int64 (or torch.int32) token ids, "
+            f"got {input_ids.dtype}"
         )
     if labels.dtype != torch.long:
         raise ValueError(f"labels must be torch.int64 token ids, got {labels.dtype}")
+
+
+def _input_vocabulary_size(model: torch.nn.Module) -> int | None:
+    """Rows of the model's input embedding; None when the model has none."""
+    get_embeddings = getattr(model, "get_input_embeddings", None)
+    if not callable(get_embeddings):
+        return None
+    try:
+        embedding = get_embeddings()
+    except (NotImplementedError, AttributeError):
+        return None
+    size = getattr(embedding, "num_embeddings", None)
+    return size if isinstance(size, int) else None
+
+
+def _check_input_id_range(input_ids: torch.Tensor, vocab_size: int | None) -> None:
+    """Ids in [0, vocab_size): one min/max pass over the (B, T) ids."""
+    low, high = torch.stack(torch.aminmax(input_ids)).tolist()
+    upper = math.inf if vocab_size is None else vocab_size
+    if low >= 0 and high < upper:
+        return
+    outside = (input_ids < 0) | (input_ids >= upper)  # (B, T)
+    row, position = outside.nonzero()[0].tolist()
+    raise ValueError(
+        f"input_ids must be token ids in [0, {vocab_size or 'V'}) (the rows of "
+        f"the model's input embedding), got {input_ids[row, position].item()} at "
+        f"input_ids[{row}, {position}]"
+    )
 
 
 def _check_logits_match_labels(logits: torch.Tensor, labels: torch.Tensor) -> None:

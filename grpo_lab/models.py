@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import re
 import string
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -42,10 +42,57 @@ _CORPUS_WORDS = (
 _HUB_MODEL_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
 
-def build_char_tokenizer(
-    characters: str = DEFAULT_CHARACTERS,
-) -> PreTrainedTokenizerFast:
-    """One token per character, plus ``<pad>`` (id 0) and ``<eos>`` (id 1)."""
+class CharTokenizer(PreTrainedTokenizerFast):
+    """The character tokenizer: text outside its alphabet gets a clear error.
+
+    The backend has no unknown token, so it refuses such text with an error that
+    names neither the character nor the alphabet; this names both. Everything
+    else is ``PreTrainedTokenizerFast``. Saved, it records ``CharTokenizer`` as its
+    class, which :func:`load_tokenizer` reads back as this class.
+    """
+
+    def _encode_plus(self, text, text_pair=None, *args, **kwargs):
+        try:
+            return super()._encode_plus(text, text_pair, *args, **kwargs)
+        except Exception as error:
+            unknown = self._unknown_characters([text, text_pair])
+            if not unknown:
+                raise
+            raise ValueError(
+                f"text must use only this character tokenizer's alphabet "
+                f"{self.alphabet()!r}, got {unknown!r} outside it"
+            ) from error
+
+    def alphabet(self) -> str:
+        """The characters with a token, in id order (special tokens left out)."""
+        special = set(self.all_special_tokens)
+        vocab = sorted(self.get_vocab().items(), key=lambda item: item[1])
+        return "".join(token for token, _ in vocab if token not in special)
+
+    def _unknown_characters(self, texts) -> str:
+        """The characters of ``texts`` (str, or lists of them) without a token."""
+        vocab = self.get_vocab()
+        return "".join(dict.fromkeys(c for c in _characters(texts) if c not in vocab))
+
+
+def _characters(texts) -> Iterator[str]:
+    if isinstance(texts, str):
+        yield from texts
+    elif isinstance(texts, (list, tuple)):
+        for text in texts:
+            yield from _characters(text)
+
+
+def build_char_tokenizer(characters: str = DEFAULT_CHARACTERS) -> CharTokenizer:
+    """One token per character, plus ``<pad>`` (id 0) and ``<eos>`` (id 1).
+
+    Encoding a character outside ``characters`` raises a ValueError that names it.
+    """
+    if not isinstance(characters, str):
+        raise ValueError(
+            "characters must be a str (one token per character), "
+            f"got {type(characters).__name__}"
+        )
     unique = list(dict.fromkeys(characters))
     if not unique:
         raise ValueError("characters must contain at least one character, got ''")
@@ -54,7 +101,7 @@ def build_char_tokenizer(
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=None))
     backend.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
     backend.decoder = decoders.Fuse()
-    return _wrap_tokenizer(backend)
+    return _wrap_tokenizer(backend, CharTokenizer)
 
 
 def build_bpe_tokenizer(
@@ -71,10 +118,10 @@ def build_bpe_tokenizer(
     and math text). The same arguments always give the same tokenizer.
     """
     minimum = 2 + BYTE_LEVEL_ALPHABET_SIZE
-    if vocab_size < minimum:
+    if not _is_int(vocab_size) or vocab_size < minimum:
         raise ValueError(
-            f"vocab_size must be at least {minimum} (2 special tokens + 256 bytes), "
-            f"got {vocab_size}"
+            f"vocab_size must be an int of at least {minimum} (2 special tokens + "
+            f"256 bytes), got {vocab_size!r}"
         )
     texts = list(corpus) if corpus is not None else tokenizer_training_corpus(seed)
     backend = Tokenizer(models.BPE())
@@ -93,11 +140,15 @@ def build_bpe_tokenizer(
 
 def tokenizer_training_corpus(seed: int = 0, num_lines: int = 2000) -> list[str]:
     """Deterministic lines of numbers, arithmetic, words and math text."""
-    if num_lines < 1:
-        raise ValueError(f"num_lines must be a positive integer, got {num_lines}")
+    if not _is_int(num_lines) or num_lines < 1:
+        raise ValueError(f"num_lines must be a positive integer, got {num_lines!r}")
     rng = random.Random(seed)
     makers = (_arithmetic_line, _digits_line, _words_line, _math_line)
     return [makers[index % len(makers)](rng) for index in range(num_lines)]
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _arithmetic_line(rng: random.Random) -> str:
@@ -122,8 +173,10 @@ def _math_line(rng: random.Random) -> str:
     )
 
 
-def _wrap_tokenizer(backend: Tokenizer) -> PreTrainedTokenizerFast:
-    return PreTrainedTokenizerFast(
+def _wrap_tokenizer(
+    backend: Tokenizer, wrapper: type[PreTrainedTokenizerFast] = PreTrainedTokenizerFast
+) -> PreTrainedTokenizerFast:
+    return wrapper(
         tokenizer_object=backend,
         pad_token=PAD_TOKEN,
         eos_token=EOS_TOKEN,
@@ -281,14 +334,16 @@ def check_model_path(name_or_path: str) -> None:
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     """``AutoTokenizer.from_pretrained``, except for generic saved tokenizers.
 
-    A directory whose tokenizer was saved as the generic ``tokenizers`` wrapper
-    (the tokenizers of this module) is loaded as exactly that: next to a Qwen2
-    config, ``AutoTokenizer`` would rebuild it as a Qwen2 tokenizer with Qwen2's
-    pre-tokenizer, which changes its ids. A tokenizer without a pad token pads
-    with its eos token.
+    A directory whose tokenizer was saved as :class:`CharTokenizer` or as the
+    generic ``tokenizers`` wrapper (the tokenizers of this module) is loaded as
+    exactly that: next to a Qwen2 config, ``AutoTokenizer`` would rebuild it as a
+    Qwen2 tokenizer with Qwen2's pre-tokenizer, which changes its ids. A tokenizer
+    without a pad token pads with its eos token.
     """
     tokenizer_class = get_tokenizer_config(name_or_path).get("tokenizer_class")
-    if tokenizer_class in GENERIC_TOKENIZER_CLASSES:
+    if tokenizer_class == CharTokenizer.__name__:
+        tokenizer = CharTokenizer.from_pretrained(name_or_path)
+    elif tokenizer_class in GENERIC_TOKENIZER_CLASSES:
         tokenizer = PreTrainedTokenizerFast.from_pretrained(name_or_path)
     else:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)

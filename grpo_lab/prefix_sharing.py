@@ -68,6 +68,7 @@ def split_at_prefix(
     and labels are all equal (labels too, so the prefix's log-probs are every
     such row's log-probs).
     """
+    check_token_batch(input_ids, labels)
     check_shared_prefix_length(prefix_length, input_ids.shape[1], minimum=1)
     keys = torch.cat([input_ids[:, :prefix_length], labels[:, :prefix_length]], 1)
     distinct, row_to_prefix = distinct_rows(keys)  # (U, 2c), (B,)
@@ -110,6 +111,16 @@ def prompt_only_columns(response_mask: torch.Tensor) -> int:
     on them: the longest prefix worth sharing. At most T - 1 (one column must
     remain for the tail).
     """
+    if not isinstance(response_mask, torch.Tensor) or response_mask.ndim != 2:
+        raise ValueError(
+            "response_mask must be a (B, T) tensor, got "
+            + _shape_or_type(response_mask)
+        )
+    if response_mask.shape[1] == 0:
+        raise ValueError(
+            "response_mask must have at least one column, got shape "
+            f"{tuple(response_mask.shape)}"
+        )
     has_response = response_mask.bool().any(dim=0)  # (T,)
     width = response_mask.shape[1]
     first_response_column = (
@@ -122,6 +133,26 @@ def shared_prefix_length(response_mask: torch.Tensor, share_prompt_prefix: bool)
     """The prefix length to score once per prompt: :func:`prompt_only_columns`
     when ``share_prompt_prefix`` is on, else 0 (every row runs whole)."""
     return prompt_only_columns(response_mask) if share_prompt_prefix else 0
+
+
+def check_token_batch(input_ids: torch.Tensor, labels: torch.Tensor) -> None:
+    """A ValueError unless ``input_ids`` and ``labels`` are (B, T) tensors alike."""
+    if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2:
+        raise ValueError(
+            "input_ids must be a (B, T) tensor of token ids, got "
+            + _shape_or_type(input_ids)
+        )
+    if not isinstance(labels, torch.Tensor) or labels.shape != input_ids.shape:
+        raise ValueError(
+            f"labels must have the shape of input_ids {tuple(input_ids.shape)}, "
+            "got " + _shape_or_type(labels)
+        )
+
+
+def _shape_or_type(value: object) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"shape {tuple(value.shape)}"
+    return type(value).__name__
 
 
 def can_share_prefix(model: torch.nn.Module) -> bool:

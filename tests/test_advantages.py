@@ -129,6 +129,70 @@ def test_groups_are_independent_and_permutation_equivariant(case, data):
         assert torch.allclose(advantages_of_permuted, expected, atol=1e-9)
 
 
+def shifted_per_group(rewards, group_size, shifts):
+    """rewards with shifts[g] added to every reward of group g."""
+    grouped = rewards.reshape(-1, group_size)  # (n_groups, G)
+    return (grouped + torch.tensor(shifts, dtype=rewards.dtype)[:, None]).flatten()
+
+
+@settings(max_examples=60, deadline=None)
+@given(case=reward_lists, data=st.data())
+def test_a_constant_added_to_one_group_changes_no_advantage(case, data):
+    # The mean baseline removes any per-group offset; the std does not see it.
+    group_size, rewards = case
+    rewards = torch.tensor(rewards, dtype=torch.float64)
+    group_count = len(rewards) // group_size
+    shifts = data.draw(
+        st.lists(st.floats(-100, 100), min_size=group_count, max_size=group_count)
+    )
+    moved = shifted_per_group(rewards, group_size, shifts)
+    normalizers = ("std", "none") if group_size > 1 else ("none",)
+    for normalizer in normalizers:
+        plain, _ = normalize("mean", normalizer, rewards, group_size, 1e-6)
+        shifted, _ = normalize("mean", normalizer, moved, group_size, 1e-6)
+        torch.testing.assert_close(shifted, plain, rtol=1e-6, atol=1e-6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    case=st.integers(1, 4).flatmap(
+        lambda group_size: st.tuples(
+            st.just(group_size),
+            st.lists(
+                st.floats(0, 10), min_size=group_size, max_size=4 * group_size
+            ).filter(lambda rewards: len(rewards) % group_size == 0),
+        )
+    )
+)
+def test_mean_normalizer_keeps_zero_mean_groups_for_nonnegative_rewards(case):
+    # Rewards >= 0 (MaxRL's setting): each group's deviations are divided by
+    # one positive number, so the group mean stays 0.
+    group_size, rewards = case
+    advantages, _ = normalize(
+        "mean", "mean", torch.tensor(rewards, dtype=torch.float64), group_size, 1e-6
+    )
+    scale = 1 + advantages.abs().max()  # a near-zero mean reward magnifies rounding
+    group_means = advantages.reshape(-1, group_size).mean(dim=1)
+    assert torch.all(group_means.abs() <= 1e-9 * scale)
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=reward_lists, data=st.data())
+def test_std_normalizer_is_permutation_equivariant_within_and_across_groups(case, data):
+    group_size, rewards = case
+    if group_size == 1:
+        return  # the sample std of one reward is undefined
+    rewards = torch.tensor(rewards, dtype=torch.float64)
+    group_count = len(rewards) // group_size
+    within = torch.tensor(data.draw(st.permutations(range(group_size))))
+    across = torch.tensor(data.draw(st.permutations(range(group_count))))
+    advantages, _ = normalize("mean", "std", rewards, group_size, 1e-6)
+    permuted = rewards.reshape(-1, group_size)[across][:, within].flatten()
+    advantages_of_permuted, _ = normalize("mean", "std", permuted, group_size, 1e-6)
+    expected = advantages.reshape(-1, group_size)[across][:, within].flatten()
+    torch.testing.assert_close(advantages_of_permuted, expected, rtol=1e-9, atol=1e-9)
+
+
 def exact_match(response: str, truth: str) -> dict[str, float]:
     correct = float(response == truth)
     return {"reward": correct, "format_reward": 1.0, "answer_reward": correct}

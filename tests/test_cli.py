@@ -201,7 +201,10 @@ BAD_INVOCATIONS = {
         [*TINY, "--group-size", "3", *NEW],
         "group_size must divide rollout_batch_size (16), got 3",
     ),
-    "negative lr": ([*TINY, "--lr", "-1", *NEW], "lr must be a finite number in (0.0, inf), got -1.0"),
+    "negative lr": (
+        [*TINY, "--lr", "-1", *NEW],
+        "lr must be a finite number in (0.0, inf), got -1.0",
+    ),
     "off-policy without importance weights": (
         [*TINY, "--train-batch-size", "8", *NEW],
         "importance_reweighting_method must be",

@@ -722,8 +722,116 @@ def test_labels_must_match_input_ids():
 def test_labels_must_be_vocabulary_ids(bad_label):
     logits, labels = random_case((2, 3, 5), torch.float32)
     labels[1, 2] = bad_label
+    input_ids = torch.zeros_like(labels)  # (B, T)
     with pytest.raises(ValueError, match=r"labels must be token ids in \[0, 5\)"):
-        score_fixed(logits, labels)
+        get_response_log_probs(FixedLogits(logits), input_ids, labels)
+
+
+def refuse_to_run(model):
+    """Make ``model``'s forward fail loudly: a check must stop the call first."""
+
+    def forward(*args, **kwargs):
+        raise AssertionError("the model ran on input that should have been refused")
+
+    model.forward = forward
+    model.model.forward = forward
+    return model
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"logits_chunk_size": 3}, {"shared_prefix_length": 2}],
+    ids=["model forward", "chunked head", "shared prefix"],
+)
+@pytest.mark.parametrize(
+    ("position", "bad_id"), [((0, 0), -1), ((1, 4), 98), ((1, 6), 10**6)]
+)
+def test_input_ids_must_be_rows_of_the_input_embedding(options, position, bad_id):
+    model = refuse_to_run(tiny_causal_lm(Qwen2Config, tie_word_embeddings=False))
+    input_ids, labels = token_batch(model)  # (2, 7), vocabulary 98
+    input_ids[position] = bad_id
+    with pytest.raises(ValueError) as error:
+        get_response_log_probs(model, input_ids, labels, **options)
+    assert str(error.value) == (
+        "input_ids must be token ids in [0, 98) (the rows of the model's input "
+        f"embedding), got {bad_id} at input_ids[{position[0]}, {position[1]}]"
+    )
+
+
+def test_input_id_range_is_that_of_the_embedding_not_the_tokenizer():
+    model = tiny_causal_lm(Qwen2Config, tie_word_embeddings=False)
+    model.resize_token_embeddings(128)  # rows 98..127 exist, no token uses them
+    input_ids, labels = token_batch(model)
+    input_ids[0, 0] = 127
+    scored = get_response_log_probs(model, input_ids, labels)["log_probs"]
+    assert torch.isfinite(scored).all()
+    input_ids[0, 0] = 128
+    with pytest.raises(ValueError, match=r"in \[0, 128\) .*got 128 at input_ids"):
+        get_response_log_probs(model, input_ids, labels)
+
+
+def test_input_ids_need_an_integer_dtype():
+    model = refuse_to_run(tiny_causal_lm(Qwen2Config, tie_word_embeddings=False))
+    input_ids, labels = token_batch(model)
+    for dtype in (torch.float32, torch.bool, torch.int16):
+        with pytest.raises(
+            ValueError,
+            match=rf"input_ids must be torch.int64 \(or torch.int32\) .*got {dtype}",
+        ):
+            get_response_log_probs(model, input_ids.to(dtype), labels)
+
+
+def test_int32_input_ids_score_like_int64():
+    model = tiny_causal_lm(Qwen2Config, tie_word_embeddings=False)
+    input_ids, labels = token_batch(model)
+    expected = get_response_log_probs(model, input_ids, labels)["log_probs"]
+    scored = get_response_log_probs(model, input_ids.int(), labels)["log_probs"]
+    assert torch.equal(scored, expected)
+
+
+def test_token_batches_must_be_nonempty_2d_tensors():
+    model = refuse_to_run(tiny_causal_lm(Qwen2Config, tie_word_embeddings=False))
+    input_ids, labels = token_batch(model)
+    cases = {
+        "input_ids must be a \\(B, T\\) tensor of token ids, got list": (
+            input_ids.tolist(),
+            labels,
+        ),
+        "input_ids must be a \\(B, T\\) tensor .*got shape \\(7,\\)": (
+            input_ids[0],
+            labels[0],
+        ),
+        "labels must have the shape of input_ids \\(2, 7\\), got list": (
+            input_ids,
+            labels.tolist(),
+        ),
+        "at least one row and one position, got shape \\(0, 7\\)": (
+            input_ids[:0],
+            labels[:0],
+        ),
+        "at least one row and one position, got shape \\(2, 0\\)": (
+            input_ids[:, :0],
+            labels[:, :0],
+        ),
+    }
+    for message, (bad_ids, bad_labels) in cases.items():
+        with pytest.raises(ValueError, match=message):
+            get_response_log_probs(model, bad_ids, bad_labels)
+    with pytest.raises(ValueError, match=r"model must be a causal LM .*got str"):
+        get_response_log_probs("Qwen/Qwen2.5-0.5B", input_ids, labels)
+
+
+@pytest.mark.parametrize(
+    ("logits", "message"),
+    [
+        (torch.zeros(2, 3, dtype=torch.long), "floating-point tensor, got torch.int64"),
+        ([[0.0, 1.0]], "floating-point tensor, got list"),
+        (torch.zeros(2, 0), "at least one vocabulary entry .*got shape \\(2, 0\\)"),
+    ],
+)
+def test_compute_entropy_rejects_what_has_no_distribution(logits, message):
+    with pytest.raises(ValueError, match=rf"logits must .*{message}"):
+        compute_entropy(logits)
 
 
 def test_logits_must_match_labels():

@@ -10,6 +10,7 @@ from transformers import AutoTokenizer
 
 from grpo_lab.models import (
     DEFAULT_CHARACTERS,
+    CharTokenizer,
     build_bpe_tokenizer,
     build_char_tokenizer,
     build_tiny_model,
@@ -56,6 +57,37 @@ def test_char_tokenizer_custom_characters_and_errors():
         build_char_tokenizer("")
 
 
+def test_char_tokenizer_names_a_character_outside_its_alphabet():
+    tokenizer = build_char_tokenizer("ab ")
+    expected = "text must use only this character tokenizer's alphabet 'ab ', got "
+    with pytest.raises(ValueError) as error:
+        tokenizer.encode("a b\u00e9c", add_special_tokens=False)
+    assert str(error.value) == expected + "'\u00e9c' outside it"
+    with pytest.raises(ValueError) as error:
+        tokenizer(["ab", "ba", "xx"])  # a batch: the unknown characters once
+    assert str(error.value) == expected + "'x' outside it"
+    assert tokenizer.alphabet() == "ab "
+
+
+def test_char_tokenizer_keeps_its_class_and_errors_after_save_and_load(tmp_path):
+    tokenizer = build_char_tokenizer("abc")
+    tokenizer.save_pretrained(tmp_path)
+    loaded = load_tokenizer(str(tmp_path))
+    assert isinstance(loaded, CharTokenizer)
+    assert loaded.encode("cab", add_special_tokens=False) == [4, 2, 3]
+    with pytest.raises(ValueError, match=r"alphabet 'abc', got 'z' outside it"):
+        loaded.encode("z")
+
+
+@pytest.mark.parametrize("characters", [123, ["ab", "c"], None])
+def test_char_tokenizer_characters_must_be_a_str(characters):
+    with pytest.raises(
+        ValueError,
+        match=rf"characters must be a str .*got {type(characters).__name__}",
+    ):
+        build_char_tokenizer(characters)
+
+
 def test_bpe_tokenizer_is_deterministic_and_depends_on_its_corpus(bpe_tokenizer):
     again = build_bpe_tokenizer()
     assert again.backend_tokenizer.to_str() == bpe_tokenizer.backend_tokenizer.to_str()
@@ -83,12 +115,18 @@ def test_bpe_tokenizer_round_trips_any_text(bpe_tokenizer, text):
 
 
 def test_bpe_tokenizer_errors():
-    with pytest.raises(ValueError, match=r"vocab_size must be at least 258 .*got 100"):
+    with pytest.raises(
+        ValueError, match=r"vocab_size must be an int of at least 258 .*got 100"
+    ):
         build_bpe_tokenizer(vocab_size=100)
     with pytest.raises(
         ValueError, match=r"num_lines must be a positive integer, got 0"
     ):
         tokenizer_training_corpus(num_lines=0)
+    with pytest.raises(ValueError, match=r"vocab_size must be an int .*got '512'"):
+        build_bpe_tokenizer(vocab_size="512")
+    with pytest.raises(ValueError, match=r"num_lines must be a positive .*got 2\.5"):
+        tokenizer_training_corpus(num_lines=2.5)
 
 
 @pytest.mark.parametrize("kind", ["char", "bpe"])

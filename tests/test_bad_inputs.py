@@ -1,0 +1,967 @@
+"""Bad input to the public core functions: a clear ValueError or a correct result.
+
+Each case feeds one wrong thing (shape, dtype, type, an empty batch, a length
+mismatch, NaN/inf where it must not matter) to one public function and sorts
+the outcome into one of five classes:
+
+    clear error    a ValueError that names the argument and says "got ..."
+    obscure error  any other exception, or a ValueError that names something else
+    silent wrong   a finite result where an error (or another result) was due
+    silent NaN     a NaN/inf result where an error (or a finite result) was due
+    correct        the result the case expects (masked entries ignored, ...)
+
+A case with an ``argument`` must end as a clear error naming it; a case with an
+``expected`` check must end correct. The names in ``OPEN_CASES`` are cases the
+function under them does not handle yet: strict xfails, so that handling one
+fails the run until its name leaves the set.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache, partial
+
+import pytest
+import torch
+
+from grpo_lab.advantages import (
+    compute_group_normalized_rewards,
+    compute_rollout_rewards,
+)
+from grpo_lab.logprobs import (
+    compute_entropy,
+    get_response_log_probs,
+)
+from grpo_lab.losses import (
+    aggregate_loss_across_microbatch,
+    compute_policy_gradient_loss,
+)
+from grpo_lab.masks import (
+    masked_mean,
+    masked_normalize,
+    pad_prompt_and_response_ids,
+    tokenize_prompt_and_output,
+)
+from grpo_lab.models import (
+    build_bpe_tokenizer,
+    build_char_tokenizer,
+    build_tiny_qwen2,
+    tokenizer_training_corpus,
+)
+from grpo_lab.prefix_sharing import prompt_only_columns, split_at_prefix
+from grpo_lab.train_step import grpo_train_step, policy_gradient_update
+
+CLEAR, OBSCURE = "clear error", "obscure error"
+SILENT_WRONG, SILENT_NAN, CORRECT = "silent wrong", "silent NaN", "correct"
+CLASSES = (CLEAR, OBSCURE, SILENT_WRONG, SILENT_NAN, CORRECT)
+TINY_SIZES = {
+    "hidden_size": 32,
+    "num_layers": 1,
+    "num_heads": 4,
+    "num_kv_heads": 2,
+    "intermediate_size": 64,
+    "max_position_embeddings": 64,
+}
+VOCAB = 98  # the default character tokenizer: <pad>, <eos> and 96 characters
+
+
+@dataclass(frozen=True)
+class Case:
+    """One bad input to one function, and what must come of it."""
+
+    # The public function under test.
+    function: str
+    # What is wrong with the input.
+    bad_input: str
+    # Calls the function on the bad input.
+    call: Callable[[], object]
+    # A clear error must name this argument (None: a result is expected).
+    argument: str | None = None
+    # Whether a returned result is right (only when ``argument`` is None).
+    expected: Callable[[object], bool] | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.function}: {self.bad_input}"
+
+
+def is_clear(message: str, argument: str) -> bool:
+    """The message names ``argument`` (as a whole word) and what it got."""
+    names_it = re.search(rf"(?<![\w.]){re.escape(argument)}(?!\w)", message)
+    return bool(names_it) and "got" in message
+
+
+def has_non_finite(result: object) -> bool:
+    if isinstance(result, torch.Tensor):
+        return result.is_floating_point() and not bool(torch.isfinite(result).all())
+    if isinstance(result, float):
+        return not math.isfinite(result)
+    if isinstance(result, dict):
+        return any(has_non_finite(value) for value in result.values())
+    if isinstance(result, (tuple, list)):
+        return any(has_non_finite(value) for value in result)
+    return False
+
+
+def classify(case: Case) -> tuple[str, str]:
+    """(class, detail): the class of the outcome, and the error or result seen."""
+    try:
+        result = case.call()
+    except ValueError as error:
+        clear = case.argument is not None and is_clear(str(error), case.argument)
+        return (CLEAR if clear else OBSCURE), f"ValueError: {error}"
+    except Exception as error:
+        return OBSCURE, f"{type(error).__name__}: {error}"
+    detail = repr(result)[:300]
+    if case.expected is not None and case.expected(result):
+        return CORRECT, detail
+    return (SILENT_NAN if has_non_finite(result) else SILENT_WRONG), detail
+
+
+def audit_table(cases: list[Case]) -> dict[str, Counter]:
+    """{function: Counter of outcome classes}: where bad input lands."""
+    table: dict[str, Counter] = {}
+    for case in cases:
+        table.setdefault(case.function, Counter())[classify(case)[0]] += 1
+    return table
+
+
+# ------------------------------------------------------------------ inputs
+
+
+@cache
+def tokenizer():
+    return build_char_tokenizer()
+
+
+def tiny_model():
+    return build_tiny_qwen2(tokenizer(), seed=0, **TINY_SIZES)
+
+
+@cache
+def shared_model():
+    """One model for the cases that only score (nothing changes its weights)."""
+    return tiny_model()
+
+
+def ids(*rows: list[int]) -> torch.Tensor:
+    return torch.tensor(rows, dtype=torch.long)
+
+
+IDS = ids([2, 3, 4, 5], [6, 7, 8, 9])  # (2, 4) valid token ids
+VALUES = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+MASK = torch.tensor([[1, 0, 1], [0, 0, 1]])
+# Masked in: 1, 3, 6. Mean 10 / 3; row means [2, 6]; sum / 2 = 5;
+# column sums / 2 = [0.5, 0, 4.5].
+LOG_PROBS = torch.tensor([[-1.0, -2.0, -3.0], [-1.5, -0.5, -2.5]])
+ADVANTAGES = torch.tensor([1.0, -1.0])
+REWARDS = torch.tensor([1.0, 0.0, 0.0, 1.0])
+REWARD_ADVANTAGES = [0.7071, -0.7071, -0.7071, 0.7071]  # +-0.5 / sample std 0.7071
+
+
+def with_masked(value: float, tensor: torch.Tensor = VALUES) -> torch.Tensor:
+    """``tensor`` with ``value`` in every masked-out position of MASK."""
+    return tensor.masked_fill(MASK == 0, value)
+
+
+def equals(expected) -> Callable[[object], bool]:
+    expected = torch.as_tensor(expected, dtype=torch.float32)
+
+    def check(result: object) -> bool:
+        return isinstance(result, torch.Tensor) and torch.allclose(
+            result.float(), expected, atol=1e-4, equal_nan=True
+        )
+
+    return check
+
+
+def tokenize(prompt, output, tokenizer_=None):
+    return tokenize_prompt_and_output(
+        prompt, output, tokenizer() if tokenizer_ is None else tokenizer_
+    )
+
+
+def pad(prompt_ids, response_ids, pad_token_id=0):
+    return pad_prompt_and_response_ids(prompt_ids, response_ids, pad_token_id)
+
+
+def log_probs(input_ids, labels, **options):
+    return get_response_log_probs(shared_model(), input_ids, labels, **options)
+
+
+def scores(input_ids, labels, **options):
+    return get_response_log_probs(shared_model(), input_ids, labels, **options)
+
+
+def same_scores_as_int64(result: object) -> bool:
+    expected = get_response_log_probs(shared_model(), IDS, IDS)["log_probs"]
+    return torch.equal(result["log_probs"], expected)
+
+
+def exact_match(response: str, truth: str) -> dict[str, float]:
+    correct = float(response == truth)
+    return {"reward": correct, "format_reward": 1.0, "answer_reward": correct}
+
+
+def nan_reward(response: str, truth: str) -> dict[str, float]:
+    return {"reward": math.nan, "format_reward": 1.0, "answer_reward": 0.0}
+
+
+def str_reward(response: str, truth: str) -> dict[str, object]:
+    return {"reward": "1", "format_reward": 1.0, "answer_reward": 1.0}
+
+
+def normalize(raw_rewards=REWARDS, group_size=2, **options):
+    return compute_group_normalized_rewards(raw_rewards, group_size, **options)
+
+
+def pg_loss(**overrides):
+    """The GRPO clip loss on LOG_PROBS; ``overrides`` replace inputs."""
+    inputs = {
+        "raw_rewards_or_advantages": ADVANTAGES,
+        "policy_log_probs": LOG_PROBS,
+        "importance_reweighting_method": "grpo",
+        "old_log_probs": LOG_PROBS,
+        "cliprange": 0.2,
+        "response_mask": MASK,
+    }
+    return compute_policy_gradient_loss(**{**inputs, **overrides})
+
+
+def finite_where_masked_in(result: object) -> bool:
+    per_token_loss, diagnostics = result
+    finite = torch.isfinite(per_token_loss[MASK.bool()]).all()
+    return bool(finite) and not has_non_finite(diagnostics)
+
+
+def aggregate(loss=VALUES, mask=MASK, *args):
+    return aggregate_loss_across_microbatch(loss, mask, *args)
+
+
+def policy_batch() -> dict[str, torch.Tensor]:
+    return tokenize(["ab", "ab"], ["c", "cd"])  # (2, 3) each
+
+
+def update(**overrides):
+    """policy_gradient_update on a fresh tiny model; ``overrides`` replace inputs."""
+    model = tiny_model()
+    inputs = {
+        "model": model,
+        "optimizer": torch.optim.SGD(model.parameters(), lr=0.1),
+        "gradient_accumulation_steps": 1,
+        "max_grad_norm": 1.0,
+        "batch": policy_batch(),
+        "advantages": ADVANTAGES,
+    }
+    return policy_gradient_update(**{**inputs, **overrides})
+
+
+def train_step(**overrides):
+    """grpo_train_step on a fresh tiny model; ``overrides`` replace inputs."""
+    model = tiny_model()
+    inputs = {
+        "model": model,
+        "tokenizer": tokenizer(),
+        "optimizer": torch.optim.SGD(model.parameters(), lr=0.1),
+        "gradient_accumulation_steps": 1,
+        "max_grad_norm": 1.0,
+        "reward_fn": exact_match,
+        "repeated_prompts": ["ab", "ab"],
+        "rollout_responses": ["c", "d"],
+        "repeated_ground_truths": ["c", "c"],
+        "group_size": 2,
+    }
+    return grpo_train_step(**{**inputs, **overrides})
+
+
+def stepped_with_finite_loss(result: object) -> bool:
+    loss, metadata = result
+    return bool(torch.isfinite(loss)) and metadata["optimizer_step"] == 1.0
+
+
+def float_input_ids_batch() -> dict[str, torch.Tensor]:
+    batch = policy_batch()
+    return {**batch, "input_ids": batch["input_ids"].float()}
+
+
+# ------------------------------------------------------------------ the cases
+
+
+def text_cases() -> list[Case]:
+    f = "tokenize_prompt_and_output"
+    return [
+        Case(f, "prompt is a str", partial(tokenize, "ab", "cd"), "prompt"),
+        Case(f, "output is a str", partial(tokenize, ["a", "b"], "cd"), "output"),
+        Case(f, "prompt is None", partial(tokenize, None, ["a"]), "prompt"),
+        Case(f, "empty lists", partial(tokenize, [], []), "prompt"),
+        Case(f, "lengths differ", partial(tokenize, ["a", "b"], ["c"]), "prompt"),
+        Case(f, "an int prompt", partial(tokenize, [1], ["a"]), "prompt"),
+        Case(f, "a None output", partial(tokenize, ["a"], [None]), "output"),
+        Case(f, "empty texts", partial(tokenize, ["", ""], ["", ""]), "prompt"),
+        Case(
+            f, "unknown char, prompt", partial(tokenize, ["h\u00e9"], ["a"]), "prompt"
+        ),
+        Case(f, "unknown char, output", partial(tokenize, ["a"], ["\u00e9"]), "output"),
+        Case(f, "tokenizer is an int", partial(tokenize, ["a"], ["b"], 0), "tokenizer"),
+    ]
+
+
+def id_list_cases() -> list[Case]:
+    f = "pad_prompt_and_response_ids"
+    rows = torch.tensor([[2, 3], [4, 5]])
+    return [
+        Case(f, "flat list of ints", partial(pad, [2, 3], [4, 5]), "prompt_ids"),
+        Case(f, "response_ids flat", partial(pad, [[2], [3]], [4, 5]), "response_ids"),
+        Case(f, "a (B, T) tensor", partial(pad, rows, rows), "prompt_ids"),
+        Case(f, "1-D tensor rows", partial(pad, list(rows), list(rows)), "prompt_ids"),
+        Case(f, "str rows", partial(pad, ["ab"], ["cd"]), "prompt_ids"),
+        Case(f, "a float id", partial(pad, [[2.5, 3]], [[4]]), "prompt_ids"),
+        Case(f, "a str id", partial(pad, [[2]], [["x"]]), "response_ids"),
+        Case(f, "a None id", partial(pad, [[2, None]], [[3]]), "prompt_ids"),
+        Case(f, "lengths differ", partial(pad, [[1]], [[2], [3]]), "prompt_ids"),
+        Case(f, "empty lists", partial(pad, [], []), "prompt_ids"),
+        Case(f, "one token in all", partial(pad, [[1]], [[]]), "prompt_ids"),
+        Case(
+            f,
+            "pad_token_id None, padding needed",
+            partial(pad, [[1, 2], [3]], [[4], [5]], None),
+            "pad_token_id",
+        ),
+        Case(
+            f,
+            "pad_token_id a float",
+            partial(pad, [[1, 2], [3]], [[4], [5]], 0.5),
+            "pad_token_id",
+        ),
+        Case(
+            f,
+            "pad_token_id a str",
+            partial(pad, [[1, 2], [3]], [[4], [5]], "0"),
+            "pad_token_id",
+        ),
+        Case(
+            f,
+            "tuple rows",
+            lambda: pad([(2,), (4,)], [(3,), ()])["labels"],
+            expected=equals([[3], [0]]),
+        ),
+        Case(
+            f,
+            "tuple prompts, list responses",
+            lambda: pad([(2, 3), (4,)], [[], [5]])["labels"],
+            expected=equals([[3], [5]]),
+        ),
+    ]
+
+
+def non_finite_masked_cases() -> list[Case]:
+    cases = []
+    for label, value in (("inf", math.inf), ("-inf", -math.inf), ("NaN", math.nan)):
+        tensor = with_masked(value)
+        cases += [
+            Case(
+                "masked_mean",
+                f"{label} where masked out",
+                partial(masked_mean, tensor, MASK),
+                expected=equals(10 / 3),
+            ),
+            Case(
+                "masked_mean",
+                f"{label} where masked out, bool mask, dim=1",
+                partial(masked_mean, tensor, MASK.bool(), dim=1),
+                expected=equals([2.0, 6.0]),
+            ),
+            Case(
+                "masked_normalize",
+                f"{label} where masked out",
+                partial(masked_normalize, tensor, MASK, 2.0),
+                expected=equals(5.0),
+            ),
+            Case(
+                "masked_normalize",
+                f"{label} where masked out, float mask, dim=0",
+                partial(masked_normalize, tensor, MASK.float(), 2.0, dim=0),
+                expected=equals([0.5, 0.0, 4.5]),
+            ),
+        ]
+    return cases
+
+
+def reduction_cases() -> list[Case]:
+    f, g = "masked_mean", "masked_normalize"
+    return [
+        Case(
+            f,
+            "bool mask",
+            partial(masked_mean, VALUES, MASK.bool()),
+            None,
+            equals(10 / 3),
+        ),
+        Case(
+            f,
+            "float mask",
+            partial(masked_mean, VALUES, MASK.float()),
+            None,
+            equals(10 / 3),
+        ),
+        Case(
+            f,
+            "int values",
+            partial(masked_mean, VALUES.long(), MASK),
+            None,
+            equals(10 / 3),
+        ),
+        Case(
+            f,
+            "empty batch (NaN, as documented)",
+            partial(masked_mean, torch.zeros(0, 3), torch.zeros(0, 3)),
+            expected=equals(math.nan),
+        ),
+        Case(
+            f, "mask shape differs", partial(masked_mean, VALUES, MASK[:, :2]), "mask"
+        ),
+        Case(f, "mask (B, 1)", partial(masked_mean, VALUES, MASK[:, :1]), "mask"),
+        Case(f, "tensor a list", partial(masked_mean, VALUES.tolist(), MASK), "tensor"),
+        Case(f, "mask a list", partial(masked_mean, VALUES, MASK.tolist()), "mask"),
+        Case(f, "mask None", partial(masked_mean, VALUES, None), "mask"),
+        Case(f, "dim out of range", partial(masked_mean, VALUES, MASK, dim=2), "dim"),
+        Case(f, "dim a float", partial(masked_mean, VALUES, MASK, dim=1.0), "dim"),
+        Case(f, "dim a str", partial(masked_mean, VALUES, MASK, dim="1"), "dim"),
+        Case(
+            g,
+            "bool mask",
+            partial(masked_normalize, VALUES, MASK.bool(), 2),
+            None,
+            equals(5.0),
+        ),
+        Case(
+            g,
+            "mask shape differs",
+            partial(masked_normalize, VALUES, MASK.T, 2.0),
+            "mask",
+        ),
+        Case(
+            g,
+            "tensor a list",
+            partial(masked_normalize, VALUES.tolist(), MASK, 2.0),
+            "tensor",
+        ),
+        Case(
+            g,
+            "dim out of range",
+            partial(masked_normalize, VALUES, MASK, 2.0, dim=-3),
+            "dim",
+        ),
+    ] + [
+        Case(
+            g,
+            f"normalize_constant {value!r}",
+            partial(masked_normalize, VALUES, MASK, value),
+            "normalize_constant",
+        )
+        for value in (0, math.nan, math.inf, None, "2", True)
+    ]
+
+
+def entropy_cases() -> list[Case]:
+    f = "compute_entropy"
+    return [
+        Case(f, "a scalar", partial(compute_entropy, torch.tensor(1.0)), "logits"),
+        Case(
+            f, "int logits", partial(compute_entropy, torch.ones(2, 3).long()), "logits"
+        ),
+        Case(
+            f,
+            "bool logits",
+            partial(compute_entropy, torch.ones(2, 3).bool()),
+            "logits",
+        ),
+        Case(f, "a list", partial(compute_entropy, [[0.0, 0.0]]), "logits"),
+        Case(
+            f, "empty vocabulary", partial(compute_entropy, torch.zeros(2, 0)), "logits"
+        ),
+        Case(
+            f,
+            "empty batch",
+            partial(compute_entropy, torch.zeros(0, 4)),
+            expected=lambda result: result.shape == (0,),
+        ),
+        Case(
+            f,
+            "-inf logits (masked tokens)",
+            partial(compute_entropy, torch.tensor([0.0, 0.0, -math.inf])),
+            expected=equals(math.log(2)),
+        ),
+    ]
+
+
+def scoring_cases() -> list[Case]:
+    negative = ids([2, -1, 4, 5], [6, 7, 8, 9])
+    too_large = ids([2, 3, 4, VOCAB], [6, 7, 8, 9])
+    cases = []
+    for f, score in (
+        ("get_response_log_probs", log_probs),
+        ("get_response_log_probs (keyword extras)", scores),
+    ):
+        cases += [
+            Case(f, "negative input id", partial(score, negative, IDS), "input_ids"),
+            Case(
+                f, "input id = vocab size", partial(score, too_large, IDS), "input_ids"
+            ),
+            Case(f, "float input ids", partial(score, IDS.float(), IDS), "input_ids"),
+            Case(f, "bool input ids", partial(score, IDS.bool(), IDS), "input_ids"),
+            Case(f, "input ids a list", partial(score, IDS.tolist(), IDS), "input_ids"),
+            Case(f, "1-D ids and labels", partial(score, IDS[0], IDS[0]), "input_ids"),
+            Case(
+                f,
+                "3-D ids and labels",
+                partial(score, IDS[None], IDS[None]),
+                "input_ids",
+            ),
+            Case(f, "empty batch", partial(score, IDS[:0], IDS[:0]), "input_ids"),
+            Case(
+                f, "no positions", partial(score, IDS[:, :0], IDS[:, :0]), "input_ids"
+            ),
+            Case(f, "labels a list", partial(score, IDS, IDS.tolist()), "labels"),
+            Case(f, "labels shape differs", partial(score, IDS, IDS[:, :3]), "labels"),
+            Case(f, "int32 labels", partial(score, IDS, IDS.int()), "labels"),
+            Case(f, "float labels", partial(score, IDS, IDS.float()), "labels"),
+            Case(f, "label -100", partial(score, IDS, IDS.clamp(max=-100)), "labels"),
+            Case(f, "label = vocab size", partial(score, IDS, too_large), "labels"),
+            Case(
+                f,
+                "int32 input ids",
+                partial(score, IDS.int(), IDS),
+                None,
+                same_scores_as_int64,
+            ),
+        ]
+    f = "get_response_log_probs"
+    shared_negative = ids([-2, 3, 4, 5], [-2, 3, 8, 9])
+    return [
+        *cases,
+        Case(
+            f,
+            "model a str",
+            partial(get_response_log_probs, "qwen2", IDS, IDS),
+            "model",
+        ),
+        Case(
+            f,
+            "negative input id, chunked head",
+            partial(scores, negative, IDS, logits_chunk_size=2),
+            "input_ids",
+        ),
+        Case(
+            f,
+            "negative input id, shared prefix",
+            partial(scores, shared_negative, IDS, shared_prefix_length=1),
+            "input_ids",
+        ),
+        Case(
+            f, "temperature 0", partial(scores, IDS, IDS, temperature=0), "temperature"
+        ),
+        Case(
+            f,
+            "logits_chunk_size -1",
+            partial(scores, IDS, IDS, logits_chunk_size=-1),
+            "logits_chunk_size",
+        ),
+        Case(
+            f,
+            "shared_prefix_length = T",
+            partial(scores, IDS, IDS, shared_prefix_length=4),
+            "shared_prefix_length",
+        ),
+    ]
+
+
+def prefix_cases() -> list[Case]:
+    f, g = "prompt_only_columns", "split_at_prefix"
+    return [
+        Case(
+            f,
+            "1-D mask",
+            partial(prompt_only_columns, torch.tensor([0, 1])),
+            "response_mask",
+        ),
+        Case(
+            f,
+            "no columns",
+            partial(prompt_only_columns, torch.zeros(2, 0)),
+            "response_mask",
+        ),
+        Case(f, "a list", partial(prompt_only_columns, [[0, 1]]), "response_mask"),
+        Case(
+            f,
+            "bool mask",
+            partial(prompt_only_columns, torch.tensor([[False, True]])),
+            expected=lambda result: result == 1,
+        ),
+        Case(
+            f,
+            "float mask",
+            partial(prompt_only_columns, torch.tensor([[0.0, 0.0, 1.0]])),
+            expected=lambda result: result == 2,
+        ),
+        Case(
+            g,
+            "labels shape differs",
+            partial(split_at_prefix, IDS, IDS[:, :3], 2),
+            "labels",
+        ),
+        Case(g, "1-D ids", partial(split_at_prefix, IDS[0], IDS[0], 1), "input_ids"),
+    ]
+
+
+def tokenizer_cases() -> list[Case]:
+    f, g = "build_char_tokenizer", "build_bpe_tokenizer"
+    return [
+        Case(
+            f,
+            "encode an unknown character",
+            lambda: build_char_tokenizer("abc").encode("abz"),
+            "text",
+        ),
+        Case(
+            f,
+            "call on a batch with an unknown character",
+            lambda: build_char_tokenizer("abc")(["ab", "\u00e9"]),
+            "text",
+        ),
+        Case(f, "characters an int", partial(build_char_tokenizer, 123), "characters"),
+        Case(
+            f,
+            "characters a list",
+            partial(build_char_tokenizer, ["ab", "c"]),
+            "characters",
+        ),
+        Case(
+            g,
+            "vocab_size a str",
+            partial(build_bpe_tokenizer, vocab_size="512"),
+            "vocab_size",
+        ),
+        Case(
+            g,
+            "vocab_size a float",
+            partial(build_bpe_tokenizer, vocab_size=300.5),
+            "vocab_size",
+        ),
+        Case(
+            "tokenizer_training_corpus",
+            "num_lines a float",
+            partial(tokenizer_training_corpus, num_lines=2.5),
+            "num_lines",
+        ),
+    ]
+
+
+def advantage_cases() -> list[Case]:
+    f, g = "compute_group_normalized_rewards", "compute_rollout_rewards"
+    nan_rewards = torch.tensor([1.0, math.nan, 0.0, 1.0])
+    return [
+        Case(f, "a NaN reward", partial(normalize, nan_rewards), "raw_rewards"),
+        Case(f, "rewards a list", partial(normalize, [1.0, 0.0]), "raw_rewards"),
+        Case(
+            f,
+            "int rewards",
+            partial(normalize, REWARDS.long()),
+            None,
+            equals(REWARD_ADVANTAGES),
+        ),
+        Case(
+            f,
+            "bool rewards",
+            partial(normalize, REWARDS.bool()),
+            None,
+            equals(REWARD_ADVANTAGES),
+        ),
+        Case(f, "empty rewards", partial(normalize, REWARDS[:0]), "raw_rewards"),
+        Case(
+            f,
+            "group_size 1, std normalizer",
+            partial(normalize, group_size=1),
+            "group_size",
+        ),
+        Case(f, "group_size a float", partial(normalize, group_size=2.0), "group_size"),
+        Case(f, "group_size a bool", partial(normalize, group_size=True), "group_size"),
+        Case(
+            f,
+            "group_size 3 for 4 rewards",
+            partial(normalize, group_size=3),
+            "group_size",
+        ),
+        Case(
+            f,
+            "advantage_eps < 0",
+            partial(normalize, advantage_eps=-1.0),
+            "advantage_eps",
+        ),
+        Case(
+            f,
+            "advantage_eps NaN",
+            partial(normalize, advantage_eps=math.nan),
+            "advantage_eps",
+        ),
+        Case(f, "baseline typo", partial(normalize, baseline="Mean"), "baseline"),
+        Case(
+            g,
+            "responses a str",
+            partial(compute_rollout_rewards, exact_match, "ab", ["a", "b"]),
+            "rollout_responses",
+        ),
+        Case(
+            g,
+            "a NaN reward",
+            partial(compute_rollout_rewards, nan_reward, ["a"], ["a"]),
+            "reward_fn",
+        ),
+        Case(
+            g,
+            "a str reward",
+            partial(compute_rollout_rewards, str_reward, ["a"], ["a"]),
+            "reward_fn",
+        ),
+        Case(
+            g,
+            "reward_fn None",
+            partial(compute_rollout_rewards, None, ["a"], ["a"]),
+            "reward_fn",
+        ),
+        Case(
+            g,
+            "empty lists",
+            partial(compute_rollout_rewards, exact_match, [], []),
+            "rollout_responses",
+        ),
+    ]
+
+
+def loss_cases() -> list[Case]:
+    f, g = "compute_policy_gradient_loss", "aggregate_loss_across_microbatch"
+    return [
+        Case(
+            f,
+            "-inf old log-probs where masked out",
+            partial(pg_loss, old_log_probs=with_masked(-math.inf, LOG_PROBS)),
+            expected=finite_where_masked_in,
+        ),
+        Case(f, "cliprange NaN", partial(pg_loss, cliprange=math.nan), "cliprange"),
+        Case(
+            f,
+            "policy_log_probs a list",
+            partial(pg_loss, policy_log_probs=LOG_PROBS.tolist()),
+            "policy_log_probs",
+        ),
+        Case(
+            f,
+            "advantages a list",
+            partial(pg_loss, raw_rewards_or_advantages=[1.0, -1.0]),
+            "raw_rewards_or_advantages",
+        ),
+        Case(
+            f,
+            "method typo",
+            partial(pg_loss, importance_reweighting_method="GRPO"),
+            "importance_reweighting_method",
+        ),
+        Case(
+            g,
+            "inf where masked out",
+            partial(aggregate, with_masked(math.inf)),
+            expected=equals(4.0),  # row means [2, 6]
+        ),
+        Case(
+            g,
+            "NaN where masked out, constant",
+            partial(aggregate, with_masked(math.nan), MASK, "constant", 2),
+            expected=equals(5.0),
+        ),
+        Case(
+            g,
+            "normalization_constant NaN",
+            partial(aggregate, VALUES, MASK, "constant", math.nan),
+            "normalization_constant",
+        ),
+        Case(
+            g,
+            "normalization_constant inf",
+            partial(aggregate, VALUES, MASK, "constant", math.inf),
+            "normalization_constant",
+        ),
+        Case(
+            g,
+            "empty batch",
+            partial(aggregate, torch.zeros(0, 3), torch.zeros(0, 3)),
+            "per_token_policy_gradient_loss",
+        ),
+        Case(g, "mask a list", partial(aggregate, VALUES, MASK.tolist()), "mask"),
+        Case(
+            g, "bool mask", partial(aggregate, VALUES, MASK.bool()), None, equals(4.0)
+        ),
+    ]
+
+
+def train_step_cases() -> list[Case]:
+    f, g = "grpo_train_step", "policy_gradient_update"
+    nan_where_masked_out = torch.zeros(2, 3)
+    nan_where_masked_out[0, 2] = math.nan  # row 0 is "ab" + "c": its label 3 is pad
+    return [
+        Case(
+            f,
+            "prompts a str",
+            partial(train_step, repeated_prompts="ab"),
+            "repeated_prompts",
+        ),
+        Case(
+            f, "group_size a float", partial(train_step, group_size=2.0), "group_size"
+        ),
+        Case(
+            f,
+            "gradient_accumulation_steps a float",
+            partial(train_step, gradient_accumulation_steps=1.5),
+            "gradient_accumulation_steps",
+        ),
+        Case(
+            f,
+            "max_grad_norm < 0",
+            partial(train_step, max_grad_norm=-1.0),
+            "max_grad_norm",
+        ),
+        Case(
+            f,
+            "max_grad_norm NaN",
+            partial(train_step, max_grad_norm=math.nan),
+            "max_grad_norm",
+        ),
+        Case(
+            g,
+            "float input ids",
+            lambda: update(batch=float_input_ids_batch()),
+            "input_ids",
+        ),
+        Case(
+            g,
+            "NaN old log-probs where masked out",
+            partial(
+                update,
+                importance_reweighting_method="grpo",
+                cliprange=0.2,
+                old_log_probs=nan_where_masked_out,
+            ),
+            expected=stepped_with_finite_loss,
+        ),
+        Case(
+            g,
+            "advantages a list",
+            partial(update, advantages=[1.0, -1.0]),
+            "advantages",
+        ),
+        Case(
+            g, "batch missing keys", partial(update, batch={"input_ids": IDS}), "batch"
+        ),
+    ]
+
+
+OWN_CASES = (
+    text_cases()
+    + id_list_cases()
+    + non_finite_masked_cases()
+    + reduction_cases()
+    + entropy_cases()
+    + scoring_cases()
+    + prefix_cases()
+    + tokenizer_cases()
+)
+OTHER_CASES = advantage_cases() + loss_cases() + train_step_cases()
+CASES = OWN_CASES + OTHER_CASES
+# Cases the functions under them do not handle yet; the expected outcome is the
+# one the case states (a clear error naming ``argument``, or ``expected``).
+OPEN_CASES = frozenset(
+    {
+        "compute_group_normalized_rewards: a NaN reward",
+        "compute_group_normalized_rewards: rewards a list",
+        "compute_group_normalized_rewards: int rewards",
+        "compute_group_normalized_rewards: bool rewards",
+        "compute_group_normalized_rewards: empty rewards",
+        "compute_group_normalized_rewards: group_size 1, std normalizer",
+        "compute_group_normalized_rewards: group_size a float",
+        "compute_group_normalized_rewards: group_size a bool",
+        "compute_group_normalized_rewards: group_size 3 for 4 rewards",
+        "compute_group_normalized_rewards: advantage_eps < 0",
+        "compute_group_normalized_rewards: advantage_eps NaN",
+        "compute_rollout_rewards: responses a str",
+        "compute_rollout_rewards: a NaN reward",
+        "compute_rollout_rewards: a str reward",
+        "compute_rollout_rewards: reward_fn None",
+        "compute_rollout_rewards: empty lists",
+        "compute_policy_gradient_loss: policy_log_probs a list",
+        "compute_policy_gradient_loss: advantages a list",
+        "aggregate_loss_across_microbatch: empty batch",
+        "aggregate_loss_across_microbatch: mask a list",
+        "grpo_train_step: prompts a str",
+        "grpo_train_step: group_size a float",
+        "policy_gradient_update: NaN old log-probs where masked out",
+        "policy_gradient_update: advantages a list",
+    }
+)
+
+
+def test_case_names_are_unique_and_open_cases_exist():
+    names = Counter(case.name for case in CASES)
+    assert [name for name, count in names.items() if count > 1] == []
+    assert set(names) >= OPEN_CASES
+
+
+def test_the_classifier_tells_the_classes_apart():
+    def refuse(message: str):
+        raise ValueError(message)
+
+    examples = {
+        CLEAR: Case("f", "a", partial(refuse, "mask must be 2-D, got 1-D"), "mask"),
+        OBSCURE: Case(
+            "f", "b", partial(refuse, "response_mask must be 2-D, got 1"), "mask"
+        ),
+        SILENT_NAN: Case("f", "c", lambda: {"x": torch.tensor([0.0, math.inf])}, "x"),
+        SILENT_WRONG: Case("f", "d", lambda: torch.tensor(0.0), None, equals(1.0)),
+        CORRECT: Case("f", "e", lambda: torch.tensor(1.0), None, equals(1.0)),
+    }
+    assert {name: classify(case)[0] for name, case in examples.items()} == {
+        name: name for name in examples
+    }
+    assert classify(Case("f", "g", partial(len, 3), "x"))[0] == OBSCURE  # TypeError
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(
+            case,
+            id=case.name,
+            marks=pytest.mark.xfail(strict=True, reason="not handled yet")
+            if case.name in OPEN_CASES
+            else (),
+        )
+        for case in CASES
+    ],
+)
+def test_bad_input_gets_a_clear_error_or_a_correct_result(case):
+    outcome, detail = classify(case)
+    assert outcome == (CLEAR if case.argument is not None else CORRECT), detail
+
+
+def print_audit_table(cases: list[Case] = CASES) -> None:
+    """One row of outcome counts per function: ``python tests/test_bad_inputs.py``."""
+    print("| function | " + " | ".join(CLASSES) + " |")
+    print("|---" * (len(CLASSES) + 1) + "|")
+    for function, counts in audit_table(cases).items():
+        print(f"| {function} | " + " | ".join(str(counts[c]) for c in CLASSES) + " |")
+
+
+if __name__ == "__main__":
+    print_audit_table()
