@@ -242,6 +242,8 @@ def masked_normalize(
     there, a masked-out entry adds exactly 0, whatever it holds.
     """
     _check_reduction_inputs(tensor, mask, dim)
+    if isinstance(normalize_constant, torch.Tensor) and normalize_constant.ndim == 0:
+        normalize_constant = normalize_constant.item()  # a count such as mask.sum()
     if (
         isinstance(normalize_constant, bool)
         or not isinstance(normalize_constant, numbers.Real)

@@ -227,8 +227,11 @@ def reference_key(config):
 def test_cache_key_accepts_the_reference_and_the_package_key():
     assert check_cache_key(reference_key) is True
     # The package's own key, applied to a real config with these values.
-    # (grpo reweighting, so that the check's epochs_per_rollout_batch=2 is valid)
-    config = TrainConfig.for_profile("cpu", importance_reweighting_method="grpo")
+    # (an off-policy noclip run, so every variant the check makes is valid: with
+    # or without a clip range, one epoch or two)
+    config = TrainConfig.for_profile(
+        "cpu", importance_reweighting_method="noclip", train_batch_size=128
+    )
 
     def package_key(values):
         return config_cache_key(TrainConfig.from_dict({**config.to_dict(), **values}))

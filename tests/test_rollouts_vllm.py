@@ -448,7 +448,7 @@ def test_gap_refuses_incomplete_rollouts(tokenizer, tiny_policy, change, message
 @pytest.mark.parametrize("temperature", [0.0, -1.0])
 def test_gap_needs_a_positive_temperature(tokenizer, tiny_policy, temperature):
     rollouts = sampled_rollouts(tokenizer, [[-1.0, -1.0, -1.0]] * 3)
-    with pytest.raises(ValueError, match="temperature must be positive"):
+    with pytest.raises(ValueError, match="temperature must be a finite number > 0"):
         log_prob_gap(tiny_policy, rollouts, temperature)
 
 
