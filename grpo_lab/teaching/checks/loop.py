@@ -81,7 +81,7 @@ def _example_config() -> dict[str, Any]:
         "lr": 0.001,
         "group_size": 8,
         "task": "reverse",
-        "task_options": {"n_digits": 5, "seed_offset": 0},
+        "task_options": {"n_digits": 5, "eval_fraction": 0.1},
         "cliprange": None,
         "epochs_per_rollout_batch": 1,
         "run_dir": "runs/a",
@@ -129,7 +129,7 @@ def check_cache_key(student_fn: Callable[[dict[str, Any]], str]) -> None:
         {"group_size": 4},
         {"cliprange": 0.2},
         {"epochs_per_rollout_batch": 2},
-        {"task_options": {"n_digits": 4, "seed_offset": 0}},
+        {"task_options": {"n_digits": 4, "eval_fraction": 0.1}},
     ]
     for change in changes:
         other = _key(student_fn, {**config, **change})
