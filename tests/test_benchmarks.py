@@ -33,7 +33,7 @@ import render_results  # noqa: E402
 
 SCRIPTS = {
     "cpu_profile", "logprob_memory", "trl_train_step", "time_to_accuracy",
-    "gpu_throughput", "run_cpu", "harness",
+    "gpu_throughput", "run_cpu", "harness", "threads",
 }  # fmt: skip
 MACHINE_FIELDS = {
     "nproc", "cpu_model", "torch", "transformers", "torch_threads", "git_commit",
@@ -317,6 +317,7 @@ def test_committed_results_render_to_the_committed_results_md():
 def test_recorded_and_rerun_command_lines_still_parse():
     """Each committed result's command, and each run_cpu.py run, parses today."""
     import run_cpu
+    import threads  # noqa: F401
     import time_to_accuracy  # also imports cpu_profile and trl_train_step
 
     modules = {name: sys.modules[name] for name in SCRIPTS - {"run_cpu", "harness"}}
@@ -431,3 +432,18 @@ def test_cpu_profile_quick_runs_the_real_command(tmp_path):
     for key in ("sampled_start", "sampled_end", "greedy_start", "greedy_end"):
         assert 0.0 <= run[key] <= 1.0
     assert "- seed 0: 0: " in result["tables"][0]["notes"]
+
+
+@pytest.mark.slow
+def test_threads_runs_the_real_command_beside_a_busy_core():
+    import cpu_profile
+    import threads
+
+    row = threads.timed_run(0, cpu_profile.QUICK["train_flags"], None, busy=True)
+    assert (row["threads"], row["load"]) == ("chosen: 1", "one busy core")
+    assert row["wall_seconds"] > row["grpo_step_seconds"] > 0
+    # The busy loop is gone once the run returns.
+    assert not [p for p in threads.multiprocessing.active_children() if p.is_alive()]
+    rows = [dict(row), {**row, "slowdown": 1.5}]
+    result = threads.report(rows, 2)
+    render_results.check_result({**synthetic_result(), **result}, "threads.json")
