@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import json
 import re
+import sys
+import types
 from pathlib import Path
 
 import pytest
+from IPython.core.inputtransformer2 import TransformerManager
+
+from grpo_lab.teaching.colab import COLAB_CELL_ID, COLAB_INSTALL_CELL
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
@@ -80,6 +85,69 @@ def test_has_an_exercise_followed_by_a_check(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_forbidden_patterns(path):
-    code = "\n".join(_source(c) for c in _cells(path) if c["cell_type"] == "code")
+    # The Colab install cell is the one place a notebook may pip install.
+    code = "\n".join(
+        _source(c)
+        for c in _cells(path)
+        if c["cell_type"] == "code" and c.get("id") != COLAB_CELL_ID
+    )
     for what, pattern in FORBIDDEN.items():
         assert not pattern.search(code), f"{path.name} contains {what}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_the_first_code_cell_installs_on_colab_only(path):
+    code_cells = [c for c in _cells(path) if c["cell_type"] == "code"]
+    assert code_cells[0].get("id") == COLAB_CELL_ID
+    assert _source(code_cells[0]) == COLAB_INSTALL_CELL
+    assert sum(c.get("id") == COLAB_CELL_ID for c in code_cells) == 1
+
+
+class RecordingShell:
+    """Stands in for IPython: records the line magics a cell runs."""
+
+    def __init__(self):
+        self.magics: list[tuple[str, str]] = []
+
+    def run_line_magic(self, name, line, _stack_depth=1):
+        self.magics.append((name, line))
+
+
+def _run_install_cell(source: str, on_colab: bool, monkeypatch) -> RecordingShell:
+    shell = RecordingShell()
+    if on_colab:
+        monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("colab"))
+    else:
+        monkeypatch.delitem(sys.modules, "google.colab", raising=False)
+    python = TransformerManager().transform_cell(source)
+    exec(python, {"get_ipython": lambda: shell})
+    return shell
+
+
+def test_the_install_cell_does_nothing_off_colab(monkeypatch):
+    assert _run_install_cell(COLAB_INSTALL_CELL, False, monkeypatch).magics == []
+
+
+def test_the_install_cell_asks_for_a_source_then_pip_installs_it(monkeypatch):
+    with pytest.raises(ValueError, match="GRPO_LAB_SOURCE is empty"):
+        _run_install_cell(COLAB_INSTALL_CELL, True, monkeypatch)
+    chosen = COLAB_INSTALL_CELL.replace(
+        'GRPO_LAB_SOURCE = ""', 'GRPO_LAB_SOURCE = "git+https://example.org/lab.git"'
+    )
+    shell = _run_install_cell(chosen, True, monkeypatch)
+    assert shell.magics == [("pip", 'install --quiet "{GRPO_LAB_SOURCE}"')]
+
+
+def test_ipython_expands_the_source_into_the_pip_line(monkeypatch):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("colab"))
+    shell = InteractiveShell.instance()
+    lines = []
+    shell.register_magic_function(lines.append, "line", "pip")
+    chosen = COLAB_INSTALL_CELL.replace(
+        'GRPO_LAB_SOURCE = ""', 'GRPO_LAB_SOURCE = "/content/grpo_lab-0.1.0.whl"'
+    )
+    result = shell.run_cell(chosen)
+    assert result.success
+    assert lines == ['install --quiet "/content/grpo_lab-0.1.0.whl"']
