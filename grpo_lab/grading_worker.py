@@ -6,48 +6,56 @@ make sympy build an enormous number inside one C call (``1000000!``,
 no thread can interrupt that call, and it holds the GIL, so every thread of the
 process would stop with it. Grading therefore runs in other processes:
 
-    callers -> MathGrader --pipe--> template process --fork--> one child per grade
+    callers -> MathGrader --pipe--> template process --fork--> worker processes
 
 * The template is a fresh interpreter (``python -P -B this_file``): it inherits
   neither torch's threads nor the caller's ``__main__``, and it never imports torch.
   It imports math-verify, grades ``WARM_UP_PAIRS`` once, freezes its heap
-  (``gc.freeze``) and waits for requests. Started on the first grade, reused for
-  every later one.
-* Each grade runs in a fresh ``fork`` of the template (a single-threaded process,
-  so the fork is safe). Every grade starts from the same warmed state: the verdict
-  depends on the two strings only, never on earlier calls.
-* CPU budget: the child arms ``setitimer(ITIMER_PROF, cpu_seconds)``. When it has
-  used ``cpu_seconds`` of CPU (user + system), the kernel sends SIGPROF, whose
-  default action ends the process at once, even in the middle of a C call. Time
-  spent waiting for a core does not count, so a loaded machine grades like an
-  idle one.
-* Wall ceiling: a child still running ``wall_seconds`` after its start is killed
-  (a backstop for a child that stops using CPU; far above any legitimate grade,
-  which needs 0.005-0.15 s of CPU). The caller also gives up on the template
-  ``wall_seconds + REPLY_GRACE_SECONDS`` after sending a request, and the
-  template is then replaced.
-* Memory: a child's address space may grow by ``memory_bytes``; past that,
+  (``gc.freeze``) and relays requests. It is started on the first grade (about
+  2 s of CPU) and never runs a grade itself, so a hostile answer never kills it.
+* Workers are ``fork``s of the template (single-threaded, so the fork is safe;
+  a few milliseconds). Up to ``max_workers`` of them grade at once, each one
+  request at a time, and each is reused across calls: its caches stay warm. A
+  worker killed by a limit is replaced by a new fork; so is one that has served
+  ``grades_per_worker`` grades or whose memory grew by half of ``memory_bytes``.
+  More callers than workers wait for a free one.
+* CPU budget: before each grade the worker arms ``setitimer(ITIMER_PROF,
+  cpu_seconds)``. When the grade has used ``cpu_seconds`` of CPU (user + system),
+  the kernel sends SIGPROF, whose default action ends the process at once, even
+  in the middle of a C call. Time spent waiting for a core does not count, so a
+  loaded machine grades like an idle one.
+* Wall ceiling: a worker still on one grade ``wall_seconds`` after receiving it is
+  killed (a backstop for a process that stops using CPU; far above any
+  legitimate grade, which needs 0.001-0.15 s of CPU). The caller also gives up on
+  the template ``wall_seconds + REPLY_GRACE_SECONDS`` after sending a request,
+  and the template is then replaced.
+* Memory: a worker's address space may grow by ``memory_bytes``; past that,
   allocations fail (a ``MemoryError``, graded not equal).
-* Nothing is written and nothing is executed: the template and its children may
+* Nothing is written and nothing is executed: the template and its workers may
   not write regular files (``RLIMIT_FSIZE`` 0, no core dumps, no bytecode files),
   and the text only ever goes through math-verify's LaTeX grammar (never ``eval``
   or ``exec``; math-verify's Python-expression parser is not used).
-* Up to ``max_workers`` children run at once; more callers wait for a free slot.
+
+Warm caches make a grade's CPU time depend a little on what its worker graded
+before, never beyond the budget; a verdict can only depend on it for an answer
+whose grading needs almost exactly the budget.
 
 A grade's ``status`` is "graded" (math-verify's verdict), "timeout" (the CPU
-budget or the wall ceiling ran out) or "lost" (the child or the template died
-another way, e.g. killed by the system). Anything but "graded" is not equal, and
-``MathGrader.timeouts`` counts it. POSIX only (``fork``, ``setitimer``). Used by
-``grpo_lab.rewards.r1_zero_reward``; taught in
-``notebooks/03_rewards_and_advantages.ipynb``.
+budget or the wall ceiling ran out) or "lost" (the worker died another way, e.g.
+killed by the system; a grade whose template dies is retried once). Anything
+but "graded" is not equal, and ``MathGrader.timeouts`` counts it. POSIX only
+(``fork``, ``setitimer``). Used by ``grpo_lab.rewards.r1_zero_reward``; taught
+in ``notebooks/03_rewards_and_advantages.ipynb``.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import itertools
 import json
+import math
 import os
 import select
 import signal
@@ -56,7 +64,7 @@ import sys
 import threading
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import IO
 
 # CPU seconds one grade may use (both parses and the comparison).
@@ -69,8 +77,10 @@ MATH_GRADING_MEMORY_BYTES = 1 << 30
 START_SECONDS = 120.0
 # Extra wait for the template's reply beyond the wall ceiling.
 REPLY_GRACE_SECONDS = 10.0
-# Most simultaneous grades of one grader, by default.
+# Most simultaneous grades (worker processes) of one grader, by default.
 DEFAULT_MAX_WORKERS = min(8, os.cpu_count() or 1)
+# Grades one worker serves before a fresh fork of the template replaces it.
+GRADES_PER_WORKER = 1000
 # Graded once in the template so that each child inherits loaded grammars, imports
 # and caches: numbers, fractions, radicals, polynomials, equations, percentages,
 # intervals, sets, tuples, matrices, trigonometry, logarithms, inequalities.
@@ -102,12 +112,15 @@ WARM_UP_PAIRS = (
 
 @dataclass(frozen=True)
 class MathGrade:
-    """One grade: the verdict, how it ended, and the worker CPU seconds it used."""
+    """One grade: the verdict, how it ended, and where and with how much CPU."""
 
     equal: bool
     # "graded", "timeout" or "lost" (see the module docstring).
     status: str
+    # CPU seconds the grade used in its worker.
     cpu_seconds: float = 0.0
+    # Process id of the worker that graded it (None: graded without a worker).
+    worker_pid: int | None = None
 
     @property
     def timed_out(self) -> bool:
@@ -121,9 +134,16 @@ class MathGrader:
     ``grade(answer, ground_truth)`` returns a ``MathGrade``; it never raises for
     any pair of strings, uses at most ``cpu_seconds`` of worker CPU per call, and
     is safe to call from many threads. ``timeouts`` counts the grades that did not
-    finish. The template process starts on the first grade (about 2 s of CPU)
-    and ends with ``close()``, when the grader is garbage-collected, or at exit.
-    A fork of the calling process starts its own template on first use.
+    finish (status "timeout" or "lost"). The template process starts on the first
+    grade (about 2 s of CPU) and ends with ``close()``, when the grader is
+    garbage-collected, or at exit. A fork of the calling process starts its own
+    template on first use.
+
+    cpu_seconds:       CPU budget of one grade (both parses and the comparison)
+    wall_seconds:      wall-clock ceiling of one grade, >= cpu_seconds (a backstop)
+    memory_bytes:      how far a worker's address space may grow
+    max_workers:       grades running at once (worker processes)
+    grades_per_worker: grades a worker serves before a fresh fork replaces it
     """
 
     def __init__(
@@ -133,14 +153,13 @@ class MathGrader:
         wall_seconds: float = MATH_GRADING_WALL_SECONDS,
         memory_bytes: int = MATH_GRADING_MEMORY_BYTES,
         max_workers: int = DEFAULT_MAX_WORKERS,
+        grades_per_worker: int = GRADES_PER_WORKER,
     ) -> None:
-        check_grader_limits(cpu_seconds, wall_seconds, memory_bytes, max_workers)
+        self.limits = GraderLimits(
+            cpu_seconds, wall_seconds, memory_bytes, max_workers, grades_per_worker
+        )
         if not hasattr(os, "fork"):
             raise RuntimeError("math grading needs os.fork (Linux or macOS)")
-        self.cpu_seconds = float(cpu_seconds)
-        self.wall_seconds = float(wall_seconds)
-        self.memory_bytes = int(memory_bytes)
-        self.max_workers = max_workers
         self.timeouts = 0
         self._holder: list[_Template | None] = [None]
         self._reset_locks()
@@ -150,7 +169,7 @@ class MathGrader:
 
     def grade(self, answer: str, ground_truth: str) -> MathGrade:
         """math-verify's verdict on ``\\boxed{answer}`` against
-        ``\\boxed{ground_truth}``, computed in a fresh worker process.
+        ``\\boxed{ground_truth}``, computed in a worker process.
 
         When the template itself dies during the call (killed from outside), the
         grade is tried once more on a new template.
@@ -171,10 +190,15 @@ class MathGrader:
         """One request to the live template; None when the template died."""
         template = self._running_template()
         request = template.submit(answer, ground_truth)
-        if not request.done.wait(self.wall_seconds + REPLY_GRACE_SECONDS):
+        if not request.done.wait(self.limits.wall_seconds + REPLY_GRACE_SECONDS):
             request.finish(MathGrade(False, "timeout"))
             self._replace(template)
         return request.grade
+
+    @property
+    def cpu_seconds(self) -> float:
+        """The CPU budget of one grade."""
+        return self.limits.cpu_seconds
 
     @property
     def pid(self) -> int | None:
@@ -219,12 +243,12 @@ class MathGrader:
         template.stop()
 
     def _command(self) -> list[str]:
-        limits = (self.cpu_seconds, self.wall_seconds, self.memory_bytes)
-        return [sys.executable, "-P", "-B", __file__, *map(repr, limits)]
+        limits = json.dumps(asdict(self.limits))
+        return [sys.executable, "-P", "-B", __file__, limits]
 
     def _reset_locks(self) -> None:
         self._lock = threading.Lock()
-        self._slots = threading.BoundedSemaphore(self.max_workers)
+        self._slots = threading.BoundedSemaphore(self.limits.max_workers)
 
 
 @functools.cache
@@ -234,23 +258,41 @@ def default_math_grader() -> MathGrader:
     return MathGrader()
 
 
-def check_grader_limits(
-    cpu_seconds: float, wall_seconds: float, memory_bytes: int, max_workers: int
-) -> None:
-    """ValueError naming the first limit that is not usable."""
-    if not isinstance(cpu_seconds, int | float) or not 0 < cpu_seconds <= 3600:
-        raise ValueError(
-            f"cpu_seconds must be a number in (0, 3600], got {cpu_seconds!r}"
-        )
-    if not isinstance(wall_seconds, int | float) or not wall_seconds >= cpu_seconds:
-        raise ValueError(
-            f"wall_seconds must be a number >= cpu_seconds ({cpu_seconds}), "
-            f"got {wall_seconds!r}"
-        )
-    if not isinstance(memory_bytes, int) or memory_bytes < 1 << 24:
-        raise ValueError(f"memory_bytes must be an int >= 2**24, got {memory_bytes!r}")
-    if not isinstance(max_workers, int) or max_workers < 1:
-        raise ValueError(f"max_workers must be a positive int, got {max_workers!r}")
+@dataclass(frozen=True)
+class GraderLimits:
+    """The limits of a ``MathGrader`` (see its arguments); ValueError naming the
+    first one that is not usable."""
+
+    cpu_seconds: float
+    wall_seconds: float
+    memory_bytes: int
+    max_workers: int
+    grades_per_worker: int
+
+    def __post_init__(self) -> None:
+        cpu, wall = self.cpu_seconds, self.wall_seconds
+        if not _is_number(cpu) or not 0 < cpu <= 3600:
+            raise ValueError(f"cpu_seconds must be a number in (0, 3600], got {cpu!r}")
+        if not _is_number(wall) or not wall >= cpu:
+            raise ValueError(
+                f"wall_seconds must be a number >= cpu_seconds ({cpu}), got {wall!r}"
+            )
+        if not _is_count(self.memory_bytes) or self.memory_bytes < 1 << 24:
+            raise ValueError(
+                f"memory_bytes must be an int >= 2**24, got {self.memory_bytes!r}"
+            )
+        for name in ("max_workers", "grades_per_worker"):
+            value = getattr(self, name)
+            if not _is_count(value) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _stop_held(holder: list[_Template | None]) -> None:
@@ -356,7 +398,8 @@ class _Template:
             request = self.pending.pop(reply["id"], None)
         if request is not None:
             cpu_seconds = reply.get("cpu_seconds", 0.0)
-            grade = MathGrade(reply["equal"], reply["status"], cpu_seconds)
+            worker = reply.get("worker")
+            grade = MathGrade(reply["equal"], reply["status"], cpu_seconds, worker)
             request.finish(grade)
 
     def alive(self) -> bool:
@@ -383,8 +426,9 @@ def _write_line(stream: IO[bytes], message: dict) -> None:
 # The template process: run as a script by MathGrader; imports no grpo_lab module.
 
 
-def serve(cpu_seconds: float, wall_seconds: float, memory_bytes: int) -> None:
-    """Load math-verify, warm up, then fork one child per request until stdin ends.
+def serve(limits: GraderLimits) -> None:
+    """Load math-verify, warm up, then relay requests to forked workers until
+    stdin ends.
 
     Replies on the original stdout (one JSON line each); stdout and stderr
     themselves go to /dev/null, so that nothing a library prints can mix in.
@@ -406,7 +450,7 @@ def serve(cpu_seconds: float, wall_seconds: float, memory_bytes: int) -> None:
     gc.collect()
     gc.freeze()
     _send(replies, {"ready": True, "pid": os.getpid()})
-    _TemplateLoop(replies, devnull, (cpu_seconds, wall_seconds, memory_bytes)).run()
+    _TemplateLoop(replies, devnull, limits).run()
 
 
 def math_verify_equal(answer: str, ground_truth: str) -> bool:
@@ -445,140 +489,216 @@ def _send(fd: int, message: dict) -> None:
 
 
 @dataclass
-class _Child:
-    """One forked grade: its process, result pipe, request id and deadline."""
+class _Worker:
+    """A forked worker as the template sees it: pipes, current request, clocks."""
 
     pid: int
-    request_id: int
-    deadline: float
-    output: bytes = b""
-    overdue: bool = False
+    requests: int  # write end: request lines to the worker
+    replies: int  # read end: verdict lines from the worker
+    request_id: int | None = None
+    deadline: float = math.inf
+    process_cpu: float = 0.0  # the worker's CPU seconds when it took the request
+    buffer: bytes = b""
+    overdue: bool = False  # past its wall deadline: killed
+    retiring: bool = False  # said it exits after its last verdict
 
 
 class _TemplateLoop:
-    """Reads requests from stdin, forks children, reports their results."""
+    """Reads requests on stdin, hands each to an idle worker (forking one when
+    fewer than ``max_workers`` exist), and relays verdicts to stdout."""
 
-    def __init__(self, replies: int, devnull: int, limits: tuple) -> None:
+    def __init__(self, replies: int, devnull: int, limits: GraderLimits) -> None:
         self.replies = replies
         self.devnull = devnull
-        self.cpu_seconds, self.wall_seconds, self.memory_bytes = limits
-        self.children: dict[int, _Child] = {}
+        self.limits = limits
+        self.workers: dict[int, _Worker] = {}  # by the worker's replies fd
+        self.queue: collections.deque[dict] = collections.deque()
         self.buffer = b""
 
     def run(self) -> None:
         while True:
-            readable, _, _ = select.select([0, *self.children], [], [], self.wait())
+            fds = [0, *self.workers]
+            readable, _, _ = select.select(fds, [], [], self.wait())
             for fd in readable:
                 if fd == 0 and not self.read_requests():
-                    self.kill_children()
+                    self.kill_workers()
                     return
                 if fd != 0:
-                    self.read_child(fd)
+                    self.read_worker(fd)
             self.stop_overdue()
+            self.dispatch()
 
     def wait(self) -> float | None:
-        """Seconds until the nearest wall deadline (None: no child running)."""
-        deadlines = [c.deadline for c in self.children.values() if not c.overdue]
-        return max(min(deadlines) - time.monotonic(), 0.0) if deadlines else None
+        """Seconds until the nearest wall deadline (None: no grade running)."""
+        deadlines = [w.deadline for w in self.workers.values() if not w.overdue]
+        nearest = min(deadlines, default=math.inf)
+        return None if nearest == math.inf else max(nearest - time.monotonic(), 0.0)
 
     def read_requests(self) -> bool:
-        """Start a child per complete request line; False at end of input."""
+        """Queue every complete request line; False at end of input."""
         data = os.read(0, 1 << 16)
         if not data:
             return False
         self.buffer += data
         while b"\n" in self.buffer:
             line, self.buffer = self.buffer.split(b"\n", 1)
-            request = json.loads(line)
-            self.fork(request["id"], request["answer"], request["ground_truth"])
+            self.queue.append(json.loads(line))
         return True
 
-    def fork(self, request_id: int, answer: str, ground_truth: str) -> None:
+    def dispatch(self) -> None:
+        """Hand queued requests to idle workers, forking workers as needed."""
+        while self.queue:
+            worker = self.idle_worker()
+            if worker is None:
+                return
+            request = self.queue.popleft()
+            line = {k: request[k] for k in ("answer", "ground_truth")}
+            try:
+                os.write(worker.requests, json.dumps(line).encode("ascii") + b"\n")
+            except OSError:  # it just died: its end of file arrives next
+                self.queue.appendleft(request)
+                worker.retiring = True
+                continue
+            worker.request_id = request["id"]
+            worker.deadline = time.monotonic() + self.limits.wall_seconds
+
+    def idle_worker(self) -> _Worker | None:
+        """An idle worker, a new one, or None when all ``max_workers`` are busy
+        (or no process can be forked: the first queued grade is then lost)."""
+        for worker in self.workers.values():
+            if worker.request_id is None and not worker.retiring:
+                return worker
+        if len(self.workers) >= self.limits.max_workers:
+            return None
         try:
-            read_end, write_end = os.pipe()
-        except OSError:  # out of descriptors: this grade is lost
-            _send(self.replies, {"id": request_id, "status": "lost", "equal": False})
-            return
+            return self.fork_worker()
+        except OSError:
+            request = self.queue.popleft()
+            _send(self.replies, {"id": request["id"], "status": "lost", "equal": False})
+            return None
+
+    def fork_worker(self) -> _Worker:
+        down_read, down_write = os.pipe()
+        up_read, up_write = os.pipe()
         try:
             pid = os.fork()
-        except OSError:  # out of processes: this grade is lost
-            os.close(read_end)
-            os.close(write_end)
-            _send(self.replies, {"id": request_id, "status": "lost", "equal": False})
-            return
+        except OSError:
+            for fd in (down_read, down_write, up_read, up_write):
+                os.close(fd)
+            raise
         if pid == 0:
-            os.close(read_end)
-            os.close(self.replies)
-            self.grade_in_child(write_end, answer, ground_truth)
-        os.close(write_end)
-        deadline = time.monotonic() + self.wall_seconds
-        self.children[read_end] = _Child(pid, request_id, deadline)
-
-    def grade_in_child(self, write_end: int, answer: str, ground_truth: str) -> None:
-        """In the child: arm the CPU timer, cap memory, grade, report, exit."""
-        try:
+            inherited = [self.replies, down_write, up_read]
+            for worker in self.workers.values():
+                inherited += [worker.requests, worker.replies]
+            for fd in inherited:
+                os.close(fd)
             os.dup2(self.devnull, 0)
-            signal.signal(signal.SIGPROF, signal.SIG_DFL)
-            _cap_address_space(self.memory_bytes)
-            signal.setitimer(signal.ITIMER_PROF, self.cpu_seconds)
-            try:
-                verdict = math_verify_equal(answer, ground_truth)
-            except Exception:
-                verdict = False
-            os.write(write_end, b"1" if verdict else b"0")
-        finally:
-            os._exit(0)
+            _serve_as_worker(down_read, up_write, self.limits)
+        os.close(down_read)
+        os.close(up_write)
+        worker = _Worker(pid, requests=down_write, replies=up_read)
+        self.workers[up_read] = worker
+        return worker
 
-    def read_child(self, fd: int) -> None:
-        """Collect a child's output; at end of file, reap it and reply."""
-        data = os.read(fd, 64)
-        child = self.children[fd]
+    def read_worker(self, fd: int) -> None:
+        """Relay a worker's verdicts; at its end of file, reap it, and when it
+        died holding a grade, report how (timeout or lost)."""
+        worker = self.workers[fd]
+        data = os.read(fd, 1 << 12)
         if data:
-            child.output += data
+            worker.buffer += data
+            while b"\n" in worker.buffer and worker.request_id is not None:
+                line, worker.buffer = worker.buffer.split(b"\n", 1)
+                self.relay(worker, json.loads(line))
             return
         os.close(fd)
-        del self.children[fd]
-        _, status, usage = os.wait4(child.pid, 0)
-        cpu = usage.ru_utime + usage.ru_stime
-        _send(
-            self.replies,
-            {"id": child.request_id, **_verdict(child, status), "cpu_seconds": cpu},
-        )
+        os.close(worker.requests)
+        del self.workers[fd]
+        _, status, usage = os.wait4(worker.pid, 0)
+        if worker.request_id is not None:
+            cpu = usage.ru_utime + usage.ru_stime - worker.process_cpu
+            reply = {"id": worker.request_id, **_stopped(worker, status)}
+            usage = {"cpu_seconds": max(cpu, 0.0), "worker": worker.pid}
+            _send(self.replies, {**reply, **usage})
+
+    def relay(self, worker: _Worker, verdict: dict) -> None:
+        reply = {"id": worker.request_id, "status": "graded", "equal": verdict["equal"]}
+        usage = {"cpu_seconds": verdict["cpu_seconds"], "worker": worker.pid}
+        _send(self.replies, {**reply, **usage})
+        worker.request_id, worker.deadline = None, math.inf
+        worker.process_cpu = verdict["process_cpu"]
+        worker.retiring = verdict["retire"]
 
     def stop_overdue(self) -> None:
         now = time.monotonic()
-        for child in self.children.values():
-            if now >= child.deadline and not child.overdue:
-                child.overdue = True
-                os.kill(child.pid, signal.SIGKILL)
+        for worker in self.workers.values():
+            if now >= worker.deadline and not worker.overdue:
+                worker.overdue = True
+                os.kill(worker.pid, signal.SIGKILL)
 
-    def kill_children(self) -> None:
-        for child in self.children.values():
-            os.kill(child.pid, signal.SIGKILL)
+    def kill_workers(self) -> None:
+        for worker in self.workers.values():
+            os.kill(worker.pid, signal.SIGKILL)
 
 
-def _verdict(child: _Child, status: int) -> dict:
-    """The reply fields for a finished child: status and equality."""
-    if os.WIFEXITED(status) and child.output in (b"0", b"1"):
-        return {"status": "graded", "equal": child.output == b"1"}
+def _stopped(worker: _Worker, status: int) -> dict:
+    """Status and verdict of a grade whose worker died while holding it."""
     stopped_by = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
-    timed_out = child.overdue or stopped_by in (signal.SIGPROF, signal.SIGXCPU)
+    timed_out = worker.overdue or stopped_by in (signal.SIGPROF, signal.SIGXCPU)
     return {"status": "timeout" if timed_out else "lost", "equal": False}
 
 
-def _cap_address_space(extra_bytes: int) -> None:
-    """Let the address space grow by at most ``extra_bytes`` (Linux; elsewhere a
-    no-op, since only Linux reports the current size cheaply)."""
-    import resource
+def _serve_as_worker(requests: int, replies: int, limits: GraderLimits) -> None:
+    """In a forked worker: grade request lines until end of input, each under a
+    fresh ``ITIMER_PROF`` of ``cpu_seconds``; exit after ``grades_per_worker``
+    grades or once the address space has grown by half of ``memory_bytes``."""
+    try:
+        signal.signal(signal.SIGPROF, signal.SIG_DFL)
+        start_size = _address_space_bytes()
+        if start_size is not None:
+            _cap_address_space(start_size + limits.memory_bytes)
+        lines = os.fdopen(requests, "rb")
+        graded, retire = 0, False
+        while not retire and (line := lines.readline()):
+            verdict = _grade_one(json.loads(line), limits.cpu_seconds)
+            graded += 1
+            size = _address_space_bytes()
+            grown = size is not None and size > start_size + limits.memory_bytes // 2
+            retire = graded >= limits.grades_per_worker or grown
+            _send(replies, {**verdict, "retire": retire})
+    finally:
+        os._exit(0)
 
+
+def _grade_one(request: dict, cpu_seconds: float) -> dict:
+    """One verdict under the CPU timer; SIGPROF ends the process if it fires."""
+    start = time.process_time()
+    signal.setitimer(signal.ITIMER_PROF, cpu_seconds)
+    try:
+        verdict = math_verify_equal(request["answer"], request["ground_truth"])
+    except Exception:
+        verdict = False
+    signal.setitimer(signal.ITIMER_PROF, 0)
+    end = time.process_time()
+    return {"equal": verdict, "cpu_seconds": end - start, "process_cpu": end}
+
+
+def _address_space_bytes() -> int | None:
+    """This process's address-space size (Linux; None where /proc is missing)."""
     try:
         with open("/proc/self/statm") as statm:
             pages = int(statm.read().split()[0])
     except OSError:
-        return
-    limit = pages * os.sysconf("SC_PAGE_SIZE") + extra_bytes
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def _cap_address_space(limit: int) -> None:
+    """Allocations that would grow the address space past ``limit`` fail."""
+    import resource
+
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
 if __name__ == "__main__":
-    serve(float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]))
+    serve(GraderLimits(**json.loads(sys.argv[1])))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import itertools
 import json
 import os
 import signal
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from grpo_lab import grading_worker
-from grpo_lab.grading_worker import MathGrade, MathGrader, check_grader_limits
+from grpo_lab.grading_worker import MathGrade, MathGrader
 
 BUDGET = 0.3
 WALL = 1.0
@@ -31,7 +32,8 @@ linux_only = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def grader():
-    with MathGrader(cpu_seconds=BUDGET, wall_seconds=WALL) as shared:
+    limits = {"cpu_seconds": BUDGET, "wall_seconds": WALL, "grades_per_worker": 3}
+    with MathGrader(**limits) as shared:
         shared.start()
         yield shared
 
@@ -78,18 +80,11 @@ def children_of(pid: int) -> list[int]:
         ({"memory_bytes": 1000}, "memory_bytes"),
         ({"max_workers": 0}, "max_workers"),
         ({"max_workers": 2.0}, "max_workers"),
+        ({"grades_per_worker": True}, "grades_per_worker"),
     ],
 )
 def test_grader_rejects_unusable_limits(options: dict, setting: str) -> None:
-    limits = {
-        "cpu_seconds": 1.0,
-        "wall_seconds": 30.0,
-        "memory_bytes": 1 << 30,
-        "max_workers": 2,
-    }
-    with pytest.raises(ValueError, match=setting):
-        check_grader_limits(**{**limits, **options})
-    with pytest.raises(ValueError, match=setting):
+    with pytest.raises(ValueError, match=f"{setting} must be"):
         MathGrader(**options)
 
 
@@ -119,6 +114,42 @@ def test_cpu_budget_stops_one_long_c_call_and_the_template_survives(
     assert grader.grade("2", "\\sqrt{4}").equal is True
 
 
+def test_workers_are_reused_then_replaced_after_their_quota_or_a_kill(
+    grader: MathGrader,
+) -> None:
+    pairs = [(f"\\frac{{{k}}}{{7}}", f"\\frac{{{2 * k}}}{{14}}") for k in range(1, 8)]
+    grades = [grader.grade(*pair) for pair in pairs]
+    assert all((grade.equal, grade.status) == (True, "graded") for grade in grades)
+    workers = [grade.worker_pid for grade in grades]
+    # Sequential grades go to one worker until its quota of 3, then to a new one.
+    runs = [len(list(run)) for _, run in itertools.groupby(workers)]
+    assert max(runs) == 3 and len(runs) >= 3 and len(set(workers)) == len(runs)
+    killed = grader.grade(HUGE, "1")
+    assert killed.status == "timeout"
+    after = grader.grade("0.5", "\\frac{1}{2}")
+    assert after.equal is True and after.worker_pid != killed.worker_pid
+    assert not process_exists(killed.worker_pid)
+
+
+@linux_only
+@pytest.mark.slow
+def test_workers_retiring_under_16_threads_lose_no_grade(grader: MathGrader) -> None:
+    pairs = [(f"\\frac{{{k}}}{{2}}", f"{k / 2}") for k in range(1, 33)]
+    grades: list[MathGrade | None] = [None] * len(pairs)
+
+    def work(first: int) -> None:
+        for index in range(first, len(pairs), 16):
+            grades[index] = grader.grade(*pairs[index])
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(HANG_SECONDS)
+    assert all((grade.equal, grade.status) == (True, "graded") for grade in grades)
+    assert len({grade.worker_pid for grade in grades}) >= 11  # 3 grades each, at most
+
+
 @linux_only
 def test_template_may_not_write_files_and_never_loads_torch(
     grader: MathGrader,
@@ -135,16 +166,20 @@ def test_template_may_not_write_files_and_never_loads_torch(
 
 
 @linux_only
-def test_wall_ceiling_stops_a_child_that_stops_using_cpu(grader: MathGrader) -> None:
+def test_wall_ceiling_stops_a_worker_that_stops_using_cpu(grader: MathGrader) -> None:
     timeouts, grades = grader.timeouts, []
     caller = threading.Thread(target=lambda: grades.append(grader.grade(HUGE, "1")))
     caller.start()
     deadline = time.monotonic() + HANG_SECONDS
     while not children_of(grader.pid) and time.monotonic() < deadline:
         time.sleep(0.001)
-    for child in children_of(grader.pid):
-        os.kill(child, signal.SIGSTOP)  # it uses no CPU: only the wall ceiling ends it
+    workers = children_of(grader.pid)
+    for worker in workers:
+        os.kill(worker, signal.SIGSTOP)  # no CPU used: only the wall ceiling ends it
     caller.join(HANG_SECONDS)
+    for worker in workers:
+        if process_exists(worker):  # an idle one
+            os.kill(worker, signal.SIGCONT)
     assert grades[0].status == "timeout"
     assert grades[0].cpu_seconds < 0.8 * BUDGET
     assert grader.timeouts == timeouts + 1

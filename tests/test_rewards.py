@@ -314,7 +314,7 @@ def grade_from_threads(
 ) -> list[tuple[MathGrade, float]]:
     """Grade ``pairs`` from ``n_threads`` threads started together; results in
     the order of ``pairs``. Fails when a thread is still running after
-    ``HANG_SECONDS`` per pair it holds."""
+    ``HANG_SECONDS`` per pair (callers queue for the grader's worker slots)."""
     results: list[tuple[MathGrade, float] | None] = [None] * len(pairs)
     barrier = threading.Barrier(n_threads)
 
@@ -326,8 +326,9 @@ def grade_from_threads(
     threads = [threading.Thread(target=work, args=(i,)) for i in range(n_threads)]
     for thread in threads:
         thread.start()
+    deadline = time.monotonic() + HANG_SECONDS * len(pairs)
     for thread in threads:
-        thread.join(HANG_SECONDS * math.ceil(len(pairs) / n_threads))
+        thread.join(max(deadline - time.monotonic(), 0.0))
     assert not any(thread.is_alive() for thread in threads), "a grading thread hung"
     return results  # type: ignore[return-value]
 
@@ -374,6 +375,7 @@ def test_math_grades_equal_plain_math_verify(answer: str, ground_truth: str) -> 
     assert scores["grading_timeout"] == 0.0
 
 
+@pytest.mark.slow
 def test_reported_hostile_answers_stop_at_the_default_budget() -> None:
     grader = default_math_grader()
     budget = grader.cpu_seconds
@@ -436,9 +438,9 @@ def test_legitimate_grades_are_the_same_idle_and_from_16_threads_under_load() ->
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_budget_counts_cpu_time_not_wall_time() -> None:
-    # The grading child of a legitimate answer (~0.15 s of CPU) is paused for
-    # longer than the budget, as if the machine were fully loaded: a wall-clock
-    # deadline would fail it; the CPU budget does not.
+    # The worker grading a legitimate answer (~0.15 s of CPU) is paused for longer
+    # than the budget, as if the machine were fully loaded: a wall-clock deadline
+    # would fail it; the CPU budget does not.
     grader = default_math_grader()
     answer, ground_truth = "+".join(["1"] * 150), "150"
     children = Path(f"/proc/{grader.pid}/task/{grader.pid}/children")
@@ -450,10 +452,12 @@ def test_budget_counts_cpu_time_not_wall_time() -> None:
     deadline = time.monotonic() + HANG_SECONDS
     while not children.read_text().split() and time.monotonic() < deadline:
         time.sleep(0.001)
-    child = int(children.read_text().split()[0])
-    os.kill(child, signal.SIGSTOP)
+    workers = [int(pid) for pid in children.read_text().split()]
+    for worker in workers:  # the one grading, and any idle one
+        os.kill(worker, signal.SIGSTOP)
     time.sleep(grader.cpu_seconds + 0.2)
-    os.kill(child, signal.SIGCONT)
+    for worker in workers:
+        os.kill(worker, signal.SIGCONT)
     caller.join(HANG_SECONDS)
     grade, elapsed = results[0]
     assert (grade.equal, grade.status) == (True, "graded")
