@@ -614,12 +614,12 @@ class _TemplateLoop:
         os.close(fd)
         os.close(worker.requests)
         del self.workers[fd]
-        _, status, usage = os.wait4(worker.pid, 0)
+        _, status, resources = os.wait4(worker.pid, 0)
         if worker.request_id is not None:
-            cpu = usage.ru_utime + usage.ru_stime - worker.process_cpu
+            total = resources.ru_utime + resources.ru_stime
             reply = {"id": worker.request_id, **_stopped(worker, status)}
-            usage = {"cpu_seconds": max(cpu, 0.0), "worker": worker.pid}
-            _send(self.replies, {**reply, **usage})
+            usage = {"cpu_seconds": max(total - worker.process_cpu, 0.0)}
+            _send(self.replies, {**reply, **usage, "worker": worker.pid})
 
     def relay(self, worker: _Worker, verdict: dict) -> None:
         reply = {"id": worker.request_id, "status": "graded", "equal": verdict["equal"]}

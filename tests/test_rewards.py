@@ -365,6 +365,18 @@ def assert_bounded_failures(
         assert elapsed < HANG_SECONDS, (name, elapsed)
 
 
+def test_grade_math_answer_caps_and_shortcuts_use_no_worker() -> None:
+    # MathGrade(..., cpu_seconds=0.0, worker_pid=None): decided in this process.
+    long = "x+" * 200 + "1"  # 401 characters
+    assert grade_math_answer(long, long) == MathGrade(False, "graded")  # answer cap
+    assert grade_math_answer("x", long) == MathGrade(False, "graded")  # truth cap
+    assert grade_math_answer(" \\dfrac{1}{2}. ", "\\frac{1}{2}") == MathGrade(
+        True, "graded"
+    )
+    assert grade_math_answer("0042", "42") == MathGrade(True, "graded")  # integers
+    assert grade_math_answer("1,000", "999") == MathGrade(False, "graded")
+
+
 @pytest.mark.parametrize(("answer", "ground_truth"), LEGITIMATE_PAIRS)
 def test_math_grades_equal_plain_math_verify(answer: str, ground_truth: str) -> None:
     expected = math_verify_oracle(answer, ground_truth)
