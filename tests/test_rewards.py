@@ -3,32 +3,46 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import math
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
+import math_verify
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grpo_lab import rewards
+from grpo_lab.grading_worker import MathGrade, MathGrader, default_math_grader
 from grpo_lab.rewards import (
     countdown_reward,
-    estimate_digits,
     exact_match_reward,
     extract_r1_zero_answer,
-    is_safe_math_answer,
+    grade_math_answer,
     last_boxed_content,
     normalize_math_answer,
     parse_countdown_equation,
     r1_zero_reward,
-    run_with_deadline,
 )
 
-# A hostile call must return within this many seconds, even on a loaded machine.
+# A toy-reward call must return within this many seconds, even on a loaded machine.
 WALL_BOUND_SECONDS = 2.0
+# No math grade may take longer than this (a "hang"), even on a loaded machine.
+HANG_SECONDS = 20.0
+# CPU budget of the grader used for hostile inputs (the default is 1 s).
+FAST_BUDGET = 0.1
+# A killed grade may show a little more CPU than its budget (the kill itself).
+CPU_SLACK = 0.1
 REWARD_KEYS = {"reward", "format_reward", "answer_reward"}
+R1_ZERO_KEYS = {*REWARD_KEYS, "grading_timeout"}
 
 
 def r1(answer: str) -> str:
@@ -48,7 +62,7 @@ def collector_paused():
 
 
 def assert_valid_scores(scores: dict[str, float]) -> None:
-    assert set(scores) == REWARD_KEYS
+    assert set(scores) in (REWARD_KEYS, R1_ZERO_KEYS)
     for value in scores.values():
         assert isinstance(value, float)
         assert not math.isnan(value)
@@ -58,8 +72,16 @@ def assert_valid_scores(scores: dict[str, float]) -> None:
 
 @pytest.fixture(scope="module", autouse=True)
 def warm_math_verify() -> None:
-    """Import math-verify and sympy once, so timed calls measure grading only."""
-    r1_zero_reward(r1("0.5"), "\\frac{1}{2}")
+    """Start the default grader's worker once, so timed calls measure grading."""
+    default_math_grader().start()
+
+
+@pytest.fixture(scope="module")
+def fast_grader() -> Iterator[MathGrader]:
+    """A grader with a small CPU budget, so hostile inputs cost little time."""
+    with MathGrader(cpu_seconds=FAST_BUDGET) as grader:
+        grader.start()
+        yield grader
 
 
 # ---------------------------------------------------------------- exact match
@@ -150,6 +172,10 @@ def test_normalize_math_answer() -> None:
         (r1("\\sqrt{45}"), "3\\sqrt{5}", 1.0, 1.0),  # math-verify
         (r1("(3, \\frac{\\pi}{2})"), "\\left( 3, \\frac{\\pi}{2} \\right)", 1.0, 1.0),
         (r1("the answer is \\boxed{28}"), "28", 1.0, 1.0),  # boxed inside answer
+        (r1("\\binom{5}{2}"), "10", 1.0, 1.0),  # binomial, factorial, sum: graded
+        (r1("5!"), "120", 1.0, 1.0),
+        (r1("\\sum_{k=1}^3 k"), "6", 1.0, 1.0),
+        (r1("7"), "-7", 1.0, 0.0),  # two integers: compared without a worker
         (r1("41"), "42", 1.0, 0.0),
         (r1("\\frac{1}{3}"), "\\frac{1}{2}", 1.0, 0.0),
         (r1("\\boxed{28"), "28", 1.0, 0.0),  # unbalanced box: format only
@@ -175,115 +201,279 @@ def test_r1_zero_reward_grades_in_a_worker_thread() -> None:
     )
     worker.start()
     worker.join(timeout=30)
-    assert results == [{"reward": 1.0, "format_reward": 1.0, "answer_reward": 1.0}]
+    assert results == [
+        {
+            "reward": 1.0,
+            "format_reward": 1.0,
+            "answer_reward": 1.0,
+            "grading_timeout": 0.0,
+        }
+    ]
 
 
-# ---------------------------------------------------------------- screening
+# ---------------------------------------------------------------- math-verify in a worker
+
+# Legitimate answers, graded exactly as plain math-verify grades them (the oracle).
+LEGITIMATE_PAIRS = [
+    ("\\binom{5}{2}", "10"),
+    ("\\binom{5}{2}", "11"),
+    ("\\dbinom{6}{2}", "15"),
+    ("5!", "120"),
+    ("5!", "100"),
+    ("3! \\cdot 2", "12"),
+    ("\\sum_{k=1}^3 k", "6"),
+    ("\\sum_{k=1}^{4} k^2", "30"),
+    ("\\sum_{k=1}^{4} k^2", "31"),
+    ("[0,1)", "[0, 1)"),
+    ("[0,1)", "[0, 1]"),
+    ("(-\\infty, 2]", "(-\\infty,2]"),
+    ("[1,2] \\cup [5,6]", "[5,6] \\cup [1,2]"),
+    ("\\{1,2,3\\}", "\\{3,2,1\\}"),
+    ("\\{1,2\\}", "\\{1,3\\}"),
+    (
+        "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}",
+        "\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}",
+    ),
+    (
+        "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}",
+        "\\begin{pmatrix} 2 \\\\ 1 \\end{pmatrix}",
+    ),
+    ("(x+1)^2", "x^2+2x+1"),
+    ("x^3-1", "(x-1)(x^2+x+1)"),
+    ("x^2+1", "x^2-1"),
+    ("0.5", "\\frac{1}{2}"),
+    ("\\frac{14}{24}", "\\frac{7}{12}"),
+    ("\\sqrt{45}", "3\\sqrt{5}"),
+    ("\\frac{\\sqrt{3}}{2}", "\\sin(\\pi/3)"),
+    ("(3, \\frac{\\pi}{2})", "\\left( 3, \\frac{\\pi}{2} \\right)"),
+    ("x=3", "3"),
+    ("10\\%", "0.1"),
+    ("\\pi", "3.14159"),
+]
+
+# Each of these once stalled or could stall grading in-process. The first two pass
+# any syntax screen; sympy computes them inside one C call.
+HOSTILE_MATH = {
+    "root of index 1/999999999": "\\sqrt[\\frac{1}{999999999}]{10}",
+    "cdot chain exponent": "10^{99 \\cdot 99 \\cdot 99 \\cdot 99}",
+    "long cdot chain exponent": "10^{" + " \\cdot ".join(["9"] * 9) + "}",
+    "times chain exponent": "10^{999999 \\times 999999}",
+    "braced tower": "9^{9^{9^{9}}}",
+    "bare tower": "10^10^10^10",
+    "star tower": "9**9**9**9",
+    "star tower in parentheses": "2**(3**(4**5))",
+    "tower of twos": "2^{2^{2^{2^{2^{2}}}}}",
+    "tower of e": "e^{e^{e^{e^{100}}}}",
+    "power of a power": "(9^{9999})^{9999}",
+    "double exponent": "10^{10^{10}}",
+    "negative double exponent": "10^{-10^{10}}",
+    "factorial": "1000000!",
+    "factorial of a power": "(10^{6})!",
+    "factorial of a factorial": "(10!)!",
+    "double factorial": "(10^{7})!!",
+    "binomial of powers": "\\binom{10^9}{5*10^8}",
+    "binomial": "\\binom{1000000}{500000}",
+    "root of index 10^-9": "\\sqrt[10^{-9}]{2}",
+    "nested radicals": "\\sqrt{" * 40 + "2" + "}" * 40,
+    "nested indexed radicals": "".join(f"\\sqrt[{k}]{{" for k in range(3, 30))
+    + "2"
+    + "}" * 27,
+    "radical of a tower": "\\sqrt{9^{9^{9^{9}}}}",
+    "nested fractions": "\\frac{1}{" * 25 + "2" + "}" * 25,
+    "deep braces": "{" * 140 + "1" + "}" * 140,
+    "deep parentheses": "(" * 140 + "1" + ")" * 140,
+    "huge sum": "\\sum_{i=1}^{10^{9}} i^{i}",
+    "huge product": "\\prod_{k=1}^{10^{6}} k",
+    "gamma": "\\Gamma(10^{9})",
+    "symbolic tower": "x^{x^{x^{x^{x^{x}}}}}",
+    "equation with a tower": "x = 9^{9^{9}}",
+    "gcd of a power": "\\gcd(10^{99999999}, 3)",
+    "many terms": "+".join(f"x^{{{k}}}" for k in range(40)),
+    "very long": "1+" * 5_000 + "1",
+}
+REPORTED_HOSTILE = ("root of index 1/999999999", "cdot chain exponent")
 
 
-@pytest.mark.parametrize(
-    ("text", "digits"),
-    [
-        ("12+345", 5),  # 2 + 3 digit runs
-        ("2^{10}", 10),  # max(1, 1) * 10
-        ("(9^{99})^{2}", 198),  # (1 * 99) * 2
-        ("x^2+1", 3),  # x^2: 1 * 2, plus 1
-        ("\\frac{1}{2}", 2),  # {1} + {2}
-    ],
-)
-def test_estimate_digits_hand_cases(text: str, digits: float) -> None:
-    assert estimate_digits(text) == digits
+def math_verify_oracle(answer: str, ground_truth: str) -> bool:
+    """Plain math-verify, in this process, with its default settings."""
+    gold = math_verify.parse("\\boxed{" + ground_truth + "}")
+    predicted = math_verify.parse("\\boxed{" + answer + "}")
+    return bool(math_verify.verify(gold, predicted))
 
 
-@pytest.mark.parametrize(
-    "text", ["9^{9^{9}}", "9**9**9", "10^10^10", "2^{1234567}", "2^{(3^{4})}"]
-)
-def test_estimate_digits_flags_towers_and_huge_exponents(text: str) -> None:
-    assert estimate_digits(text) == float("inf")
-
-
-@pytest.mark.parametrize(
-    ("text", "safe"),
-    [
-        ("\\frac{\\sqrt{3}}{2}", True),
-        ("\\left( 3, \\frac{\\pi}{2} \\right)", True),
-        ("x^2 - x - 6", True),
-        ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", True),
-        ("(10^6)!", False),  # factorial
-        ("\\binom{1000000}{500000}", False),  # command outside the whitelist
-        ("\\sum_{i=1}^{10} i", False),
-        ("\\Gamma(10)", False),
-        ("(((1)))" + "(((((2)))))", False),  # ( nested 5 deep
-        ("{" * 9 + "1" + "}" * 9, False),  # any bracket nested 9 deep
-        ("(9^{999})^{999}", False),  # about 10^6 digits
-        ("4\x002", False),  # control character
-        ("\u0661\u0662", False),  # non-ASCII digits
-        ("1" * (rewards.MAX_ANSWER_CHARS + 1), False),
-    ],
-)
-def test_is_safe_math_answer(text: str, safe: bool) -> None:
-    assert is_safe_math_answer(text) is safe
-
-
-# ---------------------------------------------------------------- deadline
-
-
-def spin_forever() -> bool:
-    while True:
-        pass
-
-
-def test_run_with_deadline_returns_value_or_default() -> None:
-    assert run_with_deadline(lambda: 7, 1.0, 0) == 7
-    assert run_with_deadline(lambda: 1 / 0, 1.0, -1) == -1
-
-
-def test_run_with_deadline_interrupts_python_code_in_main_thread() -> None:
+def timed_grade(
+    answer: str, ground_truth: str, grader: MathGrader
+) -> tuple[MathGrade, float]:
     start = time.perf_counter()
-    assert run_with_deadline(spin_forever, 0.2, False) is False
-    assert time.perf_counter() - start < WALL_BOUND_SECONDS
-    # No interrupt is left pending: later Python code runs undisturbed.
-    assert sum(range(200_000)) == 19_999_900_000
+    grade = grade_math_answer(answer, ground_truth, grader=grader)
+    return grade, time.perf_counter() - start
 
 
-def test_run_with_deadline_interrupts_a_worker_thread() -> None:
-    results: list[tuple[bool, float]] = []
+def grade_from_threads(
+    pairs: list[tuple[str, str]], grader: MathGrader, n_threads: int = 16
+) -> list[tuple[MathGrade, float]]:
+    """Grade ``pairs`` from ``n_threads`` threads started together; results in
+    the order of ``pairs``. Fails when a thread is still running after
+    ``HANG_SECONDS`` per pair (callers queue for the grader's worker slots)."""
+    results: list[tuple[MathGrade, float] | None] = [None] * len(pairs)
+    barrier = threading.Barrier(n_threads)
 
-    def grade() -> None:
-        start = time.perf_counter()
-        verdict = run_with_deadline(spin_forever, 0.2, False)
-        results.append((verdict, time.perf_counter() - start))
+    def work(first: int) -> None:
+        barrier.wait()
+        for index in range(first, len(pairs), n_threads):
+            results[index] = timed_grade(*pairs[index], grader)
 
-    worker = threading.Thread(target=grade)
-    worker.start()
-    worker.join(timeout=10)
-    assert not worker.is_alive()
-    assert results and results[0][0] is False
-    assert results[0][1] < WALL_BOUND_SECONDS
-
-
-def test_run_with_deadline_survives_code_that_swallows_the_interrupt() -> None:
-    def stubborn() -> bool:
-        for _ in range(3):  # swallows the first interrupts, then gives in
-            with contextlib.suppress(BaseException):
-                spin_forever()
-        return spin_forever()
-
-    start = time.perf_counter()
-    assert run_with_deadline(stubborn, 0.2, False) is False
-    assert time.perf_counter() - start < WALL_BOUND_SECONDS
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(n_threads)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + HANG_SECONDS * len(pairs)
+    for thread in threads:
+        thread.join(max(deadline - time.monotonic(), 0.0))
+    assert not any(thread.is_alive() for thread in threads), "a grading thread hung"
+    return results  # type: ignore[return-value]
 
 
-def test_r1_zero_reward_is_bounded_when_math_verify_hangs(
-    monkeypatch: pytest.MonkeyPatch,
+@contextlib.contextmanager
+def busy_cores(count: int = 1) -> Iterator[None]:
+    """``count`` processes spinning for at most 60 s, all spinning before the
+    body runs, and killed on exit."""
+    spin = (
+        "import time\nprint(flush=True)\nend = time.monotonic() + 60\n"
+        "while time.monotonic() < end:\n    pass"
+    )
+    processes = [
+        subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE)
+        for _ in range(count)
+    ]
+    try:
+        for process in processes:
+            process.stdout.readline()  # started: the loop follows
+        yield
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
+            process.stdout.close()
+
+
+def assert_bounded_failures(
+    names: list[str], results: list[tuple[MathGrade, float]], budget: float
 ) -> None:
-    monkeypatch.setattr(rewards, "_math_verify_equal", lambda a, b: spin_forever())
-    with collector_paused():
+    for name, (grade, elapsed) in zip(names, results):
+        assert grade.equal is False, name
+        assert grade.cpu_seconds <= budget + CPU_SLACK, (name, grade)
+        assert elapsed < HANG_SECONDS, (name, elapsed)
+
+
+def test_grade_math_answer_caps_and_shortcuts_use_no_worker() -> None:
+    # MathGrade(..., cpu_seconds=0.0, worker_pid=None): decided in this process.
+    long = "x+" * 200 + "1"  # 401 characters
+    assert grade_math_answer(long, long) == MathGrade(False, "graded")  # answer cap
+    assert grade_math_answer("x", long) == MathGrade(False, "graded")  # truth cap
+    assert grade_math_answer(" \\dfrac{1}{2}. ", "\\frac{1}{2}") == MathGrade(
+        True, "graded"
+    )
+    assert grade_math_answer("0042", "42") == MathGrade(True, "graded")  # integers
+    assert grade_math_answer("1,000", "999") == MathGrade(False, "graded")
+
+
+@pytest.mark.parametrize(("answer", "ground_truth"), LEGITIMATE_PAIRS)
+def test_math_grades_equal_plain_math_verify(answer: str, ground_truth: str) -> None:
+    expected = math_verify_oracle(answer, ground_truth)
+    grade = grade_math_answer(answer, ground_truth)
+    assert (grade.equal, grade.status) == (expected, "graded")
+    scores = r1_zero_reward(r1(answer), ground_truth)
+    assert scores["answer_reward"] == float(expected)
+    assert scores["grading_timeout"] == 0.0
+
+
+@pytest.mark.slow
+def test_reported_hostile_answers_stop_at_the_default_budget() -> None:
+    grader = default_math_grader()
+    budget = grader.cpu_seconds
+    for name in REPORTED_HOSTILE:
+        timeouts = grader.timeouts
         start = time.perf_counter()
-        scores = r1_zero_reward(r1("0.5"), "\\frac{1}{2}")
+        scores = r1_zero_reward(r1(HOSTILE_MATH[name]), "10")
         elapsed = time.perf_counter() - start
-    assert elapsed < WALL_BOUND_SECONDS
-    assert scores == {"reward": 0.0, "format_reward": 1.0, "answer_reward": 0.0}
+        assert scores == {
+            "reward": 0.0,
+            "format_reward": 1.0,
+            "answer_reward": 0.0,
+            "grading_timeout": 1.0,
+        }
+        assert grader.timeouts == timeouts + 1
+        assert budget <= elapsed < HANG_SECONDS, (name, elapsed)
+
+
+@pytest.mark.slow
+def test_hostile_answers_stop_within_the_budget(fast_grader: MathGrader) -> None:
+    names = list(HOSTILE_MATH)
+    results = [timed_grade(HOSTILE_MATH[name], "42", fast_grader) for name in names]
+    assert_bounded_failures(names, results, FAST_BUDGET)
+    assert sum(grade.status == "timeout" for grade, _ in results) >= 20
+    for name in REPORTED_HOSTILE:
+        assert results[names.index(name)][0].status == "timeout"
+
+
+@pytest.mark.slow
+def test_hostile_answers_stop_within_the_budget_from_16_threads(
+    fast_grader: MathGrader,
+) -> None:
+    names = list(HOSTILE_MATH)
+    pairs = [(HOSTILE_MATH[name], "42") for name in names]
+    assert_bounded_failures(names, grade_from_threads(pairs, fast_grader), FAST_BUDGET)
+
+
+@pytest.mark.slow
+def test_hostile_truths_stop_within_the_budget_from_16_threads_beside_a_busy_core(
+    fast_grader: MathGrader,
+) -> None:
+    names = list(HOSTILE_MATH)
+    pairs = [("42", HOSTILE_MATH[name]) for name in names]
+    with busy_cores():
+        results = grade_from_threads(pairs, fast_grader)
+    assert_bounded_failures(names, results, FAST_BUDGET)
+
+
+@pytest.mark.slow
+def test_legitimate_grades_are_the_same_idle_and_from_16_threads_under_load() -> None:
+    grader = default_math_grader()
+    idle = [grade_math_answer(a, t, grader=grader) for a, t in LEGITIMATE_PAIRS]
+    with busy_cores():
+        loaded = grade_from_threads(LEGITIMATE_PAIRS, grader)
+    assert [grade.equal for grade, _ in loaded] == [grade.equal for grade in idle]
+    assert all(grade.status == "graded" for grade, _ in loaded)
+    assert all(grade.status == "graded" for grade in idle)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_budget_counts_cpu_time_not_wall_time() -> None:
+    # The worker grading a legitimate answer (~0.15 s of CPU) is paused for longer
+    # than the budget, as if the machine were fully loaded: a wall-clock deadline
+    # would fail it; the CPU budget does not.
+    grader = default_math_grader()
+    answer, ground_truth = "+".join(["1"] * 150), "150"
+    children = Path(f"/proc/{grader.pid}/task/{grader.pid}/children")
+    results: list[tuple[MathGrade, float]] = []
+    caller = threading.Thread(
+        target=lambda: results.append(timed_grade(answer, ground_truth, grader))
+    )
+    caller.start()
+    deadline = time.monotonic() + HANG_SECONDS
+    while not children.read_text().split() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    workers = [int(pid) for pid in children.read_text().split()]
+    for worker in workers:  # the one grading, and any idle one
+        os.kill(worker, signal.SIGSTOP)
+    time.sleep(grader.cpu_seconds + 0.2)
+    for worker in workers:
+        os.kill(worker, signal.SIGCONT)
+    caller.join(HANG_SECONDS)
+    grade, elapsed = results[0]
+    assert (grade.equal, grade.status) == (True, "graded")
+    assert grade.cpu_seconds < grader.cpu_seconds < elapsed, (grade, elapsed)
 
 
 # ---------------------------------------------------------------- countdown
@@ -366,18 +556,27 @@ def hostile_responses(text: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE_TEXTS))
-@pytest.mark.parametrize(
-    "reward_fn", [exact_match_reward, r1_zero_reward, countdown_reward]
-)
-def test_hostile_inputs_give_bounded_valid_scores(name: str, reward_fn) -> None:
+@pytest.mark.parametrize("reward_name", ["exact_match", "r1_zero", "countdown"])
+def test_hostile_inputs_give_bounded_valid_scores(
+    name: str, reward_name: str, fast_grader: MathGrader
+) -> None:
+    reward_fn, truths, bound = {
+        "exact_match": (exact_match_reward, ("42", "3 5 7 -> 22"), WALL_BOUND_SECONDS),
+        "countdown": (countdown_reward, ("42", "3 5 7 -> 22"), WALL_BOUND_SECONDS),
+        "r1_zero": (
+            functools.partial(r1_zero_reward, grader=fast_grader),
+            ("42",),
+            HANG_SECONDS,
+        ),
+    }[reward_name]
     for response in hostile_responses(HOSTILE_TEXTS[name]).values():
-        for ground_truth in ("42", "3 5 7 -> 22", HOSTILE_TEXTS[name]):
+        for ground_truth in (*truths, HOSTILE_TEXTS[name]):
             with collector_paused():
                 start = time.perf_counter()
                 scores = reward_fn(response, ground_truth)
                 elapsed = time.perf_counter() - start
             assert_valid_scores(scores)
-            assert elapsed < WALL_BOUND_SECONDS, (name, elapsed)
+            assert elapsed < bound, (name, elapsed)
 
 
 @settings(max_examples=60, deadline=None)
@@ -389,13 +588,14 @@ def test_toy_rewards_never_fail_on_random_text(response: str, truth: str) -> Non
 
 @settings(max_examples=25, deadline=None)
 @given(st.text(alphabet="0123456789+-*/^(){}\\ xsqrtfrac!.,", max_size=60))
-def test_r1_zero_reward_never_fails_on_random_math(answer: str) -> None:
-    with collector_paused():
-        start = time.perf_counter()
-        scores = r1_zero_reward(r1(answer), "\\frac{1}{2}")
-        elapsed = time.perf_counter() - start
+def test_r1_zero_reward_never_fails_on_random_math(
+    fast_grader: MathGrader, answer: str
+) -> None:
+    start = time.perf_counter()
+    scores = r1_zero_reward(r1(answer), "\\frac{1}{2}", grader=fast_grader)
+    elapsed = time.perf_counter() - start
     assert_valid_scores(scores)
-    assert elapsed < WALL_BOUND_SECONDS
+    assert elapsed < HANG_SECONDS
 
 
 def test_last_boxed_content_stops_scanning_after_max_chars() -> None:

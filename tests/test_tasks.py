@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 
+from grpo_lab.grading_worker import default_math_grader
 from grpo_lab.models import build_char_tokenizer
 from grpo_lab.tasks import Example, get_task, task_options
 from grpo_lab.tasks.math_data import (
@@ -15,6 +17,7 @@ from grpo_lab.tasks.math_data import (
     extract_math_answer,
     load_hub_records,
     load_jsonl,
+    math_record_answer,
 )
 from grpo_lab.tasks.splits import is_eval_prompt
 
@@ -253,6 +256,72 @@ def test_math_record_answer_field_wins_over_the_box(tmp_path: Path) -> None:
     path.write_text(json.dumps(record) + "\n")
     task = get_task("math", train_path=str(path))
     assert task.train(1, seed=0)[0].ground_truth == "3"
+
+
+def write_math_records(tmp_path: Path, records: list[dict]) -> str:
+    path = tmp_path / "math.jsonl"
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("answer", "ground_truth", "correct"),
+    [
+        (4, "4", "4"),
+        (0, "0", "0"),
+        (-3, "-3", "-3"),
+        (0.5, "0.5", "\\frac{1}{2}"),
+        (4.0, "4", "4.0"),
+        (1e-05, "0.00001", "10^{-5}"),
+    ],
+)
+def test_math_record_numeric_answer_becomes_a_string_that_grades(
+    tmp_path: Path, answer: float, ground_truth: str, correct: str
+) -> None:
+    record = {"problem": "p", "solution": "\\boxed{999}", "answer": answer}
+    assert math_record_answer(record) == ground_truth
+    task = get_task("math", train_path=write_math_records(tmp_path, [record]))
+    example = task.train(1, seed=0)[0]
+    assert example.ground_truth == ground_truth
+    response = f" so </think> <answer>{correct}</answer>"
+    assert task.reward_fn(response, example.ground_truth)["reward"] == 1.0
+    assert task.reward_fn(example.demonstration, example.ground_truth)["reward"] == 1.0
+
+
+@pytest.mark.parametrize("answer", [True, [4], {"value": 4}, float("nan")])
+def test_math_record_answer_of_another_type_is_rejected(
+    tmp_path: Path, answer: object
+) -> None:
+    record = {"problem": "p", "solution": "\\boxed{4}", "answer": answer}
+    task = get_task("math", train_path=write_math_records(tmp_path, [record]))
+    with pytest.raises(ValueError, match=r"record 0: answer must be a"):
+        task.train(1, seed=0)
+
+
+@pytest.mark.slow
+def test_hostile_ground_truths_in_a_math_file_are_bounded(tmp_path: Path) -> None:
+    # Both strings make sympy compute a huge number in one C call.
+    records = [
+        {
+            "problem": "p1",
+            "solution": "s",
+            "answer": "\\sqrt[\\frac{1}{999999999}]{10}",
+        },
+        {"problem": "p2", "solution": "\\boxed{10^{99 \\cdot 99 \\cdot 99 \\cdot 99}}"},
+    ]
+    task = get_task("math", train_path=write_math_records(tmp_path, records))
+    budget = default_math_grader().cpu_seconds
+    for example in task.splits["train"]:
+        start = time.perf_counter()
+        scores = task.reward_fn(
+            " so </think> <answer>10</answer>", example.ground_truth
+        )
+        elapsed = time.perf_counter() - start
+        assert (scores["reward"], scores["grading_timeout"]) == (0.0, 1.0)
+        assert budget <= elapsed < 20.0
+        # The same string as the answer matches without sympy (string equality).
+        scores = task.reward_fn(example.demonstration, example.ground_truth)
+        assert (scores["reward"], scores["grading_timeout"]) == (1.0, 0.0)
 
 
 def test_math_record_without_box_is_rejected_with_its_index(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ Published formats, one JSON object per line:
          stripped; "<<48/2=24>>" calculator notes are dropped from demonstrations)
   MATH:  {"problem": ..., "solution": "... \\boxed{...}", "level": ..., "type": ...}
          (answer = content of the last \\boxed{...}, or the record's "answer" field
-         when present, as in MATH-500)
+         when present, as in MATH-500; a numeric "answer" becomes a string)
 
 Splits, in order of precedence:
   * ``train_path`` / ``eval_path``: separate files (GSM8K ships train.jsonl and
@@ -18,18 +18,21 @@ Files are checked when the task is built and read on the first ``train`` or
 ``eval`` call, so building a task (e.g. to read ``max_new_tokens``) is cheap.
 ``train(n, seed)`` walks seeded shuffles of the train split (repeating only after
 every example was used); ``eval(n, seed)`` returns n distinct eval examples.
-Graded by ``grpo_lab.rewards.r1_zero_reward``. Rewards are taught in
-``notebooks/03_rewards_and_advantages.ipynb``.
+Graded by ``grpo_lab.rewards.r1_zero_reward``: ground truths from files go through
+the same size caps and sandboxed math-verify worker as model answers. Rewards are
+taught in ``notebooks/03_rewards_and_advantages.ipynb``.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import math
 import random
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import ClassVar
 
@@ -103,7 +106,7 @@ def gsm8k_example(record: dict) -> Example:
 def math_example(record: dict) -> Example:
     """One MATH record as an r1-zero example with a demonstration."""
     problem, solution = _required(record, ("problem", "solution"))
-    answer = record.get("answer") or extract_math_answer(solution)
+    answer = math_record_answer(record) or extract_math_answer(solution)
     if answer is None:
         raise ValueError(
             f"solution must contain \\boxed{{...}}, got {solution[-80:]!r}"
@@ -113,6 +116,29 @@ def math_example(record: dict) -> Example:
         ground_truth=answer,
         demonstration=r1_zero_demonstration(solution, answer),
     )
+
+
+def math_record_answer(record: dict) -> str | None:
+    """A MATH record's "answer" field as a string; None when absent or "".
+
+    Numbers become strings: an int as written (4 -> "4"), a float in plain
+    decimal notation (0.5 -> "0.5", 4.0 -> "4", 1e-05 -> "0.00001"). ValueError
+    for a boolean, a NaN or infinite float, or any other type.
+    """
+    value = record.get("answer")
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"answer must be a string or a number, got {value!r}")
+    if isinstance(value, int):
+        return str(value)
+    if not math.isfinite(value):
+        raise ValueError(f"answer must be a finite number, got {value!r}")
+    if value.is_integer():
+        return str(int(value))
+    return format(Decimal(repr(value)), "f")
 
 
 def _required(record: dict, keys: tuple[str, ...]) -> list[str]:
