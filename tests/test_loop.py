@@ -278,3 +278,22 @@ def test_a_short_cpu_run_learns(tmp_path):
         result.run_dir / "checkpoints" / "step_000020.pt", weights_only=True
     )["model"]
     assert any(not torch.equal(trained[k], v) for k, v in policy_before.items())
+
+
+def test_grading_timeouts_are_counted_only_for_rewards_that_report_them():
+    from grpo_lab.training.loop import counting_grading_timeouts
+
+    def math_like(response, truth):
+        timed_out = float(response == "hang")
+        return {"reward": 0.0, "format_reward": 1.0, "answer_reward": 0.0,
+                "grading_timeout": timed_out}  # fmt: skip
+
+    counted, counts = counting_grading_timeouts(math_like)
+    for response in ["hang", "4", "hang"]:
+        assert counted(response, "4")["grading_timeout"] == float(response == "hang")
+    assert counts == {"grading_timeouts": 2.0}
+    toy, toy_counts = counting_grading_timeouts(
+        lambda r, t: {"reward": 1.0, "format_reward": 1.0, "answer_reward": 1.0}
+    )
+    toy("1", "1")
+    assert toy_counts == {}

@@ -46,7 +46,7 @@ import dataclasses
 import random
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -386,8 +386,9 @@ def grpo_update(
     repeated_truths = [
         e.ground_truth for e in examples for _ in range(config.group_size)
     ]
+    reward_fn, grading_timeouts = counting_grading_timeouts(task.reward_fn)
     raw_rewards, advantages, advantage_metadata = rollout_advantages(
-        task.reward_fn,
+        reward_fn,
         rollouts.responses,
         repeated_truths,
         config.group_size,
@@ -420,7 +421,31 @@ def grpo_update(
         **_response_statistics(rollouts, raw_rewards, config.group_size),
         **flatten_metrics("loss", mean_metrics(update_records)),
         "train/optimizer_steps": sum(r["optimizer_step"] for r in update_records),
+        **flatten_metrics("train", grading_timeouts),
     }
+
+
+def counting_grading_timeouts(
+    reward_fn: Callable[[str, str], dict[str, float]],
+) -> tuple[Callable[[str, str], dict[str, float]], dict[str, float]]:
+    """``reward_fn``, counting the answers whose grading ran out of time.
+
+    Math rewards report ``"grading_timeout"`` (1.0 when the grading worker was
+    stopped before a verdict; such an answer scores 0). The returned dict fills
+    with ``{"grading_timeouts": count}`` as the wrapped function is called, and
+    stays empty for rewards that never report it (toy tasks log no such key).
+    """
+    counts: dict[str, float] = {}
+
+    def counted(response: str, ground_truth: str) -> dict[str, float]:
+        scores = reward_fn(response, ground_truth)
+        if "grading_timeout" in scores:
+            counts["grading_timeouts"] = (
+                counts.get("grading_timeouts", 0.0) + scores["grading_timeout"]
+            )
+        return scores
+
+    return counted, counts
 
 
 def rollout_token_batch(
