@@ -98,8 +98,6 @@ def test_profile_choice_reads_the_environment(monkeypatch):
         chosen_profile()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert chosen_profile() == "gpu"
-    monkeypatch.delenv("GRPO_LAB_PROFILE")
-    assert default_profile() == "gpu"
 
 
 # --- one door: every bad setting refused at construction ----------------------------
@@ -446,4 +444,86 @@ def test_choice_lists_are_the_core_registries():
     assert choices["baseline"] is advantages.BASELINES
     assert choices["advantage_normalizer"] is advantages.ADVANTAGE_NORMALIZERS
     assert choices["backend"] is rollouts.BACKENDS
-    assert config_module.PROFILES == ("cpu", "gpu", "smoke")
+    assert config_module.PROFILES == ("cpu", "gpu", "small-gpu", "smoke")
+
+
+# --- the small-gpu profile and the memory estimate ---------------------------------
+
+
+def _meta_qwen2_parameters(**sizes) -> int:
+    """Parameters of a Qwen2 architecture, built on the meta device (no memory)."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(
+            Qwen2Config(vocab_size=151936, tie_word_embeddings=True, **sizes)
+        )
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize(
+    ("name", "sizes"),
+    [
+        (
+            "Qwen/Qwen2.5-0.5B-Instruct",
+            {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+             "num_attention_heads": 14, "num_key_value_heads": 2},
+        ),
+        (
+            "Qwen/Qwen2.5-Math-1.5B",
+            {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
+             "num_attention_heads": 12, "num_key_value_heads": 2},
+        ),
+    ],
+)  # fmt: skip
+def test_known_parameter_counts_are_the_architectures_counts(name, sizes):
+    assert config_module.KNOWN_PARAMETER_COUNTS[name] == _meta_qwen2_parameters(**sizes)
+
+
+def test_the_memory_estimate_is_the_training_copies_plus_working_share():
+    from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2
+
+    model = build_tiny_qwen2(build_char_tokenizer(), hidden_size=32, num_layers=1)
+    count = sum(p.numel() for p in model.parameters())
+    cpu = TrainConfig.for_profile("cpu")
+    # float32 AdamW: weight + gradient + two moments = 16 bytes, plus a quarter.
+    assert config_module.training_memory_bytes(cpu, count) == count * 16 * 1.25
+    gpu = TrainConfig.for_profile("gpu")  # vLLM takes 30% of the card
+    assert config_module.training_memory_bytes(gpu, count) == pytest.approx(
+        count * 16 * 1.25 / 0.7
+    )
+    gib = 2**30
+    small = TrainConfig.for_profile("small-gpu")
+    small_need = config_module.training_memory_bytes(
+        small, config_module.KNOWN_PARAMETER_COUNTS[small.model]
+    )
+    gpu_need = config_module.training_memory_bytes(
+        gpu, config_module.KNOWN_PARAMETER_COUNTS[gpu.model]
+    )
+    assert 9 * gib < small_need < 10 * gib  # fits a 16 GB T4 with room to spare
+    assert 40 * gib < gpu_need < 42 * gib  # needs an 80 GB card (or 48 GB)
+
+
+@pytest.mark.parametrize(
+    ("gigabytes", "profile"), [(15, "small-gpu"), (24, "small-gpu"), (80, "gpu")]
+)
+def test_the_machine_profile_follows_the_gpu_memory(monkeypatch, gigabytes, profile):
+    class Properties:
+        total_memory = gigabytes * 10**9
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: Properties())
+    monkeypatch.delenv("GRPO_LAB_PROFILE", raising=False)
+    assert default_profile() == chosen_profile() == profile
+
+
+def test_small_gpu_profile_is_an_instruct_model_without_vllm_or_bfloat16():
+    config = TrainConfig.for_profile("small-gpu")
+    assert config.model == "Qwen/Qwen2.5-0.5B-Instruct" and config.chat_template
+    assert (config.backend, config.dtype, config.autocast_dtype) == (
+        "hf",
+        "float32",
+        None,
+    )
+    assert config.gradient_checkpointing and config.logits_chunk_size > 0
+    assert config.off_policy and config.importance_reweighting_method == "grpo"

@@ -297,3 +297,56 @@ def test_grading_timeouts_are_counted_only_for_rewards_that_report_them():
     )
     toy("1", "1")
     assert toy_counts == {}
+
+
+@pytest.mark.slow
+def test_the_small_gpu_profile_runs_two_steps_with_a_tiny_stand_in(tmp_path):
+    """The small-gpu profile as is (chat template, gradient checkpointing, a
+    chunked head, hf rollouts, GSM8K), with a tiny Qwen2 of the same family on
+    the CPU in place of Qwen2.5-0.5B-Instruct."""
+    from pathlib import Path
+
+    from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2
+
+    tokenizer = build_char_tokenizer()
+    tokenizer.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+        "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}"
+        "<|im_start|>assistant\n{% endif %}"
+    )
+    model_dir = tmp_path / "stand-in"
+    build_tiny_qwen2(tokenizer, hidden_size=32, num_layers=1, seed=0).save_pretrained(
+        model_dir
+    )
+    tokenizer.save_pretrained(model_dir)
+    data = Path(__file__).parent / "data"
+    config = TrainConfig.for_profile(
+        "small-gpu",
+        model=str(model_dir),
+        device="cpu",
+        task_options={
+            "train_path": str(data / "gsm8k_train.jsonl"),
+            "eval_path": str(data / "gsm8k_test.jsonl"),
+        },
+        steps=2,
+        rollout_batch_size=8,
+        group_size=4,
+        train_batch_size=4,
+        gradient_accumulation_steps=2,
+        max_new_tokens=12,
+        rollout_max_batch_size=4,
+        logits_chunk_size=8,
+        eval_every=1,
+        eval_size=2,
+        checkpoint_every=0,
+        run_dir=str(tmp_path / "run"),
+    )
+    assert config.chat_template and config.gradient_checkpointing
+    from grpo_lab.training.loop import train
+
+    result = train(config, progress=False)
+    steps = [r for r in result.history if r.get("step", 0) > 0]
+    assert [r["step"] for r in steps] == [1, 2]
+    # Two train batches per rollout batch: off-policy, old log-probs scored.
+    assert all(r["train/optimizer_steps"] <= 2 for r in steps)
+    assert all("eval/accuracy_greedy" in r for r in steps)

@@ -4,11 +4,12 @@ Fields are grouped in sections (run · model · task · batches and schedule ·
 optimizer · advantages and loss · sampling · evaluation and checkpoints ·
 warm-up · device and memory). Each field's help text is stored with it and is
 what ``grpo-lab train --help`` prints. The dataclass defaults are the ``cpu``
-profile; ``gpu`` and ``smoke`` list only what they change:
+profile; the others list only what they change:
 
 - ``cpu``: a 2-layer character model learns to reverse 5-digit strings on a
   laptop CPU in about a minute;
 - ``gpu``: Qwen2.5-Math-1.5B on GSM8K with vLLM rollouts;
+- ``small-gpu``: Qwen2.5-0.5B-Instruct on GSM8K on one 16 GB GPU (a T4);
 - ``smoke``: the cpu run at the smallest sizes that still execute every line
   (tests, notebook checks).
 
@@ -50,7 +51,7 @@ from grpo_lab.train_step import (
     check_max_grad_norm,
 )
 
-PROFILES = ("cpu", "gpu", "smoke")
+PROFILES = ("cpu", "gpu", "small-gpu", "smoke")
 PROFILE_VARIABLE = "GRPO_LAB_PROFILE"
 DTYPES = ("float32", "bfloat16", "float16")
 INERT_SETTINGS_KEY = "inert_settings"
@@ -85,8 +86,9 @@ class TrainConfig:
     profile: str = setting(
         "cpu",
         "run",
-        "Which defaults this run started from: cpu (tiny model), gpu (real model) "
-        "or smoke (the cpu run at its smallest).",
+        "Which defaults this run started from: cpu (tiny model), gpu (a 1.5B "
+        "model with vLLM), small-gpu (a 0.5B instruct model on a 16 GB GPU) or "
+        "smoke (the cpu run at its smallest).",
         PROFILES,
     )
     seed: int = setting(
@@ -128,6 +130,12 @@ class TrainConfig:
         "task",
         'Keyword options for the task, as JSON: {"n_digits": 5} or '
         '{"train_path": "train.jsonl", "eval_path": "test.jsonl"}.',
+    )
+    chat_template: bool = setting(
+        False,
+        "task",
+        "Wrap each prompt in the tokenizer's chat template as a user turn "
+        "(instruct models); off: the task's plain prompt (base models).",
     )
     # --- batches and schedule --------------------------------------------------
     steps: int = setting(
@@ -444,12 +452,76 @@ SMOKE_CHANGES: dict[str, Any] = {
     "sft_eval_size": 8,
 }
 
-PROFILE_CHANGES = {"cpu": CPU_CHANGES, "gpu": GPU_CHANGES, "smoke": SMOKE_CHANGES}
+# A 0.5B instruct model on GSM8K on one 16 GB GPU without bfloat16 (a T4) or
+# an L4: float32 weights and compute (float16 compute would need loss scaling),
+# hf rollouts on the policy itself (no vLLM copy), its chat template, gradient
+# checkpointing and a chunked head; 16 prompts x 8 responses, two optimizer steps
+# per rollout batch.
+SMALL_GPU_CHANGES: dict[str, Any] = {
+    **{k: v for k, v in GPU_CHANGES.items() if k not in ("backend", "autocast_dtype")},
+    "model": "Qwen/Qwen2.5-0.5B-Instruct",
+    "chat_template": True,
+    "rollout_batch_size": 128,
+    "train_batch_size": 64,
+    "gradient_accumulation_steps": 32,
+    "max_new_tokens": 512,
+    "eval_size": 256,
+    "rollout_max_batch_size": 64,
+}
+
+PROFILE_CHANGES = {
+    "cpu": CPU_CHANGES,
+    "gpu": GPU_CHANGES,
+    "small-gpu": SMALL_GPU_CHANGES,
+    "smoke": SMOKE_CHANGES,
+}
+
+# Parameters of the profiles' hub models, so the memory they need is known before
+# anything is downloaded: counted from their published architectures (Qwen2,
+# tied embeddings; tests/test_config.py rebuilds both on the meta device).
+KNOWN_PARAMETER_COUNTS = {
+    "Qwen/Qwen2.5-Math-1.5B": 1_543_714_304,
+    "Qwen/Qwen2.5-0.5B-Instruct": 494_032_768,
+}
+# Bytes per parameter while training with AdamW: the weight, its gradient and
+# two moments, each in the parameter dtype (float32: 4 + 4 + 8 = 16).
+_TRAINING_COPIES = 4
+# Activations, the chunked head's scratch and the allocator's slack, as a share
+# of the above (with gradient checkpointing; measured runs stay inside it).
+_WORKING_MEMORY_SHARE = 0.25
+
+
+def training_memory_bytes(config: TrainConfig, parameter_count: int) -> float:
+    """GPU bytes a run of ``config`` needs for a model of ``parameter_count``.
+
+    needed = params x 4 copies (weight, gradient, two AdamW moments) x bytes per
+    parameter x (1 + working share), divided by the share of the GPU left to
+    training when a vLLM engine takes ``vllm_gpu_memory_utilization`` of it.
+    An estimate to choose a profile by, not a guarantee.
+    """
+    per_parameter = (
+        _TRAINING_COPIES * torch.finfo(getattr(torch, config.dtype)).bits / 8
+    )
+    training = parameter_count * per_parameter * (1 + _WORKING_MEMORY_SHARE)
+    if config.backend == "vllm":
+        return training / (1 - config.vllm_gpu_memory_utilization)
+    return training
+
+
+def profile_fits(profile: str, gpu_bytes: float) -> bool:
+    """True when the profile's model is known and its run fits in ``gpu_bytes``."""
+    config = TrainConfig.for_profile(profile)
+    count = KNOWN_PARAMETER_COUNTS.get(config.model)
+    return count is not None and training_memory_bytes(config, count) <= gpu_bytes
 
 
 def default_profile() -> str:
-    """ "gpu" when CUDA is available, else "cpu"."""
-    return "gpu" if torch.cuda.is_available() else "cpu"
+    """The profile this machine can run: gpu when its GPU holds the gpu profile's
+    run (:func:`training_memory_bytes`), small-gpu on a smaller GPU, else cpu."""
+    if not torch.cuda.is_available():
+        return "cpu"
+    gpu_bytes = torch.cuda.get_device_properties(0).total_memory
+    return "gpu" if profile_fits("gpu", gpu_bytes) else "small-gpu"
 
 
 def chosen_profile() -> str:
@@ -465,9 +537,9 @@ def chosen_profile() -> str:
         raise ValueError(
             f"{PROFILE_VARIABLE} must be one of {PROFILES}, got {chosen!r}"
         )
-    if chosen == "gpu" and not torch.cuda.is_available():
+    if chosen in ("gpu", "small-gpu") and not torch.cuda.is_available():
         raise ValueError(
-            f"{PROFILE_VARIABLE}=gpu needs a CUDA GPU, and torch sees none "
+            f"{PROFILE_VARIABLE}={chosen} needs a CUDA GPU, and torch sees none "
             "(torch.cuda.is_available() is False); use cpu or smoke"
         )
     return chosen

@@ -62,6 +62,7 @@ from grpo_lab.rollouts import make_backend
 from grpo_lab.rollouts.base import RolloutBackend, Rollouts, SamplingSettings
 from grpo_lab.tasks import get_task
 from grpo_lab.tasks.base import Example, Task
+from grpo_lab.tasks.chat import ChatPromptTask
 from grpo_lab.train_step import (
     policy_gradient_update,
     rollout_advantages,
@@ -123,8 +124,8 @@ def _train(config: TrainConfig, progress: bool) -> RunResult:
 def _train_in(config: TrainConfig, progress: bool) -> RunResult:
     """The run itself, in the locked folder ``config.run_dir``."""
     run_dir = Path(config.run_dir)
-    task = get_task(config.task, **config.task_options)
     policy = build_policy(config)
+    task = build_task(config, policy.tokenizer)
     eval_examples = task.eval(config.eval_size, seed=config.seed)
     start_step = resume_or_start(config, run_dir, policy, task, eval_examples)
     completed_step, weights_match_completed_step = start_step, True
@@ -208,6 +209,12 @@ def prepare_run_dir(config: TrainConfig) -> Path:
     may change only the fields that do not change what a step computes.
     """
     return run_dirs.open_run_dir(config)
+
+
+def build_task(config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> Task:
+    """The task, its prompts in the tokenizer's chat template when asked."""
+    task = get_task(config.task, **config.task_options)
+    return ChatPromptTask(task, tokenizer) if config.chat_template else task
 
 
 def build_policy(config: TrainConfig) -> Policy:
