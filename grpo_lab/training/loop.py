@@ -531,6 +531,7 @@ def save_checkpoint(
         policy.optimizer,
         config.to_dict(),
         metrics_offset=count_metric_lines(run_dir),
+        tokenizer=policy.tokenizer,  # and a save_pretrained folder beside it
     )
 
 
