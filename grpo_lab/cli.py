@@ -1,9 +1,10 @@
-"""``grpo-lab``: train a run, plot its curves, write student notebooks.
+"""``grpo-lab``: train a run, plot its curves, push it to the Hub, write notebooks.
 
     grpo-lab train [--profile cpu|gpu] [--lr 3e-4 ...]   # flags = TrainConfig fields
     grpo-lab train --config run.yaml [--lr 3e-4 ...]      # a file, flags on top
     grpo-lab train --resume RUN_DIR [--steps 80]          # continue a run exactly
     grpo-lab plot RUN_DIR                                 # RUN_DIR/curves.png
+    grpo-lab push RUN_DIR REPO_ID [--private]             # model + card to the Hub
     grpo-lab student-notebooks OUT_DIR [--source notebooks]
     grpo-lab notebooks DIR [--force]                      # copy the course notebooks
 
@@ -53,7 +54,7 @@ USAGE_HINT = "see grpo-lab train --help"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``grpo-lab`` argument parser with its four commands."""
+    """The ``grpo-lab`` argument parser with its commands."""
     parser = argparse.ArgumentParser(
         prog="grpo-lab", description="Group Relative Policy Optimization, hands on."
     )
@@ -90,6 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
     train_parser.add_argument(
         "--no-progress", action="store_true", help="no progress bar"
     )
+    train_parser.add_argument(
+        "--push-to-hub",
+        metavar="REPO_ID",
+        default=None,
+        help="when the run ends, push its final model and a model card to this "
+        "Hugging Face Hub repository (as grpo-lab push does)",
+    )
     add_config_arguments(train_parser, exclude=("resume",))
     plot_parser = commands.add_parser(
         "plot",
@@ -97,6 +105,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="draw RUN_DIR/metrics.jsonl into RUN_DIR/curves.png",
     )
     plot_parser.add_argument("run_dir", metavar="RUN_DIR")
+    push_parser = commands.add_parser(
+        "push",
+        parents=[common],
+        help="upload RUN_DIR/final_model with a model card to the Hugging Face Hub",
+        description="Write a model card into RUN_DIR/final_model, create REPO_ID "
+        "if needed and upload the folder (token: HF_TOKEN or hf auth login).",
+    )
+    push_parser.add_argument("run_dir", metavar="RUN_DIR")
+    push_parser.add_argument("repo_id", metavar="REPO_ID", help="user/name on the Hub")
+    push_parser.add_argument(
+        "--private", action="store_true", help="create the repository as private"
+    )
+    push_parser.add_argument(
+        "--revision",
+        default=None,
+        help="the branch to push to (created when missing; default: main)",
+    )
     notebooks_parser = commands.add_parser(
         "student-notebooks",
         parents=[common],
@@ -355,6 +380,11 @@ def run_train(arguments: argparse.Namespace) -> int:
 
     config = train_config(arguments)
     check_can_train(config)
+    if arguments.push_to_hub is not None:  # before training, not after it
+        from grpo_lab.hub import check_repo_id, hub_token
+
+        check_repo_id(arguments.push_to_hub)
+        hub_token()
     if config.run_dir is None:  # named here, so that an interruption can name it
         config = dataclasses.replace(
             config, run_dir=str(run_dirs.new_run_dir(config.task))
@@ -373,6 +403,10 @@ def run_train(arguments: argparse.Namespace) -> int:
     finally:
         run_dirs.release_run_dir(config.run_dir)
     _print_summary(result.run_dir, result.history)
+    if arguments.push_to_hub is not None:
+        from grpo_lab.hub import push_run
+
+        print(f"pushed to {push_run(result.run_dir, arguments.push_to_hub)}")
     return 0
 
 
@@ -415,6 +449,20 @@ def run_plot(arguments: argparse.Namespace) -> int:
     except ValueError as error:
         raise UserError(str(error), "plot a folder grpo-lab train wrote") from error
     print(f"curves written to {path}")
+    return 0
+
+
+def run_push(arguments: argparse.Namespace) -> int:
+    """``grpo-lab push RUN_DIR REPO_ID``: the final model and its card to the Hub."""
+    from grpo_lab.hub import push_run
+
+    url = push_run(
+        arguments.run_dir,
+        arguments.repo_id,
+        private=arguments.private,
+        revision=arguments.revision,
+    )
+    print(f"pushed the final model of {arguments.run_dir} to {url}")
     return 0
 
 
@@ -464,6 +512,7 @@ def run_notebooks(arguments: argparse.Namespace) -> int:
 COMMANDS = {
     "train": run_train,
     "plot": run_plot,
+    "push": run_push,
     "student-notebooks": run_student_notebooks,
     "notebooks": run_notebooks,
 }

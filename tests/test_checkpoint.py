@@ -188,6 +188,153 @@ def test_bad_files_and_arguments_raise(tmp_path):
         checkpoints.save_checkpoint(tmp_path, 1, model, optimizer, {}, 0, keep_last=0)
 
 
+# --- the save_pretrained folder beside each checkpoint ---------------------------
+
+
+def test_a_mid_run_checkpoint_folder_loads_with_from_pretrained(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2, load_tokenizer
+    from grpo_lab.training.config import TrainConfig
+    from grpo_lab.training.loop import train
+
+    config = TrainConfig.for_profile(
+        "smoke", run_dir=str(tmp_path / "run"), checkpoint_every=1
+    )
+    train(config, progress=False)
+    folder = tmp_path / "run" / "checkpoints" / "step_000001"
+    loaded = AutoModelForCausalLM.from_pretrained(folder).eval()
+    # The model at step 1, as the .pt checkpoint holds it.
+    payload = checkpoints.load_checkpoint_file(folder.with_suffix(".pt"))
+    run_tokenizer = build_char_tokenizer()
+    sizes = {
+        "hidden_size": config.tiny_hidden_size,
+        "num_layers": config.tiny_num_layers,
+        "intermediate_size": config.tiny_intermediate_size,
+    }
+    at_step = build_tiny_qwen2(run_tokenizer, seed=config.seed, **sizes)
+    probe = torch.tensor([[2, 3, 4]])  # (1, 3)
+    with torch.no_grad():
+        untrained_logits = at_step(probe).logits
+    at_step.load_state_dict(payload["model"])
+    at_step.eval()
+
+    text = "54321 reversed"
+    ids = run_tokenizer(text, return_tensors="pt").input_ids  # (1, T)
+    assert load_tokenizer(str(folder))(text).input_ids == ids[0].tolist()
+    # AutoTokenizer opens it as a Qwen2 tokenizer (the config's model type):
+    # every character keeps its id, though that class treats spaces its own way.
+    vocab = AutoTokenizer.from_pretrained(folder).get_vocab()
+    assert {token: vocab[token] for token in run_tokenizer.get_vocab()} == (
+        run_tokenizer.get_vocab()
+    )
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, at_step(ids).logits)  # (1, T, V)
+        assert not torch.equal(loaded(probe).logits, untrained_logits)  # warmed up
+    names = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert names == ["step_000001", "step_000001.pt", "step_000002", "step_000002.pt"]
+
+
+def test_retention_deletes_each_folder_with_its_file(
+    tmp_path, tiny_qwen2, char_tokenizer
+):
+    optimizer = torch.optim.AdamW(tiny_qwen2.parameters())
+    folder = tmp_path / "checkpoints"
+    for step in (2, 4, 6):
+        checkpoints.save_checkpoint(
+            tmp_path, step, tiny_qwen2, optimizer, {}, 0, tokenizer=char_tokenizer
+        )
+    assert sorted(os.listdir(folder)) == [
+        "step_000004",
+        "step_000004.pt",
+        "step_000006",
+        "step_000006.pt",
+    ]
+    assert (folder / "step_000006" / "model.safetensors").is_file()
+    assert (folder / "step_000006" / "tokenizer.json").is_file()
+    (folder / "step_000005").mkdir()  # a folder whose file was never written
+    checkpoints.save_checkpoint(
+        tmp_path, 8, tiny_qwen2, optimizer, {}, 0, keep_last=1, tokenizer=char_tokenizer
+    )
+    assert sorted(os.listdir(folder)) == ["step_000008", "step_000008.pt"]
+
+
+def test_saving_a_step_again_replaces_its_folder_whole(
+    tmp_path, tiny_qwen2, char_tokenizer
+):
+    optimizer = torch.optim.AdamW(tiny_qwen2.parameters())
+    path = checkpoints.save_checkpoint(
+        tmp_path, 3, tiny_qwen2, optimizer, {}, 0, tokenizer=char_tokenizer
+    )
+    stale = checkpoints.pretrained_dir(path) / "stale.txt"
+    stale.write_text("from the first save")
+    with torch.no_grad():
+        tiny_qwen2.model.embed_tokens.weight.add_(1.0)
+    checkpoints.save_checkpoint(
+        tmp_path, 3, tiny_qwen2, optimizer, {}, 0, tokenizer=char_tokenizer
+    )
+    assert not stale.exists()
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == [
+        "step_000003",
+        "step_000003.pt",
+    ]
+    from safetensors.torch import load_file
+
+    saved = load_file(checkpoints.pretrained_dir(path) / "model.safetensors")
+    embedding = tiny_qwen2.model.embed_tokens.weight
+    assert torch.equal(saved["model.embed_tokens.weight"], embedding)
+
+
+def test_a_failed_folder_write_leaves_no_folder_and_the_previous_checkpoint(
+    tmp_path, tiny_qwen2, char_tokenizer, monkeypatch
+):
+    optimizer = torch.optim.AdamW(tiny_qwen2.parameters())
+    checkpoints.save_checkpoint(
+        tmp_path, 2, tiny_qwen2, optimizer, {}, 0, tokenizer=char_tokenizer
+    )
+
+    def full_disk(folder, **kwargs):
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        (Path(folder) / "model.safetensors").write_bytes(b"partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tiny_qwen2, "save_pretrained", full_disk)
+    with pytest.raises(checkpoints.CheckpointError) as raised:
+        checkpoints.save_checkpoint(
+            tmp_path, 4, tiny_qwen2, optimizer, {}, 0, keep_last=1,
+            tokenizer=char_tokenizer,
+        )  # fmt: skip
+    assert "could not write checkpoint" in str(raised.value)
+    assert "No space left on device" in str(raised.value)
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == [
+        "step_000002",
+        "step_000002.pt",
+    ]
+    assert (tmp_path / "checkpoints" / "step_000002" / "model.safetensors").is_file()
+
+    monkeypatch.undo()  # now the folder is written and the .pt file fails
+
+    def full_disk_at_the_file(payload, handle):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full_disk_at_the_file)
+    with pytest.raises(checkpoints.CheckpointError):
+        checkpoints.save_checkpoint(
+            tmp_path, 4, tiny_qwen2, optimizer, {}, 0, tokenizer=char_tokenizer
+        )
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == [
+        "step_000002",
+        "step_000002.pt",
+    ]
+
+
+def test_the_folder_of_a_checkpoint_is_named_after_its_step(tmp_path):
+    folder = checkpoints.pretrained_dir(tmp_path / "step_000042.pt")
+    assert folder == tmp_path / "step_000042"
+    with pytest.raises(ValueError, match=r"must be named step_XXXXXX\.pt"):
+        checkpoints.pretrained_dir(tmp_path / "model.pt")
+
+
 # A run small enough to finish in seconds; eval and checkpoints every 2 steps.
 TINY_RUN_FLAGS = [
     "--profile", "cpu",

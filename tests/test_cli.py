@@ -314,7 +314,7 @@ def bad_invocation_places(tmp_path: Path, finished_run: Path) -> dict[str, str]:
     (tmp_path / "bad_type.yaml").write_text("profile: cpu\nlr: fast\n")
     run = copy_run(finished_run, tmp_path / "run")
     corrupt = copy_run(finished_run, tmp_path / "corrupt")
-    for path in (corrupt / "checkpoints").iterdir():
+    for path in (corrupt / "checkpoints").glob("*.pt"):
         path.write_bytes(b"corrupt")
     bare = copy_run(finished_run, tmp_path / "bare")
     shutil.rmtree(bare / "checkpoints")

@@ -7,6 +7,14 @@ folder, flushed and fsynced, then ``os.replace``d onto its final name, so a
 checkpoint file is either complete or absent, and a failed write (a full disk)
 leaves every earlier checkpoint as it was.
 
+Given the tokenizer, a checkpoint also holds a ``save_pretrained`` folder
+beside its file, ``checkpoints/step_XXXXXX/`` (model and tokenizer), which
+``AutoModelForCausalLM.from_pretrained`` and ``AutoTokenizer.from_pretrained``
+open (the tiny model's character tokenizer keeps its exact ids with
+``grpo_lab.models.load_tokenizer``). It is written first, into a temporary
+folder renamed into place, so it too is either complete or absent, and
+retention deletes it with its file.
+
 Only checkpoints that load count. A new checkpoint is read back before any
 older one is deleted, and retention keeps the newest ``keep_last`` checkpoints
 that load, so it never deletes the last good one in favour of broken files.
@@ -18,11 +26,14 @@ Taught in ``notebooks/`` on the training loop.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import random
 import re
+import shutil
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +46,7 @@ from grpo_lab.errors import UserError
 CHECKPOINT_DIR = "checkpoints"
 CHECKPOINT_FORMAT_VERSION = 1
 _CHECKPOINT_NAME = re.compile(r"^step_(\d{6,})\.pt$")
+_PRETRAINED_NAME = re.compile(r"^step_(\d{6,})$")
 # Colour and bold codes some error messages carry.
 _TERMINAL_CODES = re.compile(r"\x1b\[[0-9;]*m")
 _REQUIRED_KEYS = ("format_version", "step", "model", "optimizer", "rng", "config")
@@ -105,9 +117,14 @@ def save_checkpoint(
     config: dict[str, Any],
     metrics_offset: int,
     keep_last: int = 2,
+    *,
+    tokenizer: Any = None,
 ) -> Path:
     """Write ``checkpoints/step_XXXXXX.pt`` atomically, read it back, keep a few.
 
+    With a ``tokenizer`` the model (a transformers ``PreTrainedModel``) and the
+    tokenizer are first saved with ``save_pretrained`` into the folder
+    ``checkpoints/step_XXXXXX/`` (:func:`save_pretrained_atomically`).
     Retention (:func:`remove_old_checkpoints`) runs only once the new file
     loads. A write that fails raises :class:`CheckpointError` naming the file;
     earlier checkpoints are untouched.
@@ -129,8 +146,12 @@ def save_checkpoint(
     path = folder / f"step_{step:06d}.pt"
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        if tokenizer is not None:
+            save_pretrained_atomically(model, tokenizer, pretrained_dir(path))
         atomic_torch_save(payload, path)
     except (OSError, RuntimeError) as error:
+        if tokenizer is not None and not path.exists():
+            shutil.rmtree(pretrained_dir(path), ignore_errors=True)
         raise CheckpointError(
             f"could not write checkpoint {path}: {describe_error(error)}",
             f"free space on that disk or make {folder} writable; "
@@ -164,10 +185,78 @@ def remove_old_checkpoints(
     for path in reversed(older):
         if kept >= keep_last:
             path.unlink(missing_ok=True)
+            shutil.rmtree(pretrained_dir(path), ignore_errors=True)
             removed.append(path)
         elif _loads(path):
             kept += 1
+    _remove_orphan_folders(run_dir, newest_step)
     return removed
+
+
+def _remove_orphan_folders(run_dir: str | os.PathLike, newest_step: int) -> None:
+    """Delete pretrained folders older than ``newest_step`` whose file is gone."""
+    folder = checkpoint_dir(run_dir)
+    for path in folder.iterdir():
+        match = _PRETRAINED_NAME.match(path.name)
+        if (
+            match
+            and int(match.group(1)) < newest_step
+            and path.is_dir()
+            and not path.with_name(f"{path.name}.pt").exists()
+        ):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def pretrained_dir(checkpoint_path: str | os.PathLike) -> Path:
+    """The ``save_pretrained`` folder of a checkpoint: ``step_000042.pt`` ->
+    ``step_000042/``."""
+    checkpoint_step(checkpoint_path)  # the name must be a checkpoint's
+    return Path(checkpoint_path).with_suffix("")
+
+
+def save_pretrained_atomically(model: Any, tokenizer: Any, folder: Path) -> None:
+    """``save_pretrained`` model and tokenizer into a temporary sibling, then rename.
+
+    A folder already there (the same step saved again) is moved aside first and
+    deleted once the new one is in place; a failed save leaves no partial folder.
+    """
+    temporary = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")
+    previous = folder.with_name(f".{folder.name}.{os.getpid()}.old")
+    for leftover in (temporary, previous):
+        shutil.rmtree(leftover, ignore_errors=True)
+    try:
+        with _quiet_transformers():
+            model.save_pretrained(temporary)
+            tokenizer.save_pretrained(temporary)
+        _fsync_files(temporary)
+        if folder.exists():
+            os.replace(folder, previous)
+        os.replace(temporary, folder)
+        _fsync_directory(folder.parent)
+    finally:
+        shutil.rmtree(temporary, ignore_errors=True)
+        shutil.rmtree(previous, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """No "Writing model shards" bar at every checkpoint; restored after."""
+    from transformers.utils import logging as transformers_logging
+
+    was_enabled = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            transformers_logging.enable_progress_bar()
+
+
+def _fsync_files(folder: Path) -> None:
+    for path in folder.iterdir():
+        if path.is_file():
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
 
 
 def _loads(path: Path) -> bool:

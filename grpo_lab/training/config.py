@@ -50,6 +50,7 @@ from grpo_lab.train_step import (
     check_gradient_accumulation_steps,
     check_max_grad_norm,
 )
+from grpo_lab.training.trackers import check_report_to
 
 PROFILES = ("cpu", "gpu", "small-gpu", "smoke")
 PROFILE_VARIABLE = "GRPO_LAB_PROFILE"
@@ -282,6 +283,13 @@ class TrainConfig:
         25,
         "evaluation and checkpoints",
         "Save a checkpoint every this many steps (0: only at the end).",
+    )
+    report_to: str | list[str] = setting(  # noqa: RUF009 (a str default)
+        "none",
+        "evaluation and checkpoints",
+        "Experiment trackers sent every metrics.jsonl line: none, or tensorboard, "
+        "wandb, trackio, mlflow (a list or comma-separated); each is an extra: "
+        "pip install 'grpo-lab[tensorboard]'.",
     )
     # --- warm-up ---------------------------------------------------------------
     sft_max_steps: int = setting(
@@ -568,6 +576,7 @@ def validate_config(config: TrainConfig) -> None:
     _check_sampling(config)
     _check_device(config)
     check_task_name_and_options(config.task, config.task_options)
+    check_report_to(config.report_to)
 
 
 def _check_choices(config: TrainConfig) -> None:

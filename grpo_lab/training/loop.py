@@ -3,8 +3,9 @@
 One step: sample G responses for each of B prompts, score each response once,
 normalize rewards within each group into advantages, then take policy-gradient
 steps on the very tokens that were sampled. Metrics go to ``metrics.jsonl``
-(one flat line per step), held-out accuracy is measured every ``eval_every``
-steps, and checkpoints let an interrupted run continue exactly.
+(one flat line per step, also sent to the trackers ``report_to`` names),
+held-out accuracy is measured every ``eval_every`` steps, and checkpoints let
+an interrupted run continue exactly.
 
 How this departs from textbook GRPO (DeepSeekMath), and why:
 
@@ -81,6 +82,7 @@ from grpo_lab.training.metrics import (
     truncate_metrics,
 )
 from grpo_lab.training.sft import WarmUpSettings, warm_up
+from grpo_lab.training.trackers import open_trackers
 
 FINAL_MODEL_DIR = "final_model"
 
@@ -127,7 +129,9 @@ def _train_in(config: TrainConfig, progress: bool) -> RunResult:
     policy = build_policy(config)
     task = build_task(config, policy.tokenizer)
     eval_examples = task.eval(config.eval_size, seed=config.seed)
+    resuming = config.resume and bool(checkpoints.list_checkpoints(run_dir))
     start_step = resume_or_start(config, run_dir, policy, task, eval_examples)
+    trackers = open_trackers(config, run_dir, start_step if resuming else None)
     completed_step, weights_match_completed_step = start_step, True
     steps = range(start_step + 1, config.steps + 1)
     bar = tqdm(
@@ -144,6 +148,7 @@ def _train_in(config: TrainConfig, progress: bool) -> RunResult:
             if _evaluation_due(config, step):
                 record.update(evaluate(config, task, policy, eval_examples, step))
             append_metrics(run_dir, {"step": step, **record})
+            trackers.sync()
             completed_step, weights_match_completed_step = step, True
             if config.checkpoint_every and step % config.checkpoint_every == 0:
                 save_checkpoint(config, run_dir, policy, step)
@@ -155,6 +160,7 @@ def _train_in(config: TrainConfig, progress: bool) -> RunResult:
         raise
     finally:
         bar.close()
+        trackers.close()
     if not _has_checkpoint(run_dir, completed_step):
         save_checkpoint(config, run_dir, policy, completed_step)
     save_final_model(policy, run_dir / FINAL_MODEL_DIR)
@@ -563,6 +569,7 @@ def save_checkpoint(
         policy.optimizer,
         config.to_dict(),
         metrics_offset=count_metric_lines(run_dir),
+        tokenizer=policy.tokenizer,  # and a save_pretrained folder beside it
     )
 
 

@@ -95,6 +95,35 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     return records
 
 
+def read_metrics_from(
+    run_dir: str | os.PathLike, offset: int
+) -> tuple[list[dict[str, Any]], int]:
+    """The complete lines after byte ``offset`` of metrics.jsonl, and the new offset.
+
+    A last line still being written (no newline yet) is left for the next call,
+    so following the file line by line sees each line once. ``offset`` must be
+    0 or a previous call's result.
+    """
+    if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+        raise ValueError(f"offset must be an int >= 0, got {offset!r}")
+    path = metrics_path(run_dir)
+    if not path.exists():
+        return [], offset
+    with open(path, "rb") as handle:
+        handle.seek(offset)
+        data = handle.read()
+    complete = data[: data.rfind(b"\n") + 1]
+    lines = complete.decode("utf-8").split("\n")
+    records = [json.loads(line) for line in lines if line.strip()]
+    return records, offset + len(complete)
+
+
+def metrics_size(run_dir: str | os.PathLike) -> int:
+    """Bytes in the metrics file (0 when there is none)."""
+    path = metrics_path(run_dir)
+    return path.stat().st_size if path.exists() else 0
+
+
 def count_metric_lines(run_dir: str | os.PathLike) -> int:
     """Complete (newline-terminated) lines in the metrics file."""
     path = metrics_path(run_dir)

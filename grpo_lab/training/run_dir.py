@@ -11,9 +11,10 @@ A run folder holds ``config.json``, ``metrics.jsonl``, ``checkpoints/``,
    just interrupted) and is held until :func:`release_run_dir` or the process
    exits.
 2. A run resumes with the settings it was started with. Only
-   ``RESUMABLE_FIELDS`` may change: how many steps to train and how often to
-   evaluate and checkpoint. None of them changes what a step computes (every
-   draw is seeded from the seed, the purpose and the step). Any other change is
+   ``RESUMABLE_FIELDS`` may change: how many steps to train, how often to
+   evaluate and checkpoint, and the trackers (``report_to``). None of them
+   changes what a step computes (every draw is seeded from the seed, the
+   purpose and the step). Any other change is
    refused with each field's saved and requested value; every resume appends a
    line to ``resumes.jsonl`` with the checkpoint it started from and the
    fields it changed.
@@ -56,9 +57,10 @@ CONFIG_FILE = "config.json"
 LOCK_FILE = ".lock"
 RESUMES_FILE = "resumes.jsonl"
 DEFAULT_PARENT = Path("runs")
-# Fields a resume may change: they set how long to train and how often to
-# evaluate and checkpoint, never what a step computes.
-RESUMABLE_FIELDS = ("steps", "eval_every", "checkpoint_every")
+# Fields a resume may change: they set how long to train, how often to
+# evaluate and checkpoint, and which trackers see the metrics, never what a
+# step computes.
+RESUMABLE_FIELDS = ("steps", "eval_every", "checkpoint_every", "report_to")
 # Fields that name the run folder and the resume itself, not the run.
 _UNCOMPARED_FIELDS = ("run_dir", "resume")
 
