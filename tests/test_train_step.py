@@ -515,8 +515,9 @@ def test_policy_gradient_update_errors(tiny_qwen2, batch):
         ),
         ({"cliprange": None}, r"cliprange must be positive for 'grpo', got None"),
         (
-            {"loss_normalization": "token"},
-            r"loss_normalization must be one of \('sequence', 'constant'\), got 'token'",
+            {"loss_normalization": "tokens"},
+            r"loss_normalization must be one of \('sequence', 'constant', 'token'\), "
+            r"got 'tokens'",
         ),
         (
             {"loss_normalization": "constant"},
@@ -605,7 +606,7 @@ def test_grpo_train_step_errors(tiny_qwen2, char_tokenizer):
         ),
         (
             {"baseline": "median"},
-            r"baseline must be one of \('mean', 'none'\), got 'median'",
+            r"baseline must be one of \('mean', 'none', 'leave_one_out'\), got 'median'",
         ),
         (
             {"advantage_normalizer": "max"},
