@@ -8,9 +8,11 @@ steps, and checkpoints let an interrupted run continue exactly.
 
 How this departs from textbook GRPO (DeepSeekMath), and why:
 
-1. No KL penalty and no reference model. Recent recipes (DAPO, Dr. GRPO,
-   nanochat) drop it; it costs a second model and rarely helps on verifiable
-   rewards.
+1. No KL penalty and no reference model by default (``kl_coef = 0``).
+   Recent recipes (DAPO, Dr. GRPO, nanochat) drop it; it costs a second model
+   and rarely helps on verifiable rewards. With ``kl_coef > 0`` a frozen copy
+   of the policy at step 0 (after the warm-up) is kept, scored once per rollout
+   batch without gradient, and beta * KL joins each token's loss.
 2. On-policy by default: one optimizer step per rollout batch, so the
    importance ratio is exactly 1 and clipping does nothing. The ratio and the
    PPO clip are used only when training goes off-policy
@@ -42,6 +44,7 @@ one exactly on CPU. Taught in ``notebooks/`` on the training loop.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import random
 import time
@@ -83,6 +86,7 @@ from grpo_lab.training.sft import WarmUpSettings, warm_up
 
 CONFIG_FILE = "config.json"
 FINAL_MODEL_DIR = "final_model"
+REFERENCE_MODEL_FILE = "reference_model.pt"
 
 
 @dataclass
@@ -103,6 +107,8 @@ class Policy:
     tokenizer: PreTrainedTokenizerBase
     optimizer: torch.optim.Optimizer
     backend: RolloutBackend
+    # The frozen policy of step 0 that a KL penalty pulls towards (None: no KL).
+    reference_model: PreTrainedModel | None = None
 
 
 def train(config: TrainConfig, progress: bool = True) -> RunResult:
@@ -120,6 +126,8 @@ def _train(config: TrainConfig, progress: bool) -> RunResult:
     policy = build_policy(config)
     eval_examples = task.eval(config.eval_size, seed=config.seed)
     start_step = resume_or_start(config, run_dir, policy, task, eval_examples)
+    if config.kl_coef > 0:
+        policy.reference_model = reference_model(run_dir, policy, start_step)
     completed_step, weights_match_completed_step = start_step, True
     steps = range(start_step + 1, config.steps + 1)
     bar = tqdm(
@@ -313,6 +321,37 @@ def resume_or_start(
     return 0
 
 
+def reference_model(run_dir: Path, policy: Policy, start_step: int) -> PreTrainedModel:
+    """The KL penalty's frozen reference: the policy at step 0, after the warm-up.
+
+    A fresh run copies the policy and saves the copy's weights to
+    ``reference_model.pt``; a run resumed after step 0 reloads them, so the
+    penalty keeps pulling towards the same model.
+    """
+    path = run_dir / REFERENCE_MODEL_FILE
+    if start_step == 0:
+        frozen = frozen_copy(policy.model)
+        checkpoints.atomic_torch_save(frozen.state_dict(), path)
+        return frozen
+    if not path.exists():
+        raise ValueError(
+            f"kl_coef > 0 needs the step-0 reference model {str(path)!r} to resume "
+            f"this run at step {start_step}, and it is missing (did the run start "
+            "with kl_coef 0?)"
+        )
+    frozen = frozen_copy(policy.model)
+    frozen.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+    return frozen
+
+
+def frozen_copy(model: PreTrainedModel) -> PreTrainedModel:
+    """A copy of ``model`` in eval mode that takes no gradient."""
+    frozen = copy.deepcopy(model)
+    frozen.eval()
+    frozen.requires_grad_(False)
+    return frozen
+
+
 def warm_up_settings(config: TrainConfig, task: Task) -> WarmUpSettings:
     """The SFT fields of ``config`` as :class:`WarmUpSettings`."""
     return WarmUpSettings(
@@ -400,11 +439,19 @@ def grpo_update(
         baseline=config.baseline,
         advantage_eps=config.advantage_eps,
         advantage_normalizer=config.advantage_normalizer,
+        nan_rewards=config.nan_rewards,
     )  # (B·G,) each
     batch = rollout_token_batch(rollouts, policy.tokenizer)
     old_log_probs = (
         score_old_log_probs(config, policy.model, batch) if config.off_policy else None
     )
+    reference_log_probs = None
+    if config.kl_coef > 0:
+        if policy.reference_model is None:  # a direct caller: freeze it now
+            policy.reference_model = frozen_copy(policy.model)
+        reference_log_probs = score_old_log_probs(
+            config, policy.reference_model, batch
+        )  # (B·G, T)
     settings = dataclasses.asdict(config.update_settings())
     update_records = []
     for _epoch in range(config.epochs_per_rollout_batch):
@@ -417,6 +464,9 @@ def grpo_update(
                 {key: value[rows] for key, value in batch.items()},
                 advantages[rows],
                 old_log_probs=None if old_log_probs is None else old_log_probs[rows],
+                reference_log_probs=(
+                    None if reference_log_probs is None else reference_log_probs[rows]
+                ),
                 **settings,
             )
             update_records.append(metadata)
@@ -451,7 +501,8 @@ def score_old_log_probs(
     """log pi_old(token) of every sampled token, once, before any update. (B, T)
 
     Scored as the update scores (:func:`grpo_lab.train_step.score_tokens`), in
-    microbatches of the update's size.
+    microbatches of the update's size, without gradient. The reference model's
+    log-probs for a KL penalty are scored by this same call.
     """
     device = next(model.parameters()).device
     settings = config.update_settings()
