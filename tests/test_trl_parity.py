@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -529,3 +531,61 @@ def test_trl_fused_scorer_matches_grpo_lab_scoring(tokenizer, tmp_path):
     REPORT["TRL fused scorer, temperature=0.7"] = max(deltas.values())
     print(f"\nTRL fused scorer, temperature=0.7: {deltas}")
     assert max(deltas.values()) < 1e-5  # float32 statistics inside TRL's kernel
+
+
+# --- docs/translation_table.md is kept true --------------------------------------
+
+TABLE = Path(__file__).resolve().parents[1] / "docs" / "translation_table.md"
+ASSIGNMENT = re.compile(r'^(?P<name>[a-z_][a-z0-9_]*)(?:=(?P<value>"[^"]*"|[^"]\S*))?$')
+
+
+def table_names(column: int) -> list[tuple[str, str | None]]:
+    """(name, quoted value or None) of every `backticked` token in a column."""
+    names = []
+    for line in TABLE.read_text(encoding="utf-8").splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if not line.startswith("|") or len(cells) < 4 or set(cells[0]) <= {"-"}:
+            continue
+        if cells[0] == "grpo_lab":  # a header row
+            continue
+        for token in re.findall(r"`([^`]+)`", cells[column]):
+            match = ASSIGNMENT.match(token)
+            assert match, f"unparsable table entry {token!r}"
+            value = match["value"]
+            quoted = value.strip('"') if value and value.startswith('"') else None
+            names.append((match["name"], quoted))
+    return names
+
+
+def test_every_grpo_lab_name_in_the_translation_table_exists():
+    from grpo_lab import advantages, kl, losses
+    from grpo_lab.training.config import TrainConfig
+
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    named = table_names(0)
+    assert len(named) > 20
+    for name, value in named:
+        assert name in fields, f"{name} is not a TrainConfig field"
+        if value is not None:
+            assert value in fields[name].metadata["choices"], (name, value)
+    values = {value for _, value in named}
+    registries = (
+        losses.REWEIGHTING_METHODS,
+        losses.LOSS_NORMALIZATIONS,
+        advantages.BASELINES,
+        advantages.ADVANTAGE_NORMALIZERS,
+        kl.KL_ESTIMATORS,
+    )
+    for registry in registries:
+        assert set(registry) <= values, set(registry) - values
+
+
+def test_every_trl_field_in_the_translation_table_exists():
+    fields = {f.name: f for f in dataclasses.fields(GRPOConfig)}
+    named = table_names(1)
+    assert len(named) > 15
+    for name, value in named:
+        assert name in fields, f"{name} is not a GRPOConfig field"
+        if value is not None:  # a value that field's help text documents
+            help_text = fields[name].metadata["help"]
+            assert re.search(rf"\b{re.escape(value)}\b", help_text), (name, value)
