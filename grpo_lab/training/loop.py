@@ -25,9 +25,13 @@ How this departs from textbook GRPO (DeepSeekMath), and why:
    re-tokenizing can change the tokens (only a backend that returns no ids
    falls back to re-tokenizing strings).
 5. Groups whose rewards are all equal have zero advantage and contribute no
-   gradient; they are skipped in the update but still count in the divisor.
-6. Advantages can drop the std normalization (Dr. GRPO) or the baseline;
-   the loss can be averaged per sequence or divided by a constant.
+   policy gradient; they are skipped in the update but still count in the
+   divisor (a KL penalty or an entropy bonus moves them too: then they are
+   scored).
+6. Advantages can drop the std normalization (Dr. GRPO), leave one out (RLOO)
+   or drop the baseline; the loss can be averaged per sequence, per token
+   (DAPO) or divided by a constant, and the objective is any of
+   :data:`grpo_lab.losses.OBJECTIVES` (``notebooks/10_the_grpo_family.ipynb``).
 7. The CPU profile starts with a short supervised warm-up (``training/sft.py``):
    a random model never samples a correct answer, and GRPO cannot learn from
    groups that all score 0.
