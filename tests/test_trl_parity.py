@@ -424,7 +424,7 @@ def test_loss_and_gradients_match_trl(tokenizer, tmp_path, name):
 
 
 def test_dapo_under_uneven_accumulation_matches_and_bnpo_does_not(tokenizer, tmp_path):
-    # Two microbatches of 6 responses with 15 and 14 tokens. DAPO divides every
+    # Two microbatches of 6 responses with 14 and 13 tokens. DAPO divides every
     # microbatch by the whole batch's token count, as grpo_lab's token
     # normalization does; TRL's bnpo divides each microbatch by its own count
     # and averages the two, which is not the batch's token mean.
