@@ -11,8 +11,9 @@ from typing import Literal
 
 import torch
 
-BASELINES = ("mean", "none")
-ADVANTAGE_NORMALIZERS = ("std", "none", "mean")
+BASELINES = ("mean", "none", "leave_one_out")
+ADVANTAGE_NORMALIZERS = ("std", "none", "mean", "batch_std")
+NAN_REWARD_POLICIES = ("propagate", "ignore")
 REWARD_KEYS = ("reward", "format_reward", "answer_reward")
 
 
@@ -62,29 +63,56 @@ def _check_reward_result(result: object) -> None:
 def compute_group_normalized_rewards(
     raw_rewards: torch.Tensor,
     group_size: int,
-    baseline: Literal["mean", "none"] = "mean",
+    baseline: Literal["mean", "none", "leave_one_out"] = "mean",
     advantage_eps: float = 1e-6,
-    advantage_normalizer: Literal["std", "none", "mean"] = "std",
+    advantage_normalizer: Literal["std", "none", "mean", "batch_std"] = "std",
+    *,
+    nan_rewards: Literal["propagate", "ignore"] = "propagate",
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """A_i = (r_i - baseline_g) / (normalizer_g + advantage_eps) within each group g.
+    """A_i = (r_i - baseline_i) / (normalizer_g + advantage_eps) within each group g.
 
     Rewards are grouped as consecutive runs of ``group_size`` (the G responses to
-    one prompt). baseline "mean" subtracts the group mean; "none" keeps the raw
-    reward (RFT). advantage_normalizer "std" divides by the sample standard
-    deviation, sqrt(sum (r - mean)^2 / (G - 1)) (GRPO; NaN when G = 1); "none"
-    does not divide (Dr. GRPO); "mean" divides by the group mean reward (MaxRL
-    upweights prompts the policy rarely solves). (B,) -> (B,), plus the mean and
+    one prompt). baseline:
+
+    - "mean": the group mean (GRPO);
+    - "none": keep the raw reward (RFT);
+    - "leave_one_out": the mean of the *other* G - 1 rewards of the group
+      (RLOO), r_i - baseline_i = G / (G - 1) * (r_i - mean).
+
+    advantage_normalizer:
+
+    - "std": the group's sample standard deviation,
+      sqrt(sum (r - mean)^2 / (G - 1)) (GRPO);
+    - "none": no division (Dr. GRPO);
+    - "mean": the group mean reward (MaxRL upweights prompts the policy rarely
+      solves);
+    - "batch_std": the sample standard deviation of every reward of the call
+      (the baseline stays per group; TRL's ``scale_rewards="batch"``).
+
+    ``nan_rewards="ignore"`` leaves NaN rewards (an unscorable response) out of
+    their group's mean and std and out of the batch std, and gives them
+    advantage 0; a group left with too few rewards for its baseline or
+    normalizer (none for a mean, one for a std or a leave-one-out mean) gives
+    every response 0 too, as TRL does with None rewards. "propagate" (the
+    default) lets a NaN spread to its group.
+
+    A statistic that needs two rewards refuses one: ``group_size`` 1 with "std"
+    or "leave_one_out", and a single reward with "batch_std", raise
+    ``ValueError`` instead of returning NaN. (B,) -> (B,), plus the mean and
     sample std of all advantages.
     """
     _check_group_inputs(raw_rewards, group_size, baseline, advantage_normalizer)
+    _check_enough_rewards(raw_rewards, group_size, baseline, advantage_normalizer)
+    check_nan_rewards(nan_rewards)
     grouped = raw_rewards.reshape(-1, group_size)  # (n_groups, G)
-    group_mean = grouped.mean(dim=1, keepdim=True)  # (n_groups, 1)
-    advantages = grouped - group_mean if baseline == "mean" else grouped  # (n, G)
-    if advantage_normalizer == "std":
-        group_std = grouped.std(dim=1, keepdim=True)  # (n_groups, 1), sample std
-        advantages = advantages / (group_std + advantage_eps)
-    elif advantage_normalizer == "mean":
-        advantages = advantages / (group_mean + advantage_eps)
+    if nan_rewards == "ignore" and torch.isnan(grouped).any():
+        advantages = _advantages_ignoring_nan(
+            grouped, baseline, advantage_eps, advantage_normalizer
+        )  # (n_groups, G)
+    else:
+        advantages = _group_advantages(
+            grouped, baseline, advantage_eps, advantage_normalizer
+        )  # (n_groups, G)
     advantages = advantages.flatten()  # (B,)
     # The sample std of one advantage is undefined: NaN, without torch's warning.
     advantage_std = advantages.std().item() if advantages.numel() > 1 else math.nan
@@ -93,6 +121,69 @@ def compute_group_normalized_rewards(
         "advantage_std": advantage_std,
     }
     return advantages, metadata
+
+
+def _group_advantages(
+    grouped: torch.Tensor, baseline: str, advantage_eps: float, normalizer: str
+) -> torch.Tensor:
+    """(r - baseline) / (normalizer + eps) for (n_groups, G) rewards."""
+    group_mean = grouped.mean(dim=1, keepdim=True)  # (n_groups, 1)
+    if baseline == "mean":
+        advantages = grouped - group_mean  # (n, G)
+    elif baseline == "leave_one_out":
+        group_size = grouped.shape[1]
+        others_mean = (grouped.sum(dim=1, keepdim=True) - grouped) / (group_size - 1)
+        advantages = grouped - others_mean  # (n, G)
+    else:
+        advantages = grouped
+    if normalizer == "std":
+        group_std = grouped.std(dim=1, keepdim=True)  # (n_groups, 1), sample std
+        advantages = advantages / (group_std + advantage_eps)
+    elif normalizer == "mean":
+        advantages = advantages / (group_mean + advantage_eps)
+    elif normalizer == "batch_std":
+        advantages = advantages / (grouped.std() + advantage_eps)
+    return advantages
+
+
+def _advantages_ignoring_nan(
+    grouped: torch.Tensor, baseline: str, advantage_eps: float, normalizer: str
+) -> torch.Tensor:
+    """:func:`_group_advantages` over the non-NaN rewards only; NaN rows get 0.
+
+    Statistics use the valid count n_g of each group: mean = sum / n_g, sample
+    std with n_g - 1, leave-one-out mean (sum - r_i) / (n_g - 1). Wherever one
+    is undefined (too few rewards) the advantage is 0.
+    """
+    valid = ~torch.isnan(grouped)  # (n_groups, G)
+    rewards = grouped.masked_fill(~valid, 0.0)  # (n, G)
+    counts = valid.sum(dim=1, keepdim=True).to(grouped.dtype)  # (n, 1)
+    sums = rewards.sum(dim=1, keepdim=True)  # (n, 1)
+    group_mean = sums / counts  # (n, 1): NaN for an empty group
+    if baseline == "mean":
+        advantages = grouped - group_mean
+    elif baseline == "leave_one_out":
+        advantages = grouped - (sums - rewards) / (counts - 1)
+    else:
+        advantages = grouped
+    if normalizer == "std":
+        advantages = advantages / (_nan_std(grouped, dim=1) + advantage_eps)
+    elif normalizer == "mean":
+        advantages = advantages / (group_mean + advantage_eps)
+    elif normalizer == "batch_std":
+        advantages = advantages / (_nan_std(grouped.flatten(), dim=0) + advantage_eps)
+    defined = valid & torch.isfinite(advantages)
+    return torch.where(defined, advantages, torch.zeros_like(advantages))
+
+
+def _nan_std(values: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sample std over ``dim`` of the non-NaN values (NaN when fewer than 2)."""
+    valid = ~torch.isnan(values)
+    count = valid.sum(dim=dim, keepdim=True).to(values.dtype)
+    mean = values.masked_fill(~valid, 0.0).sum(dim=dim, keepdim=True) / count
+    squares = (values - mean).pow(2).masked_fill(~valid, 0.0)
+    variance = squares.sum(dim=dim, keepdim=True) / (count - 1)
+    return torch.where(count > 1, variance.sqrt(), torch.full_like(mean, math.nan))
 
 
 def _check_group_inputs(
@@ -113,6 +204,36 @@ def _check_group_inputs(
             f"group_size ({group_size})"
         )
     check_advantage_settings(baseline, advantage_normalizer)
+
+
+def _check_enough_rewards(
+    raw_rewards: torch.Tensor, group_size: int, baseline: str, normalizer: str
+) -> None:
+    """Refuse a statistic of one reward (it would be NaN, silently)."""
+    if group_size == 1 and normalizer == "std":
+        raise ValueError(
+            "group_size must be at least 2 with advantage_normalizer 'std': the "
+            "sample std of one reward is undefined; got 1 (use 'batch_std' or "
+            "'none')"
+        )
+    if group_size == 1 and baseline == "leave_one_out":
+        raise ValueError(
+            "group_size must be at least 2 with baseline 'leave_one_out': a "
+            "group of one has no other rewards to average; got 1"
+        )
+    if normalizer == "batch_std" and raw_rewards.numel() < 2:
+        raise ValueError(
+            "raw_rewards must hold at least 2 rewards with advantage_normalizer "
+            f"'batch_std' (a sample std), got {raw_rewards.numel()}"
+        )
+
+
+def check_nan_rewards(nan_rewards: str) -> None:
+    """The one check of the NaN-reward policy."""
+    if nan_rewards not in NAN_REWARD_POLICIES:
+        raise ValueError(
+            f"nan_rewards must be one of {NAN_REWARD_POLICIES}, got {nan_rewards!r}"
+        )
 
 
 def check_advantage_settings(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import typing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -162,6 +163,47 @@ def _log_prob_gradient(
     return out
 
 
+def _log_prob_and_entropy_gradient(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    log_normalizer: torch.Tensor,
+    entropy: torch.Tensor,
+    grad_log_probs: torch.Tensor,
+    grad_entropy: torch.Tensor,
+    temperature: float,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """d/dz of sum (g * log p(label) + h * H), a chunk of rows at a time.
+
+    With s = z / T and p = softmax(s): d log p(label) / d s_v = [v == label] - p_v
+    and d H / d s_v = -p_v (log p_v + H), so the logits' gradient is
+    (g [v == label] - p_v (g + h (log p_v + H))) / T. A p_v = 0 term (a -inf
+    logit) contributes 0. Written into one (B, T, V) buffer like
+    :func:`_log_prob_gradient`; ``out`` may be ``logits`` themselves.
+    """
+    logit_rows = logits.reshape(-1, logits.shape[-1])  # (B*T, V)
+    label_rows = labels.reshape(-1, 1)  # (B*T, 1)
+    normalizer_rows = log_normalizer.reshape(-1, 1)  # (B*T, 1)
+    entropy_rows = entropy.reshape(-1, 1).to(normalizer_rows.dtype)  # (B*T, 1)
+    grad_rows = grad_log_probs.reshape(-1, 1)  # (B*T, 1)
+    entropy_grad_rows = grad_entropy.reshape(-1, 1)  # (B*T, 1)
+    if out is None:
+        out = logits.new_empty(logits.shape)  # (B, T, V), logits' dtype
+    grad_logit_rows = out.view(logit_rows.shape)  # (B*T, V)
+    for rows in _row_chunks(*logit_rows.shape):
+        scaled = _probability_logits(logit_rows[rows], temperature)  # (c, V)
+        log_p = scaled - normalizer_rows[rows]  # (c, V)
+        probabilities = log_p.exp()  # (c, V)
+        centered = (log_p + entropy_rows[rows]).masked_fill_(probabilities == 0, 0)
+        weight = centered.mul_(entropy_grad_rows[rows]).add_(grad_rows[rows])
+        grad_chunk = weight.mul_(probabilities).neg_()  # -p (g + h (log p + H))
+        grad_chunk.scatter_add_(1, label_rows[rows], grad_rows[rows])  # + g at label
+        if temperature != 1.0:
+            grad_chunk.div_(temperature)
+        grad_logit_rows[rows] = grad_chunk
+    return out
+
+
 class _SelectedLogProb(torch.autograd.Function):
     """log p(label) = z_label / T - logsumexp(z / T), with a lean chunked backward.
 
@@ -194,6 +236,41 @@ class _SelectedLogProb(torch.autograd.Function):
         return grad_logits, None, None
 
 
+class _SelectedLogProbAndEntropy(torch.autograd.Function):
+    """log p(label) and the entropy H of softmax(z / T), both with gradients.
+
+    The memory-lean form of autograd on log_softmax(z / T).gather(label) and
+    -(softmax * log_softmax).sum(-1): forward keeps the logits, labels and two
+    (B, T) tensors (log-normalizer, entropy); backward writes both gradients in
+    one pass over row chunks (:func:`_log_prob_and_entropy_gradient`).
+    """
+
+    @staticmethod
+    def forward(ctx, logits, labels, temperature):
+        selected, log_normalizer = _selected_logits_and_log_normalizer(
+            logits, labels, temperature
+        )
+        entropy = _chunked_token_entropy(logits, log_normalizer, temperature)
+        ctx.save_for_backward(logits, labels, log_normalizer, entropy)
+        ctx.temperature = temperature
+        return selected - log_normalizer, entropy
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_log_probs, grad_entropy):
+        logits, labels, log_normalizer, entropy = ctx.saved_tensors
+        grad_logits = _log_prob_and_entropy_gradient(
+            logits,
+            labels,
+            log_normalizer,
+            entropy,
+            grad_log_probs,
+            grad_entropy,
+            ctx.temperature,
+        )
+        return grad_logits, None, None
+
+
 def _chunked_token_entropy(
     logits: torch.Tensor, log_normalizer: torch.Tensor, temperature: float
 ) -> torch.Tensor:
@@ -219,9 +296,15 @@ def _response_log_probs_from_logits(
     labels: torch.Tensor,
     return_token_entropy: bool,
     temperature: float = 1.0,
+    entropy_gradient: bool = False,
 ) -> dict[str, torch.Tensor]:
     """log p(label) under softmax(z / T). (B, T, V), (B, T) -> (B, T) float32+."""
     _check_logits_match_labels(logits, labels)
+    if entropy_gradient:
+        log_probs, entropy = _SelectedLogProbAndEntropy.apply(
+            logits, labels, temperature
+        )
+        return {"log_probs": log_probs, "token_entropy": entropy}  # (B, T) each
     log_probs, log_normalizer = _SelectedLogProb.apply(logits, labels, temperature)
     result = {"log_probs": log_probs}  # (B, T)
     if return_token_entropy:
@@ -240,6 +323,7 @@ def get_response_log_probs(
     *,
     temperature: float = 1.0,
     shared_prefix_length: int = 0,
+    entropy_gradient: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Score ``labels`` under ``model``: log p(labels[b, t] | input_ids[b, :t+1]).
 
@@ -273,45 +357,54 @@ def get_response_log_probs(
       equal (the G responses of one prompt) run those c positions once, and only
       their remaining T - c positions per row (:mod:`grpo_lab.prefix_sharing`).
       The same values, with less work; 0 runs every row whole.
+    - ``entropy_gradient``: the entropy (``return_token_entropy`` must be True)
+      carries its gradient, for an entropy bonus. Naive equivalent: autograd
+      on -(softmax(z / T) * log_softmax(z / T)).sum(-1); here backward adds
+      h * -p (log p + H) / T to the logits' gradient in the same chunked pass,
+      keeping only a (B, T) entropy more.
 
     Taught in ``notebooks/02_logprobs_and_entropy.ipynb``.
     """
     _check_model(model)
     chunk_size = _resolved_chunk_size(model, logits_chunk_size)
     check_temperature(temperature)
+    if entropy_gradient and not return_token_entropy:
+        raise ValueError(
+            "return_token_entropy must be True when entropy_gradient is True, got False"
+        )
+    scoring = _Scoring(return_token_entropy, temperature, entropy_gradient)
     _check_labels_match_input_ids(input_ids, labels)
     _check_input_id_range(input_ids, _input_vocabulary_size(model))
     check_shared_prefix_length(shared_prefix_length, input_ids.shape[1])
     if shared_prefix_length and can_share_prefix(model):
         split = split_at_prefix(input_ids, labels, shared_prefix_length)
         if split.distinct_count < input_ids.shape[0]:
-            return _score_with_shared_prefix(
-                model, split, chunk_size, return_token_entropy, temperature
-            )
+            return _score_with_shared_prefix(model, split, chunk_size, scoring)
     if chunk_size == 0:
         logits = model(input_ids).logits  # (B, T, V)
-        return _response_log_probs_from_logits(
-            logits, labels, return_token_entropy, temperature
-        )
+        return _response_log_probs_from_logits(logits, labels, *scoring)
     decoder, output_head = _decoder_and_head(model)
     hidden_states = decoder(input_ids=input_ids, use_cache=False).last_hidden_state
     _check_label_range(labels, output_head.weight.shape[0])
     return _score_hidden_in_chunks(
-        output_head,
-        hidden_states,
-        labels,
-        chunk_size,
-        return_token_entropy,
-        temperature,
+        output_head, hidden_states, labels, chunk_size, *scoring
     )
+
+
+class _Scoring(typing.NamedTuple):
+    # Also return the entropy per position.
+    return_token_entropy: bool
+    # Score softmax(z / temperature).
+    temperature: float
+    # The entropy carries its gradient.
+    entropy_gradient: bool
 
 
 def _score_with_shared_prefix(
     model: PreTrainedModel,
     split: PrefixSplit,
     chunk_size: int,
-    return_token_entropy: bool,
-    temperature: float,
+    scoring: _Scoring,
 ) -> dict[str, torch.Tensor]:
     """Score each distinct prefix once and every row's tail; join to (B, T)."""
     if chunk_size == 0:
@@ -319,7 +412,7 @@ def _score_with_shared_prefix(
 
         def score(output, labels: torch.Tensor) -> dict[str, torch.Tensor]:
             return _response_log_probs_from_logits(
-                output.logits, labels, return_token_entropy, temperature
+                output.logits, labels, *scoring
             )  # (b, t, V) -> (b, t)
 
     else:
@@ -332,8 +425,7 @@ def _score_with_shared_prefix(
                 output.last_hidden_state,  # (b, t, H)
                 labels,
                 chunk_size,
-                return_token_entropy,
-                temperature,
+                *scoring,
             )
 
     prefix_output, tail_output = forward_with_shared_prefix(module, split)
@@ -488,6 +580,7 @@ def _score_hidden_in_chunks(
     chunk_size: int,
     return_token_entropy: bool,
     temperature: float,
+    entropy_gradient: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Head + scoring, ``chunk_size`` positions at a time: (B, T, H) -> (B, T)."""
     device_type = hidden_states.device.type
@@ -501,7 +594,13 @@ def _score_hidden_in_chunks(
         output_head.weight,
         output_head.bias,
         labels,
-        _HeadSettings(chunk_size, temperature, return_token_entropy, compute_dtype),
+        _HeadSettings(
+            chunk_size,
+            temperature,
+            return_token_entropy,
+            compute_dtype,
+            entropy_gradient,
+        ),
     )
     result = {"log_probs": log_probs}  # (B, T)
     if return_token_entropy:
@@ -519,6 +618,8 @@ class _HeadSettings:
     with_entropy: bool
     # The matmul dtype autocast chose at forward time (None: the inputs' own).
     compute_dtype: torch.dtype | None
+    # The entropy carries its gradient (an entropy bonus).
+    entropy_gradient: bool = False
 
 
 class _ChunkedHeadLogProb(torch.autograd.Function):
@@ -552,15 +653,16 @@ class _ChunkedHeadLogProb(torch.autograd.Function):
                     entropy[:, positions] = _chunked_token_entropy(
                         logits, normalizer, settings.temperature
                     )
-        ctx.save_for_backward(hidden, weight, bias, labels, log_normalizer)
+        ctx.save_for_backward(hidden, weight, bias, labels, log_normalizer, entropy)
         ctx.settings = settings
-        ctx.mark_non_differentiable(entropy)
+        if not settings.entropy_gradient:
+            ctx.mark_non_differentiable(entropy)
         return log_probs, entropy
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad_log_probs, _grad_entropy):
-        hidden, weight, bias, labels, log_normalizer = ctx.saved_tensors
+    def backward(ctx, grad_log_probs, grad_entropy):
+        hidden, weight, bias, labels, log_normalizer, entropy = ctx.saved_tensors
         settings = ctx.settings
         needs_hidden, needs_weight, needs_bias = ctx.needs_input_grad[:3]
         grad_hidden = torch.zeros_like(hidden) if needs_hidden else None  # (B, T, H)
@@ -570,13 +672,15 @@ class _ChunkedHeadLogProb(torch.autograd.Function):
             for positions in _position_chunks(labels.shape[1], settings.chunk_size):
                 hidden_chunk = hidden[:, positions]  # (B, c, H)
                 logits = head(hidden_chunk)  # (B, c, V), recomputed
-                grad_logits = _log_prob_gradient(
+                grad_logits = _chunk_logit_gradient(
                     logits,
-                    labels[:, positions],
-                    log_normalizer[:, positions],
-                    grad_log_probs[:, positions],
-                    settings.temperature,
-                    out=logits,  # the recomputed logits are ours to overwrite
+                    positions,
+                    labels,
+                    log_normalizer,
+                    entropy,
+                    grad_log_probs,
+                    grad_entropy,
+                    settings,
                 )  # (B, c, V)
                 del logits
                 if grad_hidden is not None:
@@ -588,6 +692,38 @@ class _ChunkedHeadLogProb(torch.autograd.Function):
                 if grad_bias is not None:
                     grad_bias += grad_logits.sum(dim=(0, 1)).to(grad_bias.dtype)
         return grad_hidden, grad_weight, grad_bias, None, None
+
+
+def _chunk_logit_gradient(
+    logits: torch.Tensor,
+    positions: slice,
+    labels: torch.Tensor,
+    log_normalizer: torch.Tensor,
+    entropy: torch.Tensor,
+    grad_log_probs: torch.Tensor,
+    grad_entropy: torch.Tensor | None,
+    settings: _HeadSettings,
+) -> torch.Tensor:
+    """The recomputed chunk's logit gradient, written over those logits."""
+    if settings.entropy_gradient and grad_entropy is not None:
+        return _log_prob_and_entropy_gradient(
+            logits,
+            labels[:, positions],
+            log_normalizer[:, positions],
+            entropy[:, positions],
+            grad_log_probs[:, positions],
+            grad_entropy[:, positions],
+            settings.temperature,
+            out=logits,  # the recomputed logits are ours to overwrite
+        )
+    return _log_prob_gradient(
+        logits,
+        labels[:, positions],
+        log_normalizer[:, positions],
+        grad_log_probs[:, positions],
+        settings.temperature,
+        out=logits,
+    )
 
 
 def _position_chunks(seq_len: int, chunk_size: int) -> list[slice]:

@@ -1,7 +1,10 @@
-"""Per-token policy-gradient losses (REINFORCE, PPO/GRPO clip, GSPO) and aggregation.
+"""Per-token policy-gradient losses (the GRPO family) and their aggregation.
 
-Taught in ``notebooks/04_policy_gradient_and_clipping.ipynb``,
-``notebooks/05_gspo.ipynb`` and ``notebooks/06_loss_aggregation.ipynb``.
+REINFORCE, PPO/GRPO clip (with DAPO's clip-higher and a dual-clip cap), GSPO,
+CISPO, SAPO and GMPO share one signature (``OBJECTIVES``), and three
+aggregations reduce their (B, T) losses (``LOSS_NORMALIZATIONS``). Taught in
+``notebooks/04_policy_gradient_and_clipping.ipynb``, ``notebooks/05_gspo.ipynb``,
+``notebooks/06_loss_aggregation.ipynb`` and ``notebooks/10_the_grpo_family.ipynb``.
 """
 
 from __future__ import annotations
@@ -14,48 +17,120 @@ from typing import Literal
 import torch
 
 LossAndDiagnostics = tuple[torch.Tensor, dict[str, torch.Tensor]]
+CLIP_SIDE_KEYS = (
+    "clip_low_count",
+    "clip_high_count",
+    "clip_low_fraction",
+    "clip_high_fraction",
+)
 
 
 @dataclass(frozen=True)
 class ObjectiveOptions:
     """The knobs an objective reads besides its tensors (one door: validated here)."""
 
-    # PPO clip range eps: the ratio is clipped to [1 - eps, 1 + eps].
+    # Lower clip range eps_low: the ratio is clipped below at 1 - eps_low (gmpo:
+    # log ratio at -eps_low).
     cliprange: float | None = None
+    # Upper clip range eps_high (DAPO's clip-higher): clipped above at
+    # 1 + eps_high (gmpo: log ratio at +eps_high). None: eps_high = eps_low.
+    cliprange_high: float | None = None
+    # Dual clip (INTELLECT-2; TRL's delta): the unclipped ratio term is capped at
+    # this value, bounding the loss of a negative-advantage token whose ratio
+    # explodes. None: no cap.
+    ratio_cap: float | None = None
+    # SAPO gate temperatures for tokens with A > 0 and with A <= 0.
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+
+    @property
+    def low_bound(self) -> float:
+        """1 - eps_low (gmpo: -eps_low on the log ratio)."""
+        return 1 - self.cliprange
+
+    @property
+    def upper_cliprange(self) -> float:
+        """eps_high: cliprange_high, or cliprange when that is None."""
+        return self.cliprange if self.cliprange_high is None else self.cliprange_high
+
+    @property
+    def high_bound(self) -> float:
+        """1 + eps_high."""
+        return 1 + self.upper_cliprange
+
+    @property
+    def splits_clip_sides(self) -> bool:
+        """Whether grpo/gspo report clip_low_* and clip_high_* (see
+        :func:`compute_policy_gradient_loss`)."""
+        return self.cliprange_high is not None or self.ratio_cap is not None
 
 
 Objective = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor, ObjectiveOptions],
     LossAndDiagnostics,
 ]
+Method = Literal["none", "noclip", "grpo", "gspo", "cispo", "sapo", "gmpo"]
 
 
 def compute_policy_gradient_loss(
     raw_rewards_or_advantages: torch.Tensor,
     policy_log_probs: torch.Tensor,
-    importance_reweighting_method: Literal["none", "noclip", "grpo", "gspo"] = "none",
+    importance_reweighting_method: Method = "none",
     old_log_probs: torch.Tensor | None = None,
     cliprange: float | None = None,
     response_mask: torch.Tensor | None = None,
+    *,
+    cliprange_high: float | None = None,
+    ratio_cap: float | None = None,
+    sapo_temperature_pos: float = 1.0,
+    sapo_temperature_neg: float = 1.05,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token loss (B, T) to minimise, and detached diagnostics.
 
-    none:   -A * log pi                      (on-policy REINFORCE)
-    noclip: -A * w,  w = exp(log pi - log pi_old)   (per-token importance weight)
-    grpo:   -min(A * w, A * clip(w, 1 - eps, 1 + eps))   (PPO's clipped objective)
-    gspo:   the grpo formula with one ratio per response,
-            s = exp(mean over response tokens of log w), repeated on every token.
+    With w = exp(log pi - log pi_old) (old log-probs get no gradient), sg() a
+    stop-gradient, [lo, hi] = [1 - eps_low, 1 + eps_high]:
 
-    A is (B,) or (B, 1); eps is ``cliprange``; old log-probs get no gradient.
-    Each method is one entry of ``OBJECTIVES`` (name -> function).
-    Diagnostics are means over ``response_mask`` tokens (every token when the mask
-    is None). ``clip_count`` counts only the clips that remove a gradient: A > 0
-    with ratio > 1 + eps, or A < 0 with ratio < 1 - eps; elsewhere min() keeps the
-    unclipped term. Half-precision log-probs are computed in float32, because
-    bfloat16 cannot represent GSPO's 1 +/- 3e-4 bounds.
+    none:   -A * log pi                                  (on-policy REINFORCE)
+    noclip: -A * w                                       (importance weighted)
+    grpo:   -min(A * min(w, cap), A * clip(w, lo, hi))   (PPO clip; DAPO
+            clip-higher when eps_high > eps_low; cap = ``ratio_cap``, the dual
+            clip, else no cap)
+    gspo:   the grpo formula with one ratio per response,
+            s = exp(mean over response tokens of log w), repeated on every token
+    cispo:  -sg(clip(w, lo, hi)) * A * log pi            (MiniMax-M1: the weight
+            is clipped, never the gradient)
+    sapo:   -(4 / tau) * sigmoid(tau * (w - 1)) * A, tau = tau_pos if A > 0 else
+            tau_neg                                      (soft gate, no hard clip)
+    gmpo:   -A * exp(mean_t log w~_t), repeated on every token, where
+            sign(A) log w~_t = min(sign(A) log w_t, sign(A) clip(log w_t, -eps_low,
+            eps_high))                                   (geometric mean, clipped
+            per token in log space)
+
+    A is (B,) or (B, 1); eps_low is ``cliprange``, eps_high ``cliprange_high``
+    (None: eps_low). For gmpo the bounds apply to log w (the paper's 0.4 means
+    w in [e^-0.4, e^0.4]). Each method is one entry of ``OBJECTIVES``.
+
+    Diagnostics are means over ``response_mask`` tokens (every token when the
+    mask is None). ``clip_count`` counts only the clips that remove a gradient:
+    A > 0 with the ratio above its upper bound, A < 0 below its lower bound, and
+    A < 0 above ``ratio_cap``; elsewhere min() keeps the unclipped term (cispo
+    counts every clipped weight: its gradient is scaled, not removed).
+    ``clip_low_*`` and ``clip_high_*`` split that count by the side of the
+    ratio. They are reported for cispo and gmpo, and for grpo and gspo once
+    ``cliprange_high`` or ``ratio_cap`` is set: the reference design's symmetric
+    clip keeps exactly its own keys (set ``cliprange_high = cliprange`` to see
+    the split of a symmetric clip). Half-precision log-probs are computed in
+    float32, because bfloat16 cannot represent GSPO's 1 +/- 3e-4 bounds.
     """
     _check_loss_shapes(raw_rewards_or_advantages, policy_log_probs, response_mask)
-    check_objective_settings(importance_reweighting_method, cliprange)
+    check_objective_settings(
+        importance_reweighting_method,
+        cliprange,
+        cliprange_high=cliprange_high,
+        ratio_cap=ratio_cap,
+        sapo_temperature_pos=sapo_temperature_pos,
+        sapo_temperature_neg=sapo_temperature_neg,
+    )
     _check_objective_tensors(
         importance_reweighting_method, policy_log_probs, old_log_probs, response_mask
     )
@@ -70,7 +145,13 @@ def compute_policy_gradient_loss(
         else torch.ones_like(policy_log_probs, dtype=torch.bool)
     )  # (B, T)
     objective = OBJECTIVES[importance_reweighting_method]
-    options = ObjectiveOptions(cliprange=cliprange)
+    options = ObjectiveOptions(
+        cliprange=cliprange,
+        cliprange_high=cliprange_high,
+        ratio_cap=ratio_cap,
+        sapo_temperature_pos=sapo_temperature_pos,
+        sapo_temperature_neg=sapo_temperature_neg,
+    )
     return objective(advantages, policy_log_probs, old_log_probs, token_mask, options)
 
 
@@ -116,14 +197,57 @@ def _noclip_loss(
     }
 
 
-def _clip_removes_gradient(
-    advantages: torch.Tensor, ratio: torch.Tensor, cliprange: float
-) -> torch.Tensor:
-    # A clip only matters when it removes the gradient: A > 0 above 1 + eps,
-    # or A < 0 below 1 - eps. Elsewhere min() keeps the unclipped term.
-    return ((advantages > 0) & (ratio > 1 + cliprange)) | (
-        (advantages < 0) & (ratio < 1 - cliprange)
-    )
+def _clipped_sides(
+    advantages: torch.Tensor,
+    ratio: torch.Tensor,
+    options: ObjectiveOptions,
+    low: float,
+    high: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where a clip removes the gradient, split by the ratio's side.
+
+    A clip only matters when it removes the gradient: A < 0 below ``low``
+    (low side); A > 0 above ``high``, or A < 0 above ``ratio_cap`` (high side).
+    Elsewhere min() keeps the unclipped term.
+    """
+    low_side = (advantages < 0) & (ratio < low)
+    high_side = (advantages > 0) & (ratio > high)
+    if options.ratio_cap is not None:
+        high_side = high_side | ((advantages < 0) & (ratio > options.ratio_cap))
+    return low_side, high_side
+
+
+def _clip_diagnostics(
+    low_side: torch.Tensor,
+    high_side: torch.Tensor,
+    valid: torch.Tensor,
+    total: torch.Tensor,
+    split: bool,
+) -> dict[str, torch.Tensor]:
+    """clip_fraction, clip_count, clip_total (and the low/high split)."""
+    clip_count = (valid & (high_side | low_side)).sum()
+    diagnostics = {
+        "clip_fraction": (clip_count / total.clamp_min(1)).detach(),
+        "clip_count": clip_count.detach(),
+        "clip_total": total.detach(),
+    }
+    if split:
+        low_count = (valid & low_side).sum().detach()
+        high_count = (valid & high_side).sum().detach()
+        diagnostics.update(
+            clip_low_count=low_count,
+            clip_high_count=high_count,
+            clip_low_fraction=low_count / total.clamp_min(1),
+            clip_high_fraction=high_count / total.clamp_min(1),
+        )
+    return diagnostics
+
+
+def _capped(ratio: torch.Tensor, options: ObjectiveOptions) -> torch.Tensor:
+    """min(ratio, ratio_cap): the unclipped term under the dual clip."""
+    if options.ratio_cap is None:
+        return ratio
+    return torch.clamp(ratio, max=options.ratio_cap)
 
 
 def _grpo_clip_loss(
@@ -133,21 +257,48 @@ def _grpo_clip_loss(
     token_mask: torch.Tensor,
     options: ObjectiveOptions,
 ) -> LossAndDiagnostics:
-    cliprange = options.cliprange
+    low, high = options.low_bound, options.high_bound
     ratio = torch.exp(_log_ratio(policy_log_probs, old_log_probs))  # (B, T)
-    clipped_ratio = torch.clamp(ratio, min=1 - cliprange, max=1 + cliprange)  # (B, T)
-    per_token_loss = -torch.minimum(advantages * ratio, advantages * clipped_ratio)
+    clipped_ratio = torch.clamp(ratio, min=low, max=high)  # (B, T)
+    per_token_loss = -torch.minimum(
+        advantages * _capped(ratio, options), advantages * clipped_ratio
+    )  # (B, T)
     token_count = token_mask.sum().detach()
-    clip_count = (
-        token_mask & _clip_removes_gradient(advantages, ratio, cliprange)
-    ).sum()
+    low_side, high_side = _clipped_sides(advantages, ratio, options, low, high)
     return per_token_loss, {
-        "clip_fraction": (clip_count / token_count.clamp_min(1)).detach(),
-        "clip_count": clip_count.detach(),
-        "clip_total": token_count,
+        **_clip_diagnostics(
+            low_side, high_side, token_mask, token_count, options.splits_clip_sides
+        ),
         "importance_ratio_mean": _token_mean(ratio, token_mask),
         "importance_ratio_count": token_count,
         "off_policy_loss_mean": _token_mean(per_token_loss, token_mask),
+    }
+
+
+def _sequence_mean_log_ratio(
+    log_ratio: torch.Tensor, token_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean over each response's tokens of the log ratio (B, 1), and lengths."""
+    lengths = token_mask.sum(dim=1, keepdim=True)  # (B, 1)
+    mean_log_ratio = log_ratio.masked_fill(~token_mask, 0.0).sum(
+        dim=1, keepdim=True
+    ) / lengths.clamp_min(1)  # (B, 1)
+    return mean_log_ratio, lengths
+
+
+def _sequence_diagnostics(
+    ratio: torch.Tensor, clipped_ratio: torch.Tensor, valid: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    sequence_count = valid.sum()
+
+    def sequence_mean(values: torch.Tensor) -> torch.Tensor:
+        masked = values.detach().masked_fill(~valid, 0.0)
+        return masked.sum() / sequence_count.clamp_min(1)
+
+    return {
+        "importance_ratio_mean": sequence_mean(ratio),
+        "clipped_importance_ratio_mean": sequence_mean(clipped_ratio),
+        "importance_ratio_count": sequence_count.detach(),
     }
 
 
@@ -158,32 +309,95 @@ def _gspo_clip_loss(
     token_mask: torch.Tensor,
     options: ObjectiveOptions,
 ) -> LossAndDiagnostics:
-    cliprange = options.cliprange
+    low, high = options.low_bound, options.high_bound
     log_ratio = _log_ratio(policy_log_probs, old_log_probs)  # (B, T)
-    lengths = token_mask.sum(dim=1, keepdim=True)  # (B, 1)
-    mean_log_ratio = log_ratio.masked_fill(~token_mask, 0.0).sum(
-        dim=1, keepdim=True
-    ) / lengths.clamp_min(1)  # (B, 1)
+    mean_log_ratio, lengths = _sequence_mean_log_ratio(log_ratio, token_mask)
     ratio = torch.exp(mean_log_ratio)  # (B, 1): geometric mean of token ratios
-    clipped_ratio = torch.clamp(ratio, min=1 - cliprange, max=1 + cliprange)  # (B, 1)
-    sequence_loss = -torch.minimum(advantages * ratio, advantages * clipped_ratio)
+    clipped_ratio = torch.clamp(ratio, min=low, max=high)  # (B, 1)
+    sequence_loss = -torch.minimum(
+        advantages * _capped(ratio, options), advantages * clipped_ratio
+    )  # (B, 1)
     # Sequence aggregation averages these repeated values: no second length divide.
     per_token_loss = sequence_loss.expand_as(log_ratio)  # (B, T)
     valid = lengths > 0  # (B, 1): responses with at least one token
-    sequence_count = valid.sum()
-    clip_count = (_clip_removes_gradient(advantages, ratio, cliprange) & valid).sum()
-
-    def sequence_mean(values: torch.Tensor) -> torch.Tensor:
-        masked = values.detach().masked_fill(~valid, 0.0)
-        return masked.sum() / sequence_count.clamp_min(1)
-
+    low_side, high_side = _clipped_sides(advantages, ratio, options, low, high)
+    clips = _clip_diagnostics(
+        low_side, high_side, valid, valid.sum(), options.splits_clip_sides
+    )
     return per_token_loss, {
-        "importance_ratio_mean": sequence_mean(ratio),
-        "clipped_importance_ratio_mean": sequence_mean(clipped_ratio),
-        "importance_ratio_count": sequence_count.detach(),
-        "clip_fraction": (clip_count / sequence_count.clamp_min(1)).detach(),
-        "clip_count": clip_count.detach(),
-        "clip_total": sequence_count.detach(),
+        **_sequence_diagnostics(ratio, clipped_ratio, valid),
+        **clips,
+        "off_policy_loss_mean": _token_mean(per_token_loss, token_mask),
+    }
+
+
+def _cispo_loss(
+    advantages: torch.Tensor,
+    policy_log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    token_mask: torch.Tensor,
+    options: ObjectiveOptions,
+) -> LossAndDiagnostics:
+    low, high = options.low_bound, options.high_bound
+    ratio = torch.exp(_log_ratio(policy_log_probs, old_log_probs))  # (B, T)
+    weights = torch.clamp(ratio, min=low, max=high).detach()  # (B, T), sg(clip(w))
+    per_token_loss = -weights * advantages * policy_log_probs  # (B, T)
+    token_count = token_mask.sum().detach()
+    return per_token_loss, {
+        **_clip_diagnostics(ratio < low, ratio > high, token_mask, token_count, True),
+        "importance_ratio_mean": _token_mean(ratio, token_mask),
+        "importance_ratio_count": token_count,
+        "off_policy_loss_mean": _token_mean(per_token_loss, token_mask),
+    }
+
+
+def _sapo_loss(
+    advantages: torch.Tensor,
+    policy_log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    token_mask: torch.Tensor,
+    options: ObjectiveOptions,
+) -> LossAndDiagnostics:
+    ratio = torch.exp(_log_ratio(policy_log_probs, old_log_probs))  # (B, T)
+    positive = torch.full_like(advantages, options.sapo_temperature_pos)  # (B, 1)
+    negative = torch.full_like(advantages, options.sapo_temperature_neg)  # (B, 1)
+    temperature = torch.where(advantages > 0, positive, negative)  # (B, 1)
+    gate = torch.sigmoid(temperature * (ratio - 1)) * 4 / temperature  # (B, T)
+    per_token_loss = -gate * advantages  # (B, T)
+    return per_token_loss, {
+        "importance_ratio_mean": _token_mean(ratio, token_mask),
+        "importance_ratio_count": token_mask.sum().detach(),
+        "off_policy_loss_mean": _token_mean(per_token_loss, token_mask),
+    }
+
+
+def _gmpo_loss(
+    advantages: torch.Tensor,
+    policy_log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    token_mask: torch.Tensor,
+    options: ObjectiveOptions,
+) -> LossAndDiagnostics:
+    low, high = -options.cliprange, options.upper_cliprange  # bounds on log w
+    log_ratio = _log_ratio(policy_log_probs, old_log_probs)  # (B, T)
+    sign = torch.sign(advantages)  # (B, 1)
+    clipped_log_ratio = torch.clamp(log_ratio, min=low, max=high)  # (B, T)
+    kept_log_ratio = sign * torch.minimum(
+        sign * log_ratio, sign * clipped_log_ratio
+    )  # (B, T): the pessimistic side, as PPO's min
+    mean_log_ratio, lengths = _sequence_mean_log_ratio(kept_log_ratio, token_mask)
+    ratio = torch.exp(mean_log_ratio)  # (B, 1): geometric mean of clipped ratios
+    per_token_loss = (-advantages * ratio).expand_as(log_ratio)  # (B, T)
+    valid = lengths > 0  # (B, 1)
+    unclipped_ratio = torch.exp(_sequence_mean_log_ratio(log_ratio, token_mask)[0])
+    low_side = (advantages < 0) & (log_ratio < low)  # (B, T)
+    high_side = (advantages > 0) & (log_ratio > high)  # (B, T)
+    clips = _clip_diagnostics(
+        low_side, high_side, token_mask, token_mask.sum(), split=True
+    )
+    return per_token_loss, {
+        **_sequence_diagnostics(unclipped_ratio, ratio, valid),
+        **clips,
         "off_policy_loss_mean": _token_mean(per_token_loss, token_mask),
     }
 
@@ -195,16 +409,41 @@ OBJECTIVES: dict[str, Objective] = {
     "noclip": _noclip_loss,
     "grpo": _grpo_clip_loss,
     "gspo": _gspo_clip_loss,
+    "cispo": _cispo_loss,
+    "sapo": _sapo_loss,
+    "gmpo": _gmpo_loss,
 }
 REWEIGHTING_METHODS = tuple(OBJECTIVES)
-# Methods that weigh by pi / pi_old, and those that also clip that ratio.
-RATIO_METHODS = frozenset({"noclip", "grpo", "gspo"})
-CLIPPED_METHODS = frozenset({"grpo", "gspo"})
-LOSS_NORMALIZATIONS = ("sequence", "constant")
+# Methods that weigh by pi / pi_old, those that also clip that ratio, and those
+# with one ratio per response (they need the response mask).
+RATIO_METHODS = frozenset({"noclip", "grpo", "gspo", "cispo", "sapo", "gmpo"})
+CLIPPED_METHODS = frozenset({"grpo", "gspo", "cispo", "gmpo"})
+SEQUENCE_METHODS = frozenset({"gspo", "gmpo"})
+# Methods that always report clip_low_* and clip_high_* (grpo and gspo do once
+# cliprange_high or ratio_cap is set).
+SPLIT_CLIP_METHODS = frozenset({"cispo", "gmpo"})
+# Methods whose unclipped term the dual-clip cap bounds.
+CAPPED_METHODS = frozenset({"grpo", "gspo"})
+LOSS_NORMALIZATIONS = ("sequence", "constant", "token")
 
 
-def check_objective_settings(method: str, cliprange: float | None) -> None:
-    """The one check of an objective's name and clip range (config and callers)."""
+def check_objective_settings(
+    method: str,
+    cliprange: float | None,
+    *,
+    cliprange_high: float | None = None,
+    ratio_cap: float | None = None,
+    sapo_temperature_pos: float = 1.0,
+    sapo_temperature_neg: float = 1.05,
+) -> None:
+    """The one check of an objective's name and options (config and callers).
+
+    A clipped method needs cliprange > 0; cliprange_high is None or > 0;
+    ratio_cap is None or above the upper clip bound 1 + eps_high (at or below
+    it, the cap would remove gradients the clip keeps: another objective, not a
+    dual clip); SAPO temperatures are > 0. Options a method does not read are
+    still range-checked, and named by ``TrainConfig``'s inert settings.
+    """
     if method not in REWEIGHTING_METHODS:
         raise ValueError(
             f"importance_reweighting_method must be one of {REWEIGHTING_METHODS}, "
@@ -215,6 +454,36 @@ def check_objective_settings(method: str, cliprange: float | None) -> None:
     ):
         raise ValueError(
             f"cliprange must be positive for {method!r}, got {cliprange!r}"
+        )
+    if cliprange_high is not None and not _is_positive_number(cliprange_high):
+        raise ValueError(
+            "cliprange_high must be None (the same as cliprange) or a positive "
+            f"number, got {cliprange_high!r}"
+        )
+    _check_ratio_cap(method, cliprange, cliprange_high, ratio_cap)
+    for name, value in (
+        ("sapo_temperature_pos", sapo_temperature_pos),
+        ("sapo_temperature_neg", sapo_temperature_neg),
+    ):
+        if not _is_positive_number(value):
+            raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+
+
+def _check_ratio_cap(
+    method: str,
+    cliprange: float | None,
+    cliprange_high: float | None,
+    ratio_cap: float | None,
+) -> None:
+    if ratio_cap is None:
+        return
+    bound = 1.0
+    if method in CAPPED_METHODS:
+        bound = 1 + (cliprange if cliprange_high is None else cliprange_high)
+    if not _is_positive_number(ratio_cap) or ratio_cap <= bound:
+        raise ValueError(
+            f"ratio_cap must be None (no cap) or a finite number above the upper "
+            f"clip bound {bound:g}, got {ratio_cap!r}"
         )
 
 
@@ -248,19 +517,76 @@ def _is_positive_number(value: object, allow_infinity: bool = False) -> bool:
 
 
 def microbatch_loss_scale(
-    loss_normalization: str, microbatch_rows: int, batch_rows: int
+    loss_normalization: str,
+    microbatch_rows: int,
+    batch_rows: int,
+    *,
+    microbatch_tokens: int | None = None,
+    batch_tokens: int | None = None,
 ) -> float:
     """What one microbatch's aggregated loss is multiplied by before backward.
 
     sequence: a mean over b rows, weighted b / B, sums over microbatches to the
               mean over all B rows;
-    constant: each microbatch already divides by the same constant: weight 1.
-    Either way the accumulated gradient equals the full batch's.
-    Taught in ``notebooks/07_training_step.ipynb``.
+    constant: each microbatch already divides by the same constant: weight 1;
+    token:    a mean over the microbatch's n response tokens, weighted n / N with
+              N the response tokens of the whole batch, sums to the batch's
+              token mean (DAPO), however unevenly the tokens split.
+    Either way the accumulated gradient equals the full batch's. Rows skipped
+    by the caller still count in B and N. Taught in
+    ``notebooks/07_training_step.ipynb``.
     """
     if loss_normalization == "sequence":
         return microbatch_rows / batch_rows
+    if loss_normalization == "token":
+        if microbatch_tokens is None or batch_tokens is None:
+            raise ValueError(
+                "microbatch_tokens and batch_tokens must be token counts for token "
+                f"normalization, got {microbatch_tokens!r} and {batch_tokens!r}"
+            )
+        return microbatch_tokens / max(batch_tokens, 1)
     return 1.0
+
+
+def high_entropy_mask(
+    token_entropy: torch.Tensor, response_mask: torch.Tensor, quantile: float
+) -> torch.Tensor:
+    """Response tokens whose entropy is in the top ``quantile`` of the batch. (B, T)
+
+    The 80/20 rule (Wang et al., "Beyond the 80/20 Rule", arXiv:2506.01939):
+    only the forking, high-entropy tokens get the policy gradient. As in TRL's
+    ``top_entropy_quantile``: the threshold is torch.quantile (linear
+    interpolation) of the masked-in entropies at 1 - quantile, and a token is
+    kept when its entropy is >= the threshold. quantile = 1 keeps every token.
+    The entropy is read without gradient.
+    """
+    check_entropy_settings(0.0, quantile)
+    token_mask = response_mask.bool()  # (B, T)
+    entropy = token_entropy.detach()  # (B, T)
+    values = entropy[token_mask]  # (n,)
+    if quantile == 1.0 or values.numel() == 0:
+        return token_mask
+    threshold = torch.quantile(values, 1 - quantile)
+    return (entropy >= threshold) & token_mask
+
+
+def check_entropy_settings(entropy_coef: float, top_entropy_quantile: float) -> None:
+    """entropy_coef is a finite number >= 0; top_entropy_quantile is in (0, 1]."""
+    if not (
+        isinstance(entropy_coef, (int, float))
+        and not isinstance(entropy_coef, bool)
+        and math.isfinite(entropy_coef)
+        and entropy_coef >= 0
+    ):
+        raise ValueError(
+            "entropy_coef must be a finite number >= 0 (0: no entropy bonus), "
+            f"got {entropy_coef!r}"
+        )
+    if not (_is_positive_number(top_entropy_quantile) and top_entropy_quantile <= 1):
+        raise ValueError(
+            "top_entropy_quantile must be a number in (0, 1] (1: every token), "
+            f"got {top_entropy_quantile!r}"
+        )
 
 
 def _check_loss_shapes(
@@ -310,16 +636,16 @@ def _check_objective_tensors(
             f"old_log_probs must have shape {tuple(policy_log_probs.shape)} like "
             f"policy_log_probs, got {tuple(old_log_probs.shape)}"
         )
-    if method == "gspo" and response_mask is None:
+    if method in SEQUENCE_METHODS and response_mask is None:
         raise ValueError(
-            "response_mask must be a tensor for 'gspo' reweighting, got None"
+            f"response_mask must be a tensor for {method!r} reweighting, got None"
         )
 
 
 def aggregate_loss_across_microbatch(
     per_token_policy_gradient_loss: torch.Tensor,
     mask: torch.Tensor,
-    loss_normalization: Literal["sequence", "constant"] = "sequence",
+    loss_normalization: Literal["sequence", "constant", "token"] = "sequence",
     normalization_constant: int | None = None,
 ) -> torch.Tensor:
     """Reduce a (B, T) per-token loss to a scalar.
@@ -327,6 +653,13 @@ def aggregate_loss_across_microbatch(
     sequence: mean over responses of (sum_t loss * mask / max(|o_i|, 1))   (GRPO)
     constant: sum over all tokens of loss * mask / normalization_constant
               (Dr. GRPO: no per-response length divisor, hence no length bias)
+    token:    sum over all tokens of loss * mask / max(sum of mask, 1)
+              (DAPO's token mean: every token weighs the same, whatever its
+              response's length; TRL's bnpo on one batch). Across microbatches
+              the train step rescales by the batch's token count
+              (:func:`microbatch_loss_scale`), so the result stays the full
+              batch's token mean.
+    ``normalization_constant`` is read by constant only.
     """
     if per_token_policy_gradient_loss.ndim != 2:
         raise ValueError(
@@ -346,4 +679,6 @@ def aggregate_loss_across_microbatch(
     if loss_normalization == "sequence":
         response_lengths = mask.sum(dim=1).clamp_min(1)  # (B,)
         return (masked_loss.sum(dim=1) / response_lengths).mean()
+    if loss_normalization == "token":
+        return masked_loss.sum() / mask.sum().clamp_min(1)
     return masked_loss.sum() / normalization_constant

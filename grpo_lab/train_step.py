@@ -5,10 +5,11 @@ Taught in ``notebooks/07_training_step.ipynb``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -16,18 +17,26 @@ from grpo_lab.advantages import (
     compute_group_normalized_rewards,
     compute_rollout_rewards,
 )
+from grpo_lab.kl import check_kl_settings, compute_kl_penalty
 from grpo_lab.logprobs import (
     check_logits_chunk_size,
     check_temperature,
     get_response_log_probs,
 )
 from grpo_lab.losses import (
+    CLIP_SIDE_KEYS,
     CLIPPED_METHODS,
     RATIO_METHODS,
+    SEQUENCE_METHODS,
+    SPLIT_CLIP_METHODS,
+    Method,
+    ObjectiveOptions,
     aggregate_loss_across_microbatch,
+    check_entropy_settings,
     check_loss_normalization,
     check_objective_settings,
     compute_policy_gradient_loss,
+    high_entropy_mask,
     microbatch_loss_scale,
 )
 from grpo_lab.masks import tokenize_prompt_and_output
@@ -37,7 +46,13 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 BATCH_KEYS = ("input_ids", "labels", "response_mask")
-_COUNT_KEYS = ("clip_count", "clip_total", "importance_ratio_count")
+_COUNT_KEYS = (
+    "clip_count",
+    "clip_total",
+    "importance_ratio_count",
+    "clip_low_count",
+    "clip_high_count",
+)
 
 StepResult = tuple[torch.Tensor, dict[str, torch.Tensor | float]]
 
@@ -50,6 +65,7 @@ class UpdateSettings:
     ``TrainConfig`` builds too, so a run and a direct call share one check.
     ``logits_chunk_size=None`` reads ``model.config.grpo_logits_chunk_size``, the
     reference design's channel (see :func:`grpo_lab.logprobs.get_response_log_probs`).
+    Every default is the reference design's update.
     """
 
     importance_reweighting_method: str = "none"
@@ -59,13 +75,59 @@ class UpdateSettings:
     temperature: float = 1.0
     logits_chunk_size: int | None = None
     share_prompt_prefix: bool = False
+    # Objective options (see grpo_lab.losses.compute_policy_gradient_loss).
+    cliprange_high: float | None = None
+    ratio_cap: float | None = None
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+    # beta * KL(pi || pi_ref) per token (grpo_lab.kl); 0: no penalty.
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    # Weigh each token's KL by pi / pi_old (TRL's use_bias_correction_kl).
+    kl_importance_weighting: bool = False
+    # - entropy_coef * H per token (an entropy bonus, with its gradient).
+    entropy_coef: float = 0.0
+    # Only tokens in this top fraction of the microbatch's entropies get the
+    # policy gradient (1: every token).
+    top_entropy_quantile: float = 1.0
 
     def __post_init__(self) -> None:
-        check_objective_settings(self.importance_reweighting_method, self.cliprange)
+        check_objective_settings(
+            self.importance_reweighting_method,
+            self.cliprange,
+            cliprange_high=self.cliprange_high,
+            ratio_cap=self.ratio_cap,
+            sapo_temperature_pos=self.sapo_temperature_pos,
+            sapo_temperature_neg=self.sapo_temperature_neg,
+        )
         check_loss_normalization(self.loss_normalization, self.normalization_constant)
+        check_kl_settings(self.kl_coef, self.kl_estimator)
+        check_entropy_settings(self.entropy_coef, self.top_entropy_quantile)
         check_temperature(self.temperature)
         if self.logits_chunk_size is not None:
             check_logits_chunk_size(self.logits_chunk_size)
+
+    @property
+    def every_row_has_gradient(self) -> bool:
+        """A KL penalty or an entropy bonus moves even zero-advantage rows."""
+        return self.kl_coef > 0 or self.entropy_coef > 0
+
+    @property
+    def scores_every_row(self) -> bool:
+        """Whether zero-advantage rows must be scored too: for their gradient, or
+        because the high-entropy threshold is a quantile over every token."""
+        return self.every_row_has_gradient or self.top_entropy_quantile < 1.0
+
+    @property
+    def objective_options(self) -> ObjectiveOptions:
+        """The options the objective reads."""
+        return ObjectiveOptions(
+            cliprange=self.cliprange,
+            cliprange_high=self.cliprange_high,
+            ratio_cap=self.ratio_cap,
+            sapo_temperature_pos=self.sapo_temperature_pos,
+            sapo_temperature_neg=self.sapo_temperature_neg,
+        )
 
 
 def grpo_train_step(
@@ -79,14 +141,20 @@ def grpo_train_step(
     rollout_responses: list[str],
     repeated_ground_truths: list[str],
     group_size: int,
-    baseline: Literal["mean", "none"] = "mean",
+    baseline: Literal["mean", "none", "leave_one_out"] = "mean",
     advantage_eps: float = 1e-6,
-    advantage_normalizer: Literal["std", "none", "mean"] = "std",
-    importance_reweighting_method: Literal["none", "noclip", "grpo", "gspo"] = "none",
+    advantage_normalizer: Literal["std", "none", "mean", "batch_std"] = "std",
+    importance_reweighting_method: Method = "none",
     old_log_probs: torch.Tensor | None = None,
     cliprange: float | None = None,
-    loss_normalization: Literal["sequence", "constant"] = "sequence",
+    loss_normalization: Literal["sequence", "constant", "token"] = "sequence",
     normalization_constant: int | None = None,
+    *,
+    nan_rewards: Literal["propagate", "ignore"] = "propagate",
+    reference_log_probs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
+    **options: Any,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
     """One GRPO step from texts: rewards -> group advantages -> tokens -> update.
 
@@ -96,15 +164,25 @@ def grpo_train_step(
     is tokenized or scored, the optimizer does not step, and the update's
     diagnostics read 0 (the reference design's keys). Metadata holds the reward
     and advantage statistics and the update's diagnostics.
+
+    Keyword-only extras (defaults: the reference design's step): ``nan_rewards``
+    (:func:`grpo_lab.advantages.compute_group_normalized_rewards`),
+    ``reference_log_probs`` (B, T) with ``kl_coef`` and ``kl_estimator`` (a KL
+    penalty to a reference policy, :mod:`grpo_lab.kl`), and ``options``: any
+    other :class:`UpdateSettings` field (``cliprange_high``, ``ratio_cap``,
+    ``entropy_coef``, ``top_entropy_quantile``, ``temperature``, ...).
     """
     _check_rollout_lists(
         repeated_prompts, rollout_responses, repeated_ground_truths, group_size
     )
-    settings = UpdateSettings(
-        importance_reweighting_method,
-        cliprange,
-        loss_normalization,
-        normalization_constant,
+    settings = _update_settings(
+        importance_reweighting_method=importance_reweighting_method,
+        cliprange=cliprange,
+        loss_normalization=loss_normalization,
+        normalization_constant=normalization_constant,
+        kl_coef=kl_coef,
+        kl_estimator=kl_estimator,
+        **options,
     )
     check_update_inputs(
         settings,
@@ -112,6 +190,7 @@ def grpo_train_step(
         max_grad_norm,
         len(rollout_responses),
         old_log_probs,
+        reference_log_probs,
     )
     _, advantages, metadata = rollout_advantages(
         reward_fn,
@@ -121,8 +200,9 @@ def grpo_train_step(
         baseline=baseline,
         advantage_eps=advantage_eps,
         advantage_normalizer=advantage_normalizer,
+        nan_rewards=nan_rewards,
     )  # (B,)
-    if not (advantages != 0).any():
+    if not (advantages != 0).any() and not settings.every_row_has_gradient:
         optimizer.zero_grad(set_to_none=True)
         zero_loss, skipped = _zero_diagnostics(settings, _device_of(model))
         return zero_loss, {**metadata, **skipped}
@@ -136,13 +216,22 @@ def grpo_train_step(
         max_grad_norm,
         batch,
         advantages,
-        importance_reweighting_method,
-        old_log_probs,
-        cliprange,
-        loss_normalization,
-        normalization_constant,
+        old_log_probs=old_log_probs,
+        reference_log_probs=reference_log_probs,
+        **dataclasses.asdict(settings),
     )
     return loss, {**metadata, **update_metadata}
+
+
+def _update_settings(**fields: Any) -> UpdateSettings:
+    """UpdateSettings from keywords; an unknown name is a ValueError naming it."""
+    known = {f.name for f in dataclasses.fields(UpdateSettings)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise ValueError(
+            f"unknown update option(s) {unknown}; expected some of {sorted(known)}"
+        )
+    return UpdateSettings(**fields)
 
 
 def rollout_advantages(
@@ -154,6 +243,7 @@ def rollout_advantages(
     baseline: str = "mean",
     advantage_eps: float = 1e-6,
     advantage_normalizer: str = "std",
+    nan_rewards: str = "propagate",
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """Raw rewards (B,), group-normalized advantages (B,) and their statistics.
 
@@ -166,7 +256,12 @@ def rollout_advantages(
         reward_fn, rollout_responses, repeated_ground_truths
     )  # (B,)
     advantages, advantage_metadata = compute_group_normalized_rewards(
-        raw_rewards, group_size, baseline, advantage_eps, advantage_normalizer
+        raw_rewards,
+        group_size,
+        baseline,
+        advantage_eps,
+        advantage_normalizer,
+        nan_rewards=nan_rewards,
     )  # (B,)
     return raw_rewards, advantages, {**reward_metadata, **advantage_metadata}
 
@@ -178,29 +273,47 @@ def policy_gradient_update(
     max_grad_norm: float | None,
     batch: Mapping[str, torch.Tensor],
     advantages: torch.Tensor,
-    importance_reweighting_method: Literal["none", "noclip", "grpo", "gspo"] = "none",
+    importance_reweighting_method: Method = "none",
     old_log_probs: torch.Tensor | None = None,
     cliprange: float | None = None,
-    loss_normalization: Literal["sequence", "constant"] = "sequence",
+    loss_normalization: Literal["sequence", "constant", "token"] = "sequence",
     normalization_constant: int | None = None,
     *,
     temperature: float = 1.0,
     logits_chunk_size: int | None = None,
     share_prompt_prefix: bool = False,
+    cliprange_high: float | None = None,
+    ratio_cap: float | None = None,
+    sapo_temperature_pos: float = 1.0,
+    sapo_temperature_neg: float = 1.05,
+    reference_log_probs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
+    kl_importance_weighting: bool = False,
+    entropy_coef: float = 0.0,
+    top_entropy_quantile: float = 1.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
     """One optimizer step on a tokenized batch with precomputed advantages.
 
     ``batch`` holds ``input_ids``, ``labels`` and ``response_mask``, each (B, T),
     as made by :func:`grpo_lab.masks.pad_prompt_and_response_ids`; ``advantages``
-    is (B,) and ``old_log_probs`` (B, T). The loss is
+    is (B,), ``old_log_probs`` and ``reference_log_probs`` (B, T). The loss is
 
         sequence: sum over microbatches m of  (|m| / B) * mean_{i in m} loss_i
         constant: sum over microbatches m of  sum_{i in m, t} loss_it / C
+        token:    sum over microbatches m of  (n_m / N) * mean_{t in m} loss_t
 
+    with n_m, N the response tokens of m and of the whole batch
     (:func:`grpo_lab.losses.microbatch_loss_scale`), which equals the full-batch
     loss for any ``gradient_accumulation_steps`` (microbatches of
-    ceil(B / steps) rows). Responses with zero advantage are not scored, since
-    their gradient is exactly zero, but still count in B. Tokens are scored by
+    ceil(B / steps) rows). Each token's loss is :func:`microbatch_loss`'s:
+    the objective (only on high-entropy tokens when ``top_entropy_quantile`` <
+    1; that quantile is taken per microbatch, as TRL does), plus ``kl_coef``
+    times the KL estimate to the reference, minus ``entropy_coef`` times the
+    token's entropy. Responses with zero advantage are not scored, since
+    their gradient is exactly zero, but still count in B (and in N) -- unless
+    a KL penalty or an entropy bonus gives them a gradient, or the entropy
+    quantile must see their tokens: then every row is scored. Tokens are scored by
     :func:`score_tokens`: from ``logits / temperature``, the distribution
     rollouts sampled at that temperature come from, with ``logits_chunk_size``,
     and with ``share_prompt_prefix`` running the prompt columns every row of a
@@ -221,22 +334,41 @@ def policy_gradient_update(
         temperature,
         logits_chunk_size,
         share_prompt_prefix,
+        cliprange_high,
+        ratio_cap,
+        sapo_temperature_pos,
+        sapo_temperature_neg,
+        kl_coef,
+        kl_estimator,
+        kl_importance_weighting,
+        entropy_coef,
+        top_entropy_quantile,
     )
-    batch_size = _check_batch(batch, advantages, old_log_probs)
+    batch_size = _check_batch(batch, advantages, old_log_probs, reference_log_probs)
     check_update_inputs(
-        settings, gradient_accumulation_steps, max_grad_norm, batch_size, old_log_probs
+        settings,
+        gradient_accumulation_steps,
+        max_grad_norm,
+        batch_size,
+        old_log_probs,
+        reference_log_probs,
     )
     device = _device_of(model)
     optimizer.zero_grad(set_to_none=True)
     active_indices = torch.nonzero(advantages != 0, as_tuple=False).flatten()
-    if active_indices.numel() == 0:
+    if active_indices.numel() == 0 and not settings.every_row_has_gradient:
         zero_loss = torch.zeros((), dtype=torch.float32, device=device)
         return zero_loss, {"optimizer_step": 0.0, "active_response_count": 0.0}
-    active = _select_rows(batch, advantages, old_log_probs, active_indices)
+    if settings.scores_every_row:
+        active_indices = torch.arange(batch_size, device=advantages.device)
+    active = _select_rows(
+        batch, advantages, old_log_probs, reference_log_probs, active_indices
+    )
     # Keep the configured microbatch size; fewer active rows mean fewer microbatches.
     microbatch_size = -(-batch_size // gradient_accumulation_steps)
+    batch_tokens = int(batch["response_mask"].sum())  # skipped rows count too
     accumulator = _accumulate_gradients(
-        model, active, microbatch_size, batch_size, settings, device
+        model, active, microbatch_size, (batch_size, batch_tokens), settings, device
     )
     gradient_norm = _checked_gradient_norm(model, max_grad_norm, device)
     optimizer.step()
@@ -256,12 +388,14 @@ def score_tokens(
     settings: UpdateSettings,
     *,
     return_token_entropy: bool = False,
+    entropy_gradient: bool = False,
 ) -> dict[str, torch.Tensor]:
     """log pi(label) (B, T) of a tokenized batch, scored as ``settings`` say.
 
-    The one scoring call of an update and of the loop's old log-probs: the
-    sampling temperature, the output-head chunk, and (with
+    The one scoring call of an update and of the loop's old and reference
+    log-probs: the sampling temperature, the output-head chunk, and (with
     ``share_prompt_prefix``) the prompt columns run once per distinct prompt.
+    ``entropy_gradient``: the entropy keeps its gradient (an entropy bonus).
     """
     mask = batch["response_mask"]  # (B, T)
     return get_response_log_probs(
@@ -272,7 +406,103 @@ def score_tokens(
         settings.logits_chunk_size,
         temperature=settings.temperature,
         shared_prefix_length=shared_prefix_length(mask, settings.share_prompt_prefix),
+        entropy_gradient=entropy_gradient,
     )
+
+
+def microbatch_loss(
+    log_probs: torch.Tensor,
+    token_entropy: torch.Tensor,
+    microbatch: Mapping[str, torch.Tensor],
+    settings: UpdateSettings,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One microbatch's aggregated loss (before its microbatch scale) and
+    diagnostics.
+
+    Per token t of a response:
+
+        loss_t = objective_t * e_t + kl_coef * w_t * KL_t - entropy_coef * H_t
+
+    objective_t from :func:`grpo_lab.losses.compute_policy_gradient_loss`;
+    e_t = 1, or the high-entropy mask when ``top_entropy_quantile`` < 1
+    (:func:`grpo_lab.losses.high_entropy_mask`); KL_t the ``kl_estimator`` of
+    the policy against ``microbatch["reference_log_probs"]``
+    (:func:`grpo_lab.kl.compute_kl_penalty`), and w_t = pi / pi_old when
+    ``kl_importance_weighting`` (one ratio per response for gspo and gmpo; 1
+    with its gradient on-policy), else 1; H_t the token's entropy, with its
+    gradient when ``entropy_coef`` > 0. Then reduced by ``loss_normalization``
+    (:func:`grpo_lab.losses.aggregate_loss_across_microbatch`): like
+    DeepSeekMath, the KL joins each token's loss before averaging.
+    ``microbatch`` holds ``response_mask`` and ``advantages`` (b,), and
+    ``old_log_probs`` / ``reference_log_probs`` (b, T) when used. Diagnostics
+    add ``kl_mean`` (the token mean of KL_t) and ``entropy_mask_mean`` (the
+    fraction of tokens kept) when those are on.
+    """
+    mask = microbatch["response_mask"]  # (b, T)
+    old_log_probs = microbatch.get("old_log_probs")
+    per_token_loss, diagnostics = compute_policy_gradient_loss(
+        microbatch["advantages"],
+        log_probs,
+        settings.importance_reweighting_method,
+        old_log_probs,
+        settings.cliprange,
+        mask,
+        cliprange_high=settings.cliprange_high,
+        ratio_cap=settings.ratio_cap,
+        sapo_temperature_pos=settings.sapo_temperature_pos,
+        sapo_temperature_neg=settings.sapo_temperature_neg,
+    )  # (b, T)
+    if settings.top_entropy_quantile < 1.0:
+        kept = high_entropy_mask(token_entropy, mask, settings.top_entropy_quantile)
+        per_token_loss = per_token_loss * kept  # (b, T)
+        diagnostics["entropy_mask_mean"] = _masked_mean(kept.float(), mask)
+    if settings.kl_coef > 0:
+        kl = compute_kl_penalty(
+            log_probs, microbatch["reference_log_probs"], settings.kl_estimator
+        )  # (b, T)
+        diagnostics["kl_mean"] = _masked_mean(kl, mask)
+        weights = _kl_weights(log_probs, old_log_probs, mask, settings)
+        per_token_loss = per_token_loss + settings.kl_coef * (kl * weights)
+    if settings.entropy_coef > 0:
+        per_token_loss = per_token_loss - settings.entropy_coef * token_entropy
+    loss = aggregate_loss_across_microbatch(
+        per_token_loss,
+        mask,
+        settings.loss_normalization,
+        settings.normalization_constant,
+    )
+    return loss, diagnostics
+
+
+def _kl_weights(
+    log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor | None,
+    mask: torch.Tensor,
+    settings: UpdateSettings,
+) -> torch.Tensor | float:
+    """pi / pi_old per token (per response for gspo, gmpo), or 1. (b, T) or (b, 1)
+
+    On-policy (no old log-probs) the ratio is exp(log pi - sg(log pi)): 1, whose
+    gradient d/d log pi is 1 (TRL's bias-corrected KL).
+    """
+    if not settings.kl_importance_weighting:
+        return 1.0
+    old = log_probs if old_log_probs is None else old_log_probs
+    dtype = torch.promote_types(log_probs.dtype, torch.float32)
+    log_ratio = log_probs.to(dtype) - old.detach().to(dtype)  # (b, T)
+    if settings.importance_reweighting_method in SEQUENCE_METHODS:
+        weights = mask.to(dtype)  # (b, T)
+        log_ratio = (log_ratio * weights).sum(dim=1, keepdim=True) / weights.sum(
+            dim=1, keepdim=True
+        ).clamp_min(1)  # (b, 1)
+    return torch.exp(log_ratio)
+
+
+def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Detached mean of values over the response tokens (0 when there are none)."""
+    token_mask = mask.bool()  # (b, T)
+    total = values.detach().masked_fill(~token_mask, 0.0).sum()
+    return total / token_mask.sum().clamp_min(1)
 
 
 def check_update_inputs(
@@ -281,6 +511,7 @@ def check_update_inputs(
     max_grad_norm: float | None,
     batch_size: int,
     old_log_probs: torch.Tensor | None,
+    reference_log_probs: torch.Tensor | None = None,
 ) -> None:
     """What must hold before anything is scored, beyond ``settings`` themselves."""
     check_gradient_accumulation_steps(gradient_accumulation_steps, batch_size)
@@ -289,6 +520,11 @@ def check_update_inputs(
     if method in RATIO_METHODS and old_log_probs is None:
         raise ValueError(
             f"old_log_probs must be a tensor for {method!r} reweighting, got None"
+        )
+    if settings.kl_coef > 0 and reference_log_probs is None:
+        raise ValueError(
+            f"reference_log_probs must be a tensor when kl_coef > 0 "
+            f"({settings.kl_coef}), got None"
         )
 
 
@@ -332,6 +568,7 @@ def _select_rows(
     batch: Mapping[str, torch.Tensor],
     advantages: torch.Tensor,
     old_log_probs: torch.Tensor | None,
+    reference_log_probs: torch.Tensor | None,
     indices: torch.Tensor,
 ) -> dict[str, torch.Tensor]:
     """The rows ``indices`` of every per-response tensor, keyed by name."""
@@ -339,6 +576,8 @@ def _select_rows(
     tensors["advantages"] = advantages
     if old_log_probs is not None:
         tensors["old_log_probs"] = old_log_probs
+    if reference_log_probs is not None:
+        tensors["reference_log_probs"] = reference_log_probs
     return {
         key: value.index_select(0, indices.to(value.device))
         for key, value in tensors.items()
@@ -349,20 +588,29 @@ def _accumulate_gradients(
     model: torch.nn.Module,
     active: dict[str, torch.Tensor],
     microbatch_size: int,
-    batch_size: int,
+    batch_counts: tuple[int, int],
     settings: UpdateSettings,
     device: torch.device,
 ) -> _DiagnosticAccumulator:
-    """Backpropagate every microbatch of the active rows; gradients add up."""
+    """Backpropagate every microbatch of the active rows; gradients add up.
+
+    ``batch_counts``: the whole batch's rows and response tokens (the divisors
+    of sequence and token normalization).
+    """
     accumulator = _DiagnosticAccumulator(device)
     active_count = active["advantages"].shape[0]
+    batch_size, batch_tokens = batch_counts
     for rows in torch.arange(active_count).split(microbatch_size):
         microbatch = {
             key: value.index_select(0, rows.to(value.device)).to(device)
             for key, value in active.items()
         }
         scale = microbatch_loss_scale(
-            settings.loss_normalization, rows.numel(), batch_size
+            settings.loss_normalization,
+            rows.numel(),
+            batch_size,
+            microbatch_tokens=int(microbatch["response_mask"].sum()),
+            batch_tokens=batch_tokens,
         )
         _backward_microbatch(model, microbatch, scale, accumulator, settings)
     return accumulator
@@ -377,25 +625,18 @@ def _backward_microbatch(
 ) -> None:
     """Score one microbatch, check it is finite, backpropagate loss * scale."""
     mask = microbatch["response_mask"]  # (b, T)
-    scored = score_tokens(model, microbatch, settings, return_token_entropy=True)
-    per_token_loss, loss_metadata = compute_policy_gradient_loss(
-        microbatch["advantages"],
-        scored["log_probs"],
-        settings.importance_reweighting_method,
-        microbatch.get("old_log_probs"),
-        settings.cliprange,
-        mask,
-    )  # (b, T)
-    loss = (
-        aggregate_loss_across_microbatch(
-            per_token_loss,
-            mask,
-            settings.loss_normalization,
-            settings.normalization_constant,
-        )
-        * scale
+    scored = score_tokens(
+        model,
+        microbatch,
+        settings,
+        return_token_entropy=True,
+        entropy_gradient=settings.entropy_coef > 0,
     )
-    entropy_sum = (scored["token_entropy"] * mask).sum().detach()
+    loss, loss_metadata = microbatch_loss(
+        scored["log_probs"], scored["token_entropy"], microbatch, settings
+    )
+    loss = loss * scale
+    entropy_sum = (scored["token_entropy"].detach() * mask).sum()
     _check_finite(loss, entropy_sum, loss_metadata)
     loss.backward()
     accumulator.add(loss.detach(), entropy_sum, mask.sum().detach(), loss_metadata)
@@ -466,9 +707,12 @@ class _DiagnosticAccumulator:
         }
         metadata.update(self.counts)
         if "clip_total" in self.counts:
-            metadata["clip_fraction"] = self.counts["clip_count"] / self.counts[
-                "clip_total"
-            ].clamp_min(1)
+            total = self.counts["clip_total"].clamp_min(1)
+            for side in ("", "_low", "_high"):
+                if f"clip{side}_count" in self.counts:
+                    metadata[f"clip{side}_fraction"] = (
+                        self.counts[f"clip{side}_count"] / total
+                    )
         metadata.update(
             loss=self.loss.detach(),
             token_entropy=(self.entropy_sum / self.token_count.clamp_min(1)).detach(),
@@ -518,6 +762,14 @@ def _zero_diagnostics(settings: UpdateSettings, device: torch.device) -> StepRes
         metadata.update(
             clip_count=zero.clone(), clip_total=zero.clone(), clip_fraction=zero.clone()
         )
+    if method in SPLIT_CLIP_METHODS or (
+        method in CLIPPED_METHODS and settings.objective_options.splits_clip_sides
+    ):
+        metadata.update({key: zero.clone() for key in CLIP_SIDE_KEYS})
+    if settings.top_entropy_quantile < 1.0:
+        metadata["entropy_mask_mean"] = zero.clone()
+    if settings.kl_coef > 0:
+        metadata["kl_mean"] = zero.clone()
     return zero, metadata
 
 
@@ -547,6 +799,7 @@ def _check_batch(
     batch: Mapping[str, torch.Tensor],
     advantages: torch.Tensor,
     old_log_probs: torch.Tensor | None,
+    reference_log_probs: torch.Tensor | None = None,
 ) -> int:
     """Check the (B, T) batch against (B,) advantages; return B."""
     missing = [key for key in BATCH_KEYS if key not in batch]
@@ -569,9 +822,13 @@ def _check_batch(
         )
     if shape[0] == 0:
         raise ValueError("batch must hold at least one row, got 0")
-    if old_log_probs is not None and tuple(old_log_probs.shape) != shape:
-        raise ValueError(
-            f"old_log_probs must have the shape of batch['labels'] {shape}, "
-            f"got {tuple(old_log_probs.shape)}"
-        )
+    for name, value in (
+        ("old_log_probs", old_log_probs),
+        ("reference_log_probs", reference_log_probs),
+    ):
+        if value is not None and tuple(value.shape) != shape:
+            raise ValueError(
+                f"{name} must have the shape of batch['labels'] {shape}, "
+                f"got {tuple(value.shape)}"
+            )
     return shape[0]

@@ -247,3 +247,102 @@ def test_rollout_reward_errors():
         compute_rollout_rewards(lambda r, t: {"reward": 1.0}, ["a"], ["a"])
     with pytest.raises(ValueError, match=r"reward_fn must return a dict .*got float"):
         compute_rollout_rewards(lambda r, t: 1.0, ["a"], ["a"])
+
+
+# --- RLOO, batch std, NaN rewards, groups of one --------------------------------
+
+
+def test_leave_one_out_baseline_by_hand():
+    # group 1 [1, 0, 0, 1]: a 1 is compared with the mean of (0, 0, 1) = 1/3 ->
+    #   2/3; a 0 with (1, 0, 1) -> -2/3. group 2 [1, 1, 1, 0]: a 1 with
+    #   (1, 1, 0) -> 1/3; the 0 with (1, 1, 1) -> -1.
+    advantages, _ = normalize("leave_one_out", "none")
+    expected = [2 / 3, -2 / 3, -2 / 3, 2 / 3, 1 / 3, 1 / 3, 1 / 3, -1.0]
+    assert advantages.tolist() == pytest.approx(expected, abs=1e-6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=reward_lists.filter(lambda case: case[0] > 1))
+def test_leave_one_out_is_the_mean_baseline_scaled_by_g_over_g_minus_1(case):
+    group_size, rewards = case
+    rewards = torch.tensor(rewards, dtype=torch.float64)
+    loo, _ = normalize("leave_one_out", "none", rewards, group_size)
+    mean, _ = normalize("mean", "none", rewards, group_size)
+    assert torch.allclose(loo, mean * group_size / (group_size - 1), atol=1e-9)
+
+
+def test_batch_std_normalizer_by_hand():
+    # Group means stay the baselines; the divisor is the sample std of all 8
+    # rewards [1 0 0 1 1 1 1 0]: mean 5/8, sum of squares 5 * (3/8)^2 +
+    # 3 * (5/8)^2 = 1.875, std sqrt(1.875 / 7).
+    advantages, _ = normalize("mean", "batch_std")
+    std = math.sqrt(1.875 / 7)
+    centred = [0.5, -0.5, -0.5, 0.5, 0.25, 0.25, 0.25, -0.75]
+    assert advantages.tolist() == pytest.approx([c / std for c in centred], abs=1e-6)
+
+
+def test_nan_rewards_are_ignored_by_hand():
+    rewards = torch.tensor([1.0, math.nan, 0.0, 1.0, 2.0, math.nan, math.nan, math.nan])
+    advantages, _ = compute_group_normalized_rewards(
+        rewards, 4, "mean", 0.0, "std", nan_rewards="ignore"
+    )
+    # group 1 keeps [1, 0, 1]: mean 2/3, sample std sqrt((2/9 + 4/9) / 2) =
+    # sqrt(1/3) -> (1/3) / sqrt(1/3) = sqrt(1/3); the NaN gets 0. Group 2 keeps
+    # one reward: its std is undefined, so the whole group gets 0 (never NaN).
+    root = math.sqrt(1 / 3)
+    expected = [root, 0.0, -2 * root, root, 0.0, 0.0, 0.0, 0.0]
+    assert advantages.tolist() == pytest.approx(expected, abs=1e-6)
+    propagated, _ = compute_group_normalized_rewards(rewards, 4)
+    assert torch.isnan(propagated[:4]).all()  # the default lets NaN spread
+
+
+def test_ignoring_nan_without_nan_is_the_default_bit_for_bit():
+    for baseline in ("mean", "leave_one_out", "none"):
+        for normalizer in ("std", "batch_std", "mean", "none"):
+            plain, _ = normalize(baseline, normalizer, eps=1e-6)
+            ignoring, _ = compute_group_normalized_rewards(
+                REWARDS, 4, baseline, 1e-6, normalizer, nan_rewards="ignore"
+            )
+            assert torch.equal(plain, ignoring), (baseline, normalizer)
+
+
+def test_nan_rewards_under_every_baseline_and_normalizer_stay_finite():
+    rewards = torch.tensor([1.0, math.nan, 0.0, 1.0, 3.0, 1.0, math.nan, 2.0])
+    for baseline in ("mean", "leave_one_out", "none"):
+        for normalizer in ("std", "batch_std", "mean", "none"):
+            advantages, _ = compute_group_normalized_rewards(
+                rewards, 4, baseline, 1e-6, normalizer, nan_rewards="ignore"
+            )
+            assert torch.isfinite(advantages).all(), (baseline, normalizer)
+            assert advantages[1] == 0 and advantages[6] == 0
+
+
+def test_groups_of_one_get_an_error_or_a_defined_value():
+    rewards = torch.tensor([1.0, 0.0, 2.0])
+    with pytest.raises(
+        ValueError,
+        match="group_size must be at least 2 with advantage_normalizer 'std'",
+    ):
+        compute_group_normalized_rewards(rewards, 1)
+    with pytest.raises(
+        ValueError, match="group_size must be at least 2 with baseline 'leave_one_out'"
+    ):
+        compute_group_normalized_rewards(rewards, 1, "leave_one_out", 1e-6, "none")
+    with pytest.raises(
+        ValueError,
+        match="raw_rewards must hold at least 2 rewards with advantage_normalizer 'batch_std'",
+    ):
+        compute_group_normalized_rewards(
+            torch.tensor([1.0]), 1, "none", 1e-6, "batch_std"
+        )
+    zero, _ = compute_group_normalized_rewards(rewards, 1, "mean", 1e-6, "none")
+    assert zero.tolist() == [0.0, 0.0, 0.0]  # a group of one is its own mean
+    raw, _ = compute_group_normalized_rewards(rewards, 1, "none", 0.0, "batch_std")
+    assert raw.tolist() == pytest.approx([1.0, 0.0, 2.0])  # std of [1, 0, 2] is 1
+    with pytest.raises(
+        ValueError,
+        match=r"nan_rewards must be one of \('propagate', 'ignore'\), got 'drop'",
+    ):
+        compute_group_normalized_rewards(
+            rewards, 1, "mean", 1e-6, "none", nan_rewards="drop"
+        )

@@ -1,4 +1,4 @@
-"""Exercise checks of notebooks 06-09 accept the reference, reject plausible wrong
+"""Exercise checks of notebooks 06-10 accept the reference, reject plausible wrong
 answers with a counter-example, and report a stub as not attempted."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import torch
 from grpo_lab.losses import aggregate_loss_across_microbatch
 from grpo_lab.masks import masked_mean, masked_normalize
 from grpo_lab.teaching.checks.aggregation import check_aggregate_loss
+from grpo_lab.teaching.checks.family import check_clip_higher_loss
 from grpo_lab.teaching.checks.framework import ExerciseFailed
 from grpo_lab.teaching.checks.loop import (
     check_cache_key,
@@ -37,6 +38,7 @@ ALL_CHECKS = [
     check_needs_old_log_probs,
     check_train_batch_slices,
     check_cache_key,
+    check_clip_higher_loss,
 ]
 
 
@@ -260,3 +262,58 @@ def test_cache_key_accepts_the_reference_and_the_package_key():
 def test_cache_key_rejects_plausible_mistakes(wrong):
     with pytest.raises(ExerciseFailed, match="config"):
         check_cache_key(wrong)
+
+
+# --- 10: clip-higher -------------------------------------------------------------
+
+
+def clip_higher_reference(advantages, policy_log_probs, old_log_probs, low, high):
+    ratio = torch.exp(policy_log_probs - old_log_probs)  # (B, T)
+    advantages = advantages.unsqueeze(-1)  # (B, 1)
+    clipped = torch.clamp(ratio, 1 - low, 1 + high)
+    return -torch.minimum(ratio * advantages, clipped * advantages)
+
+
+def clip_higher_symmetric(advantages, policy_log_probs, old_log_probs, low, high):
+    return clip_higher_reference(advantages, policy_log_probs, old_log_probs, low, low)
+
+
+def clip_higher_swapped(advantages, policy_log_probs, old_log_probs, low, high):
+    return clip_higher_reference(advantages, policy_log_probs, old_log_probs, high, low)
+
+
+def clip_higher_on_the_log_ratio(
+    advantages, policy_log_probs, old_log_probs, low, high
+):
+    log_ratio = policy_log_probs - old_log_probs  # (B, T)
+    advantages = advantages.unsqueeze(-1)
+    clipped = torch.clamp(log_ratio, -low, high).exp()  # bounds e^-low, e^high
+    return -torch.minimum(log_ratio.exp() * advantages, clipped * advantages)
+
+
+def clip_higher_with_max(advantages, policy_log_probs, old_log_probs, low, high):
+    ratio = torch.exp(policy_log_probs - old_log_probs)
+    advantages = advantages.unsqueeze(-1)
+    clipped = torch.clamp(ratio, 1 - low, 1 + high)
+    return -torch.maximum(ratio * advantages, clipped * advantages)
+
+
+def clip_higher_detached(advantages, policy_log_probs, old_log_probs, low, high):
+    return clip_higher_reference(
+        advantages, policy_log_probs.detach(), old_log_probs, low, high
+    )
+
+
+def test_clip_higher_check(capsys):
+    assert check_clip_higher_loss(clip_higher_reference) is True
+    assert "correct" in capsys.readouterr().out
+    for wrong in (
+        clip_higher_symmetric,
+        clip_higher_swapped,
+        clip_higher_on_the_log_ratio,
+        clip_higher_with_max,
+        clip_higher_detached,
+    ):
+        with pytest.raises(ExerciseFailed, match="For advantages=") as error:
+            check_clip_higher_loss(wrong)
+        assert "expected" in str(error.value) or "gradient" in str(error.value)

@@ -139,7 +139,7 @@ BAD_SETTINGS = [
     ({"baseline": "median"}, "baseline must be one of"),
     ({"advantage_normalizer": "max"}, "advantage_normalizer must be one of"),
     ({"advantage_eps": -1e-6}, "advantage_eps must be a finite number >= 0"),
-    ({"loss_normalization": "token"}, "loss_normalization must be one of"),
+    ({"loss_normalization": "tokens"}, "loss_normalization must be one of"),
     ({"loss_normalization": "constant"}, "normalization_constant must be positive"),
     (
         {"normalization_constant": 0},
@@ -195,6 +195,57 @@ BAD_SETTINGS = [
     ({"backend": "sglang"}, "backend must be one of"),
     ({"backend": "vllm"}, "backend 'vllm' needs a CUDA device, got device 'cpu'"),
     ({"device": "gpu0"}, "device must be a torch device"),
+    # The GRPO family's options: each refused where it enters.
+    (
+        {"group_size": 1, "baseline": "leave_one_out"},
+        "group_size must be at least 2 with baseline 'leave_one_out'",
+    ),
+    (
+        {"group_size": 1, "baseline": "none"},
+        "group_size must be at least 2 with advantage_normalizer 'std'",
+    ),
+    (
+        {
+            "rollout_batch_size": 1,
+            "train_batch_size": 1,
+            "group_size": 1,
+            "baseline": "none",
+            "advantage_normalizer": "batch_std",
+        },
+        "rollout_batch_size must be at least 2 with advantage_normalizer 'batch_std'",
+    ),
+    ({"nan_rewards": "drop"}, "nan_rewards must be one of"),
+    ({"cliprange_high": -0.1}, "cliprange_high must be None or a positive number"),
+    (
+        {
+            "train_batch_size": 128,
+            "importance_reweighting_method": "grpo",
+            "cliprange": 0.2,
+            "ratio_cap": 1.1,
+        },
+        r"ratio_cap must be None \(no cap\) or a finite number above the upper clip "
+        r"bound 1.2, got 1.1",
+    ),
+    (
+        {
+            "train_batch_size": 128,
+            "importance_reweighting_method": "cispo",
+        },
+        "cliprange must be positive for 'cispo', got None",
+    ),
+    ({"sapo_temperature_neg": 0.0}, "sapo_temperature_neg must be a finite number > 0"),
+    ({"kl_coef": -0.1}, "kl_coef must be a finite number >= 0"),
+    ({"kl_coef": float("nan")}, "kl_coef must be a finite number >= 0"),
+    ({"kl_estimator": "k4"}, "kl_estimator must be one of"),
+    ({"entropy_coef": -0.01}, "entropy_coef must be a finite number >= 0"),
+    (
+        {"top_entropy_quantile": 0.0},
+        r"top_entropy_quantile must be a number in \(0, 1\]",
+    ),
+    (
+        {"top_entropy_quantile": 1.2},
+        r"top_entropy_quantile must be a number in \(0, 1\]",
+    ),
 ]
 
 
@@ -353,7 +404,7 @@ def test_help_prints_every_field_with_its_whole_text_and_choices():
     # Two-line help texts are printed whole (a reader once kept only the last line).
     assert "Adam's first updates move every weight" in text
     assert "a bfloat16 weight cannot register an update" in text
-    assert "{none,noclip,grpo,gspo}" in text
+    assert "{none,noclip,grpo,gspo,cispo,sapo,gmpo}" in text
     for section in SECTIONS:
         assert f"{section}:" in text
 
@@ -406,6 +457,27 @@ def test_inert_settings_are_named_with_their_reason():
     assert notes["cliprange"] == "importance_reweighting_method 'none' does not clip"
     assert "does not use it" in notes["normalization_constant"]
     assert notes["share_prompt_prefix"].startswith("sampling only")
+    family = inert_settings(
+        TrainConfig.for_profile(
+            "cpu",
+            cliprange_high=0.28,
+            ratio_cap=3.0,
+            sapo_temperature_neg=2.0,
+            kl_estimator="k1",
+            kl_importance_weighting=True,
+            loss_normalization="token",
+            normalization_constant=64,
+        )
+    )
+    assert family == {
+        "cliprange_high": "importance_reweighting_method 'none' does not clip",
+        "ratio_cap": "importance_reweighting_method 'none' has no cap",
+        "sapo_temperature_neg": "importance_reweighting_method 'none' is not sapo",
+        "kl_estimator": "kl_coef is 0: there is no KL penalty",
+        "kl_importance_weighting": "kl_coef is 0: there is no KL penalty",
+        # token normalization reads no constant: inert, said once, not refused.
+        "normalization_constant": "loss_normalization 'token' does not use it",
+    }
 
 
 def test_config_json_records_the_inert_settings_and_reads_back():
@@ -436,7 +508,7 @@ def test_training_says_each_inert_setting_once(tmp_path, monkeypatch):
 
 
 def test_choice_lists_are_the_core_registries():
-    from grpo_lab import advantages, losses, rollouts
+    from grpo_lab import advantages, kl, losses, rollouts
 
     choices = {f.name: f.metadata["choices"] for f in dataclasses.fields(TrainConfig)}
     assert choices["importance_reweighting_method"] is losses.REWEIGHTING_METHODS
@@ -444,7 +516,41 @@ def test_choice_lists_are_the_core_registries():
     assert choices["baseline"] is advantages.BASELINES
     assert choices["advantage_normalizer"] is advantages.ADVANTAGE_NORMALIZERS
     assert choices["backend"] is rollouts.BACKENDS
+    assert choices["nan_rewards"] is advantages.NAN_REWARD_POLICIES
+    assert choices["kl_estimator"] is kl.KL_ESTIMATORS
     assert config_module.PROFILES == ("cpu", "gpu", "small-gpu", "smoke")
+
+
+def test_family_settings_are_flags_and_reach_the_update():
+    config = parse(
+        [
+            "--profile", "cpu", "--train-batch-size", "128",
+            "--importance-reweighting-method", "grpo", "--cliprange", "0.2",
+            "--cliprange-high", "0.28", "--ratio-cap", "3", "--loss-normalization",
+            "token", "--kl-coef", "0.01", "--kl-estimator", "k2",
+            "--kl-importance-weighting", "--entropy-coef", "0.001",
+            "--top-entropy-quantile", "0.2", "--baseline", "leave_one_out",
+            "--advantage-normalizer", "batch_std", "--nan-rewards", "ignore",
+        ]
+    )  # fmt: skip
+    settings = config.update_settings()
+    assert (settings.cliprange_high, settings.ratio_cap) == (0.28, 3.0)
+    assert (settings.kl_coef, settings.kl_estimator) == (0.01, "k2")
+    assert settings.kl_importance_weighting and settings.loss_normalization == "token"
+    assert (settings.entropy_coef, settings.top_entropy_quantile) == (0.001, 0.2)
+    assert (config.baseline, config.advantage_normalizer) == (
+        "leave_one_out",
+        "batch_std",
+    )
+    assert config.nan_rewards == "ignore" and inert_settings(config) == {}
+    for overrides in ({"kl_coef": -1.0}, {"top_entropy_quantile": 0.0}):
+        with pytest.raises(ValueError) as from_config:
+            TrainConfig.for_profile("cpu", **overrides)
+        from grpo_lab.train_step import UpdateSettings
+
+        with pytest.raises(ValueError) as from_core:
+            UpdateSettings(**overrides)
+        assert str(from_config.value) == str(from_core.value)
 
 
 # --- the small-gpu profile and the memory estimate ---------------------------------

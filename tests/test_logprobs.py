@@ -912,3 +912,61 @@ def test_chunked_head_trains_the_head_alone_when_hidden_states_are_frozen():
     chunked_grad, head.weight.grad = head.weight.grad, None
     naive_log_probs(head(hidden), labels).sum().backward()
     torch.testing.assert_close(chunked_grad, head.weight.grad, rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------- entropy with its gradient
+
+
+def entropy_bonus_grads(model, score, input_ids, labels):
+    """Parameter gradients of sum(w * log p) + sum(v * H): both flow back."""
+    model.zero_grad(set_to_none=True)
+    log_probs, entropy = score(model, input_ids, labels)
+    weights = torch.linspace(-1, 1, labels.numel()).view(labels.shape)  # (B, T)
+    (log_probs * weights + entropy * weights.flip(0)).sum().backward()
+    return {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("chunk_size", [0, 3])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_differentiable_entropy_matches_autograd_of_the_naive_form(
+    chunk_size, temperature
+):
+    model = tiny_causal_lm(Qwen2Config, tie_word_embeddings=False).double()
+    input_ids, labels = token_batch(model)
+
+    def package(model, input_ids, labels):
+        scored = get_response_log_probs(
+            model, input_ids, labels, True, chunk_size,
+            temperature=temperature, entropy_gradient=True,
+        )  # fmt: skip
+        return scored["log_probs"], scored["token_entropy"]
+
+    def naive(model, input_ids, labels):
+        logits = model(input_ids).logits  # (B, T, V)
+        return (
+            naive_log_probs(logits, labels, temperature),
+            naive_entropy(logits, temperature),
+        )
+
+    actual = entropy_bonus_grads(model, package, input_ids, labels)
+    expected = entropy_bonus_grads(model, naive, input_ids, labels)
+    for name, grad in actual.items():
+        torch.testing.assert_close(grad, expected[name], rtol=1e-9, atol=1e-10)
+    without = scores_and_parameter_grads(
+        model, package_score(chunk_size, temperature), input_ids, labels
+    )[2]
+    assert any(not torch.allclose(without[n], actual[n]) for n in actual)
+
+
+def test_differentiable_entropy_of_masked_logits_is_finite():
+    logits = torch.tensor([[[0.0, -math.inf, 1.0]]], requires_grad=True)
+    labels = torch.tensor([[2]])
+    scored = get_response_log_probs(
+        FixedLogits(logits), labels, labels, True, entropy_gradient=True
+    )
+    scored["token_entropy"].sum().backward()
+    assert torch.isfinite(logits.grad).all() and logits.grad[0, 0, 1] == 0
+    with pytest.raises(ValueError, match="return_token_entropy must be True"):
+        get_response_log_probs(
+            FixedLogits(logits), labels, labels, entropy_gradient=True
+        )

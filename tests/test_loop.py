@@ -224,6 +224,30 @@ def test_off_policy_run_logs_clip_fraction(tmp_path, monkeypatch):
     assert 0 < record["train/optimizer_steps"] <= 4  # 2 epochs x 2 train batches
 
 
+def test_a_kl_run_keeps_a_frozen_step_0_reference_and_logs_its_kl(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(
+        loop, "get_task", lambda name, **options: EvenFirstReverse(**options)
+    )
+    config = tiny_config(tmp_path, steps=2, kl_coef=0.1, checkpoint_every=1)
+    result = loop.train(config, progress=False)
+    records = step_records(result.history)[1:]
+    assert records[0]["loss/kl_mean"] == pytest.approx(0.0, abs=1e-6)  # step 1: pi_ref
+    assert records[1]["loss/kl_mean"] > 0  # the policy has moved away from it
+    saved = torch.load(result.run_dir / loop.REFERENCE_MODEL_FILE, weights_only=True)
+    initial = loop.build_policy(config).model.state_dict()  # the seed's model, step 0
+    assert all(torch.equal(saved[key], initial[key]) for key in initial)
+    # Resuming after step 1 reloads the same reference instead of copying the
+    # step-1 policy: the resumed step 2 repeats the uninterrupted one.
+    checkpoint = result.run_dir / "checkpoints" / "step_000002.pt"
+    checkpoint.unlink()
+    resumed = loop.train(dataclasses.replace(config, resume=True), progress=False)
+    assert step_records(resumed.history)[-1]["loss/kl_mean"] == pytest.approx(
+        records[1]["loss/kl_mean"], rel=1e-5
+    )
+
+
 def test_keyboard_interrupt_saves_a_checkpoint_and_resume_matches(
     tmp_path, monkeypatch
 ):

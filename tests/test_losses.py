@@ -1,4 +1,5 @@
-"""Tests for grpo_lab.losses: per-token losses, clip counts, aggregation."""
+"""Tests for grpo_lab.losses: per-token losses (the GRPO family), clip counts,
+aggregation."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ from hypothesis import strategies as st
 
 from grpo_lab.losses import (
     aggregate_loss_across_microbatch,
+    check_entropy_settings,
     compute_policy_gradient_loss,
+    high_entropy_mask,
+    microbatch_loss_scale,
 )
 
 
@@ -368,12 +372,248 @@ def test_aggregation_errors():
         aggregate_loss_across_microbatch(per_token_loss, torch.ones(3, 2))
     with pytest.raises(
         ValueError,
-        match=r"loss_normalization must be one of \('sequence', 'constant'\), got 'token'",
+        match=r"loss_normalization must be one of \('sequence', 'constant', 'token'\), got 'tokens'",
     ):
-        aggregate_loss_across_microbatch(per_token_loss, mask, "token")
+        aggregate_loss_across_microbatch(per_token_loss, mask, "tokens")
     for constant in (None, 0, -2):
         with pytest.raises(
             ValueError,
             match=rf"normalization_constant must be positive for constant normalization, got {constant}",
         ):
             aggregate_loss_across_microbatch(per_token_loss, mask, "constant", constant)
+
+
+# --- the GRPO family: clip-higher, dual clip, CISPO, SAPO, GMPO -----------------
+
+
+def test_clip_higher_by_hand():
+    # eps_low 0.2, eps_high 0.28 -> ratios clipped to [0.8, 1.28].
+    # A = +1, ratios [1.25, 1.3]: 1.25 is inside (gradient -w), 1.3 clips at 1.28.
+    # A = -1, ratios [0.75, 1.3]: 0.75 clips at 0.8 (low side), 1.3 keeps -(-1.3).
+    policy, old = log_ratio_inputs([[1.25, 1.3], [0.75, 1.3]])
+    advantages = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    loss, metadata = compute_policy_gradient_loss(
+        advantages, policy, "grpo", old, 0.2, cliprange_high=0.28
+    )
+    assert_close(loss, [[-1.25, -1.28], [0.8, 1.3]])
+    loss.sum().backward()
+    assert_close(policy.grad, [[-1.25, 0.0], [0.0, 1.3]])
+    assert metadata["clip_low_count"].item() == 1  # the A < 0 token below 0.8
+    assert metadata["clip_high_count"].item() == 1  # the A > 0 token above 1.28
+    assert metadata["clip_count"].item() == 2
+    assert metadata["clip_low_fraction"].item() == metadata["clip_high_fraction"]
+    assert metadata["clip_high_fraction"].item() == pytest.approx(0.25)
+
+
+def test_dual_clip_caps_a_negative_advantage_token_by_hand():
+    # A = -1, eps 0.2, cap 2: ratio 3 -> -min(-min(3, 2), -1.2) = 2, no gradient
+    # (counted on the high side); ratio 1.5 -> -min(-1.5, -1.2) = 1.5, gradient
+    # d/dlogp = w = 1.5. A = +1 never reaches the cap: min already keeps 1.2.
+    policy, old = log_ratio_inputs([[3.0, 1.5], [3.0, 1.1]])
+    advantages = torch.tensor([-1.0, 1.0], dtype=torch.float64)
+    loss, metadata = compute_policy_gradient_loss(
+        advantages, policy, "grpo", old, 0.2, ratio_cap=2.0
+    )
+    assert_close(loss, [[2.0, 1.5], [-1.2, -1.1]])
+    loss.sum().backward()
+    assert_close(policy.grad, [[0.0, 1.5], [0.0, -1.1]])
+    assert metadata["clip_high_count"].item() == 2  # the cap and the +A clip
+    assert metadata["clip_low_count"].item() == 0
+    uncapped, _ = compute_policy_gradient_loss(advantages, policy, "grpo", old, 0.2)
+    assert uncapped[0, 0].item() == pytest.approx(3.0)  # unbounded without a cap
+
+
+def test_the_reference_clip_keeps_its_keys_and_splits_on_request():
+    policy, old = log_ratio_inputs([[1.5, 0.9, 0.7], [1.5, 0.7, 1.1]])
+    advantages = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    mask = torch.ones(2, 3)
+    for method in ("grpo", "gspo"):
+        plain_loss, plain = compute_policy_gradient_loss(
+            advantages, policy, method, old, 0.2, mask
+        )
+        assert not set(plain) & {"clip_low_count", "clip_high_count"}
+        split_loss, split = compute_policy_gradient_loss(
+            advantages, policy, method, old, 0.2, mask, cliprange_high=0.2
+        )
+        assert torch.equal(plain_loss, split_loss)
+        assert {k: v for k, v in split.items() if k in plain} == plain
+        assert split["clip_low_count"] + split["clip_high_count"] == split["clip_count"]
+
+
+def test_cispo_clips_the_weight_not_the_gradient_by_hand():
+    # eps_low 0.2, eps_high 0.3 -> weights clip(w, 0.8, 1.3), detached.
+    # loss = -sg(clip(w)) * A * log pi; d/dlogp = -clip(w) * A, never 0.
+    policy, old = log_ratio_inputs([[2.0, 1.0], [0.5, 1.2]])
+    advantages = torch.tensor([1.0, -2.0], dtype=torch.float64)
+    loss, metadata = compute_policy_gradient_loss(
+        advantages, policy, "cispo", old, 0.2, cliprange_high=0.3
+    )
+    weights = torch.tensor([[1.3, 1.0], [0.8, 1.2]], dtype=torch.float64)
+    expected = -weights * advantages[:, None] * policy.detach()
+    torch.testing.assert_close(loss.detach(), expected)
+    loss.sum().backward()
+    assert_close(policy.grad, [[-1.3, -1.0], [1.6, 2.4]])
+    # Both clipped weights are counted (A's sign does not matter here).
+    assert metadata["clip_high_count"].item() == 1
+    assert metadata["clip_low_count"].item() == 1
+    assert metadata["clip_fraction"].item() == 0.5
+
+
+def test_sapo_soft_gate_by_hand():
+    # loss = -(4 / tau) * sigmoid(tau (w - 1)) * A, tau = 1 (A > 0) or 2 (A <= 0).
+    # d/dlogp = -A * 4 sigmoid (1 - sigmoid) * w: -A at w = 1, smaller far away.
+    policy, old = log_ratio_inputs([[1.0, 3.0], [1.0, 0.5]])
+    advantages = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    loss, _ = compute_policy_gradient_loss(
+        advantages,
+        policy,
+        "sapo",
+        old,
+        sapo_temperature_pos=1.0,
+        sapo_temperature_neg=2.0,
+    )
+    sigmoid = torch.sigmoid
+    expected = [
+        [-4 * 0.5, -4 * sigmoid(torch.tensor(2.0)).item()],
+        [2 * 0.5, 2 * sigmoid(torch.tensor(-1.0)).item()],
+    ]
+    assert_close(loss, expected)
+    loss.sum().backward()
+    s_far = sigmoid(torch.tensor(2.0)).item()
+    s_low = sigmoid(torch.tensor(-1.0)).item()
+    assert_close(
+        policy.grad,
+        [[-1.0, -4 * s_far * (1 - s_far) * 3.0], [1.0, 4 * s_low * (1 - s_low) * 0.5]],
+    )
+
+
+def test_gmpo_closed_form_by_hand():
+    # eps 0.4 on log w. Row 0, A = +1, log w [0.1, 0.6]: the second clips to 0.4,
+    #   R = exp((0.1 + 0.4) / 2) = e^0.25, loss -R; gradient R / 2 on token 0 only.
+    # Row 1, A = -1, log w [-0.1, -0.6]: the second clips to -0.4 (pessimistic
+    #   for A < 0), R = e^-0.25, loss R; gradient R / 2 on token 0 only.
+    # Row 2, A = -1, log w [0.1, 0.6]: min keeps the unclipped (worse) ratio,
+    #   R = e^0.35, loss R; gradient R / 2 on both tokens.
+    log_ratio = torch.tensor(
+        [[0.1, 0.6], [-0.1, -0.6], [0.1, 0.6]], dtype=torch.float64
+    )
+    old = torch.full_like(log_ratio, -1.0)
+    policy = (log_ratio + old).requires_grad_()
+    advantages = torch.tensor([1.0, -1.0, -1.0], dtype=torch.float64)
+    mask = torch.ones(3, 2)
+    loss, metadata = compute_policy_gradient_loss(
+        advantages, policy, "gmpo", old, 0.4, mask
+    )
+    r0, r1, r2 = math.exp(0.25), math.exp(-0.25), math.exp(0.35)
+    assert_close(loss, [[-r0, -r0], [r1, r1], [r2, r2]])
+    aggregate_loss_across_microbatch(loss, mask).backward()  # mean over 3 rows
+    assert_close(
+        policy.grad,
+        [[-r0 / 6, 0.0], [r1 / 6, 0.0], [r2 / 6, r2 / 6]],
+    )
+    assert metadata["clip_high_count"].item() == 1  # row 0, token 1
+    assert metadata["clip_low_count"].item() == 1  # row 1, token 1
+    assert metadata["clip_total"].item() == 6  # tokens
+
+
+@settings(max_examples=40, deadline=None)
+@given(inputs=loss_inputs())
+def test_gmpo_without_clipping_is_gspo_without_clipping(inputs):
+    advantages, policy, old, mask, _ = inputs
+    results = []
+    for method in ("gmpo", "gspo"):
+        scored = policy.clone().requires_grad_()
+        loss, _ = compute_policy_gradient_loss(
+            advantages, scored, method, old, 50.0, mask
+        )  # bounds far outside the drawn log ratios
+        aggregate_loss_across_microbatch(loss, mask).backward()
+        results.append((loss.detach(), scored.grad))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-12, atol=1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(inputs=loss_inputs(), normalization=st.sampled_from(["sequence", "token"]))
+def test_every_objective_at_ratio_one_is_the_plain_policy_gradient(
+    inputs, normalization
+):
+    advantages, policy, _, mask, cliprange = inputs
+    reinforce = gradient_of(advantages, policy, "none", None, None, mask, normalization)
+    for method in ("cispo", "sapo", "gmpo", "gspo"):
+        gradient = gradient_of(
+            advantages, policy, method, policy.detach(), cliprange, mask, normalization
+        )
+        assert torch.allclose(gradient, reinforce, atol=1e-12), method
+
+
+def test_token_aggregation_by_hand():
+    per_token_loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0]])
+    # (1 + 2 + 4) / 3 tokens: every token weighs the same, whatever its row.
+    token = aggregate_loss_across_microbatch(per_token_loss, mask, "token")
+    assert token.item() == pytest.approx(7 / 3)
+    empty = aggregate_loss_across_microbatch(per_token_loss, torch.zeros(3, 3), "token")
+    assert empty.item() == 0.0  # no tokens: 0, not 0 / 0
+
+
+def test_microbatch_scale_for_token_normalization():
+    # Microbatches with 7 and 3 of the batch's 10 tokens: weights 0.7 and 0.3,
+    # so their token means add up to the batch's token mean.
+    scale = microbatch_loss_scale
+    assert scale("token", 2, 4, microbatch_tokens=7, batch_tokens=10) == 0.7
+    assert scale("token", 2, 4, microbatch_tokens=3, batch_tokens=10) == 0.3
+    assert scale("sequence", 2, 4) == 0.5 and scale("constant", 2, 4) == 1.0
+    with pytest.raises(ValueError, match="microbatch_tokens and batch_tokens must be"):
+        scale("token", 2, 4)
+
+
+def test_high_entropy_mask_by_hand():
+    entropy = torch.tensor([[0.1, 0.9, 0.5, 7.0], [0.3, 0.7, 0.2, 0.8]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
+    # 7 masked-in entropies, sorted [.1 .2 .3 .5 .7 .8 .9]; the 1 - 0.3 = 0.7
+    # quantile sits at index 0.7 * 6 = 4.2: 0.7 + 0.2 * (0.8 - 0.7) = 0.72.
+    # Kept: 0.9, 0.8 (the padded 7.0 never counts).
+    kept = high_entropy_mask(entropy, mask, 0.3)
+    assert kept.tolist() == [[False, True, False, False], [False, False, False, True]]
+    assert high_entropy_mask(entropy, mask, 1.0).tolist() == mask.bool().tolist()
+
+
+def test_family_option_errors():
+    policy, old, mask = torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 3)
+    advantages = torch.zeros(2)
+
+    def loss(method="grpo", cliprange=0.2, response_mask=mask, **options):
+        return compute_policy_gradient_loss(
+            advantages, policy, method, old, cliprange, response_mask, **options
+        )
+
+    cases = [
+        ({"cliprange_high": -0.1}, r"cliprange_high must be None .*got -0.1"),
+        ({"cliprange_high": 0.0}, r"cliprange_high must be None .*got 0.0"),
+        (
+            {"ratio_cap": 1.1},
+            r"ratio_cap must be None \(no cap\) or a finite number above the upper "
+            r"clip bound 1.2, got 1.1",
+        ),
+        (
+            {"ratio_cap": 1.3, "cliprange_high": 0.3},
+            r"ratio_cap .*above the upper clip bound 1.3, got 1.3",
+        ),
+        ({"ratio_cap": float("inf")}, r"ratio_cap must be None"),
+        ({"method": "cispo", "cliprange": None}, r"cliprange must be positive for 'cispo'"),
+        ({"method": "gmpo", "response_mask": None}, r"response_mask must be a tensor for 'gmpo'"),
+        ({"method": "sapo", "sapo_temperature_neg": 0.0}, r"sapo_temperature_neg must be a finite number > 0, got 0.0"),
+        ({"method": "sapo", "sapo_temperature_pos": -1.0}, r"sapo_temperature_pos must be"),
+    ]  # fmt: skip
+    for overrides, message in cases:
+        with pytest.raises(ValueError, match=message):
+            loss(**overrides)
+    with pytest.raises(
+        ValueError, match=r"top_entropy_quantile must be a number in \(0, 1\]"
+    ):
+        high_entropy_mask(torch.zeros(2, 3), mask, 0.0)
+    for bad in (-0.1, float("nan")):
+        with pytest.raises(
+            ValueError, match="entropy_coef must be a finite number >= 0"
+        ):
+            check_entropy_settings(bad, 1.0)

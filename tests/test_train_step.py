@@ -497,8 +497,9 @@ def test_policy_gradient_update_errors(tiny_qwen2, batch):
         ),
         ({"cliprange": None}, r"cliprange must be positive for 'grpo', got None"),
         (
-            {"loss_normalization": "token"},
-            r"loss_normalization must be one of \('sequence', 'constant'\), got 'token'",
+            {"loss_normalization": "tokens"},
+            r"loss_normalization must be one of \('sequence', 'constant', 'token'\), "
+            r"got 'tokens'",
         ),
         (
             {"loss_normalization": "constant"},
@@ -587,7 +588,7 @@ def test_grpo_train_step_errors(tiny_qwen2, char_tokenizer):
         ),
         (
             {"baseline": "median"},
-            r"baseline must be one of \('mean', 'none'\), got 'median'",
+            r"baseline must be one of \('mean', 'none', 'leave_one_out'\), got 'median'",
         ),
         (
             {"advantage_normalizer": "max"},
@@ -604,4 +605,189 @@ def test_grpo_train_step_errors(tiny_qwen2, char_tokenizer):
     for overrides, message in cases:
         with pytest.raises(ValueError, match=message):
             step(**overrides)
+    assert optimizer.steps == 0
+
+
+# --- the GRPO family in the update: token mean, KL, entropy bonus, 80/20 --------
+
+
+def naive_entropy(model, batch, temperature=1.0):
+    logits = model(batch["input_ids"]).logits.float() / temperature  # (B, T, V)
+    log_softmax = torch.log_softmax(logits, dim=-1)
+    return -(log_softmax.exp() * log_softmax).sum(-1)  # (B, T), with gradient
+
+
+def naive_family_gradients(model, batch, advantages, old, extra):
+    """The full batch's loss, written out: objective * entropy mask + kl_coef *
+    w * k3 - entropy_coef * H per token, then the token mean or the sequence
+    mean. Every row takes part (a KL or entropy term moves zero-advantage rows)."""
+    log_probs = naive_log_probs(model, batch)  # (B, T)
+    mask = batch["response_mask"].float()  # (B, T)
+    ratio = (log_probs - old).exp()  # (B, T)
+    advantage = advantages[:, None]  # (B, 1)
+    per_token = torch.maximum(-advantage * ratio, -advantage * ratio.clamp(0.8, 1.2))
+    entropy = naive_entropy(model, batch)  # (B, T)
+    if "top_entropy_quantile" in extra:
+        threshold = torch.quantile(
+            entropy.detach()[mask.bool()], 1 - extra["top_entropy_quantile"]
+        )
+        per_token = per_token * (entropy.detach() >= threshold)
+    if "reference" in extra:
+        log_r = extra["reference"] - log_probs  # (B, T)
+        k3 = log_r.exp() - log_r - 1
+        if extra.get("kl_importance_weighting"):
+            k3 = k3 * ratio
+        per_token = per_token + extra["kl_coef"] * k3
+    per_token = per_token - extra.get("entropy_coef", 0.0) * entropy
+    if extra["normalization"] == "token":
+        loss = (per_token * mask).sum() / mask.sum()
+    else:
+        loss = ((per_token * mask).sum(1) / mask.sum(1).clamp_min(1)).mean()
+    gradients = torch.autograd.grad(loss, list(model.parameters()), allow_unused=True)
+    return [
+        torch.zeros_like(p) if g is None else g
+        for p, g in zip(model.parameters(), gradients)
+    ]
+
+
+def family_update(model, batch, old, steps, chunk=0, **keywords):
+    optimizer = RecordingSGD(model.parameters())
+    loss, metadata = policy_gradient_update(
+        model, optimizer, steps, None, batch, ADVANTAGES, "grpo", old, 0.2,
+        logits_chunk_size=chunk, **keywords,
+    )  # fmt: skip
+    return loss, metadata, optimizer
+
+
+def test_token_normalization_is_the_batch_token_mean_for_uneven_microbatches(
+    make_tiny_qwen2, batch
+):
+    # 3 accumulation steps split 8 rows 3 + 3 + 2, with different token counts;
+    # each microbatch's token mean is weighted by its share of the batch's
+    # tokens, skipped zero-advantage rows included (they count in N).
+    reference = make_tiny_qwen2()
+    old = old_log_probs_for(reference, batch)
+    expected = naive_family_gradients(
+        reference, batch, ADVANTAGES, old, {"normalization": "token"}
+    )
+    for steps in (1, 3, 4):
+        _, metadata, optimizer = family_update(
+            make_tiny_qwen2(), batch, old, steps, loss_normalization="token"
+        )
+        assert_gradients_close(optimizer.gradients, expected)
+        assert metadata["active_response_count"] == 5.0  # zero rows still skipped
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_kl_penalty_matches_the_naive_loss_and_moves_zero_advantage_rows(
+    make_tiny_qwen2, batch, weighted
+):
+    reference_model = make_tiny_qwen2()
+    old = old_log_probs_for(reference_model, batch)
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        current = naive_log_probs(reference_model, batch)
+    reference = current - 0.2 * torch.randn(current.shape, generator=generator)
+    extra = {
+        "normalization": "sequence",
+        "reference": reference,
+        "kl_coef": 0.1,
+        "kl_importance_weighting": weighted,
+    }
+    expected = naive_family_gradients(reference_model, batch, ADVANTAGES, old, extra)
+    for steps in (1, 4):
+        _, metadata, optimizer = family_update(
+            make_tiny_qwen2(), batch, old, steps,
+            reference_log_probs=reference, kl_coef=0.1, kl_estimator="k3",
+            kl_importance_weighting=weighted,
+        )  # fmt: skip
+        assert_gradients_close(optimizer.gradients, expected)
+        assert metadata["active_response_count"] == 8.0  # every row has a KL term
+    mask = batch["response_mask"].bool()
+    log_r = reference - current
+    k3 = log_r.exp() - log_r - 1
+    torch.testing.assert_close(metadata["kl_mean"], k3[mask].mean())
+
+
+@pytest.mark.parametrize("chunk", [0, 3])
+def test_entropy_bonus_gradient_matches_autograd_of_the_naive_entropy(
+    make_tiny_qwen2, batch, chunk
+):
+    model = make_tiny_qwen2()
+    old = old_log_probs_for(model, batch)
+    extra = {"normalization": "sequence", "entropy_coef": 0.3}
+    expected = naive_family_gradients(model, batch, ADVANTAGES, old, extra)
+    _, _, optimizer = family_update(
+        make_tiny_qwen2(), batch, old, 2, chunk, entropy_coef=0.3
+    )
+    assert_gradients_close(optimizer.gradients, expected)
+    _, _, without = family_update(make_tiny_qwen2(), batch, old, 2, chunk)
+    assert not torch.allclose(without.gradients[0], optimizer.gradients[0], atol=1e-6)
+
+
+def test_top_entropy_quantile_keeps_the_policy_gradient_of_high_entropy_tokens(
+    make_tiny_qwen2, batch
+):
+    # One microbatch: the quantile is over every response token of the batch,
+    # zero-advantage rows included (as TRL takes it over its forward batch).
+    model = make_tiny_qwen2()
+    old = old_log_probs_for(model, batch)
+    extra = {"normalization": "sequence", "top_entropy_quantile": 0.4}
+    expected = naive_family_gradients(model, batch, ADVANTAGES, old, extra)
+    _, metadata, optimizer = family_update(
+        make_tiny_qwen2(), batch, old, 1, top_entropy_quantile=0.4
+    )
+    assert_gradients_close(optimizer.gradients, expected)
+    assert 0.3 < metadata["entropy_mask_mean"].item() < 0.5
+    assert metadata["active_response_count"] == 8.0
+
+
+def test_family_options_reach_the_update_from_grpo_train_step(
+    tiny_qwen2, char_tokenizer
+):
+    optimizer = RecordingSGD(tiny_qwen2.parameters())
+    old = torch.zeros(2, 4)
+    # Both responses score the same: zero advantages, but the KL term still
+    # moves the policy, so the step happens.
+    _, metadata = grpo_train_step(
+        tiny_qwen2, char_tokenizer, optimizer, 1, 1.0, exact_match,
+        ["1+1=", "1+1="], ["2", "2"], ["2", "2"], 2,
+        importance_reweighting_method="grpo", old_log_probs=old, cliprange=0.2,
+        cliprange_high=0.28, reference_log_probs=torch.full((2, 4), -1.0),
+        kl_coef=0.5,
+    )  # fmt: skip
+    assert optimizer.steps == 1 and metadata["kl_mean"] > 0
+    assert {"clip_low_fraction", "clip_high_fraction"} <= set(metadata)
+    with pytest.raises(ValueError, match=r"unknown update option\(s\) \['clip_high'\]"):
+        grpo_train_step(
+            tiny_qwen2, char_tokenizer, optimizer, 1, 1.0, exact_match,
+            ["1+1="] * 2, ["2", "3"], ["2"] * 2, 2, clip_high=0.3,
+        )  # fmt: skip
+
+
+def test_family_update_errors(tiny_qwen2, batch):
+    optimizer = RecordingSGD(tiny_qwen2.parameters())
+    old = torch.zeros(batch["labels"].shape)
+
+    def update(**overrides):
+        return policy_gradient_update(
+            tiny_qwen2, optimizer, 2, 1.0, batch, ADVANTAGES, "grpo", old, 0.2,
+            **overrides,
+        )  # fmt: skip
+
+    cases = [
+        ({"kl_coef": 0.1}, r"reference_log_probs must be a tensor when kl_coef > 0 \(0.1\), got None"),
+        ({"kl_coef": 0.1, "reference_log_probs": torch.zeros(8, 2)}, r"reference_log_probs must have the shape of batch\['labels'\]"),
+        ({"kl_coef": -0.1}, r"kl_coef must be a finite number >= 0"),
+        ({"kl_estimator": "k4"}, r"kl_estimator must be one of \('k1', 'k2', 'k3'\), got 'k4'"),
+        ({"cliprange_high": -0.1}, r"cliprange_high must be None .*got -0.1"),
+        ({"ratio_cap": 1.0}, r"ratio_cap must be None .*above the upper clip bound 1.2"),
+        ({"entropy_coef": -1.0}, r"entropy_coef must be a finite number >= 0"),
+        ({"top_entropy_quantile": 0.0}, r"top_entropy_quantile must be a number in \(0, 1\]"),
+        ({"top_entropy_quantile": 1.5}, r"top_entropy_quantile must be a number in \(0, 1\]"),
+        ({"sapo_temperature_pos": 0.0}, r"sapo_temperature_pos must be a finite number > 0"),
+    ]  # fmt: skip
+    for overrides, message in cases:
+        with pytest.raises(ValueError, match=message):
+            update(**overrides)
     assert optimizer.steps == 0

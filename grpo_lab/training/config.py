@@ -38,10 +38,17 @@ import torch
 from grpo_lab.advantages import (
     ADVANTAGE_NORMALIZERS,
     BASELINES,
+    NAN_REWARD_POLICIES,
     check_advantage_settings,
 )
+from grpo_lab.kl import KL_ESTIMATORS
 from grpo_lab.logprobs import check_temperature
-from grpo_lab.losses import CLIPPED_METHODS, LOSS_NORMALIZATIONS, REWEIGHTING_METHODS
+from grpo_lab.losses import (
+    CAPPED_METHODS,
+    CLIPPED_METHODS,
+    LOSS_NORMALIZATIONS,
+    REWEIGHTING_METHODS,
+)
 from grpo_lab.rollouts import BACKENDS
 from grpo_lab.rollouts.base import check_sampling_settings
 from grpo_lab.tasks import check_task_name_and_options
@@ -194,14 +201,16 @@ class TrainConfig:
     baseline: str = setting(
         "mean",
         "advantages and loss",
-        "Group baseline: mean (GRPO) or none (raw reward, RFT-like).",
+        "Group baseline: mean (GRPO), none (raw reward, RFT-like) or "
+        "leave_one_out (the mean of the other G - 1 rewards, RLOO).",
         BASELINES,
     )
     advantage_normalizer: str = setting(
         "std",
         "advantages and loss",
-        "Advantage scale: std (GRPO), none (Dr. GRPO, arXiv:2503.20783) or mean "
-        "(MaxRL, arXiv:2602.02710).",
+        "Advantage scale: std (GRPO), none (Dr. GRPO, arXiv:2503.20783), mean "
+        "(MaxRL, arXiv:2602.02710) or batch_std (the whole rollout batch's std, "
+        "TRL's scale_rewards='batch').",
         ADVANTAGE_NORMALIZERS,
     )
     advantage_eps: float = setting(
@@ -209,30 +218,98 @@ class TrainConfig:
         "advantages and loss",
         "Added to the normalizer so a group with equal rewards does not divide by 0.",
     )
+    nan_rewards: str = setting(
+        "propagate",
+        "advantages and loss",
+        "A NaN reward (an unscorable response): propagate (the step refuses a "
+        "non-finite loss) or ignore (left out of its group's statistics, "
+        "advantage 0, as TRL does with None rewards).",
+        NAN_REWARD_POLICIES,
+    )
     importance_reweighting_method: str = setting(
         "none",
         "advantages and loss",
-        "Objective: none (on-policy REINFORCE); noclip, grpo (PPO clip) or gspo "
-        "(sequence ratio, arXiv:2507.18071) weigh by pi / pi_old and need an "
+        "Objective: none (on-policy REINFORCE); noclip, grpo (PPO clip), gspo "
+        "(sequence ratio, arXiv:2507.18071), cispo (clipped, detached weights, "
+        "arXiv:2506.13585), sapo (soft gate, arXiv:2511.20347) or gmpo "
+        "(geometric mean, arXiv:2507.20673) weigh by pi / pi_old and need an "
         "off-policy schedule.",
         REWEIGHTING_METHODS,
     )
     cliprange: float | None = setting(
         None,
         "advantages and loss",
-        "Clip range eps for grpo (0.2 is usual) and gspo (3e-4 in its paper).",
+        "Clip range eps (the lower one when cliprange_high is set) for grpo (0.2 "
+        "is usual), gspo (3e-4 in its paper), cispo and gmpo (on log pi / pi_old: "
+        "0.4 in its paper).",
+    )
+    cliprange_high: float | None = setting(
+        None,
+        "advantages and loss",
+        "Upper clip range (DAPO's clip-higher, 0.28 in its paper, "
+        "arXiv:2503.14476); None: the same as cliprange.",
+    )
+    ratio_cap: float | None = setting(
+        None,
+        "advantages and loss",
+        "Dual clip for grpo and gspo: cap the unclipped ratio term at this value, "
+        "above 1 + the upper clip range (INTELLECT-2, arXiv:2505.07291; TRL's "
+        "delta); None: no cap.",
+    )
+    sapo_temperature_pos: float = setting(
+        1.0,
+        "advantages and loss",
+        "SAPO gate temperature for tokens with a positive advantage.",
+    )
+    sapo_temperature_neg: float = setting(
+        1.05,
+        "advantages and loss",
+        "SAPO gate temperature for tokens with a zero or negative advantage.",
     )
     loss_normalization: str = setting(
         "sequence",
         "advantages and loss",
-        "Loss divisor: sequence (mean over each response, GRPO) or constant "
-        "(sum over tokens / normalization_constant, Dr. GRPO).",
+        "Loss divisor: sequence (mean over each response, GRPO), constant "
+        "(sum over tokens / normalization_constant, Dr. GRPO) or token (the mean "
+        "over every response token of the train batch, DAPO).",
         LOSS_NORMALIZATIONS,
     )
     normalization_constant: int | None = setting(
         None,
         "advantages and loss",
         "Divisor of the constant loss normalization (tokens).",
+    )
+    kl_coef: float = setting(
+        0.0,
+        "advantages and loss",
+        "beta of a per-token KL penalty to a frozen copy of the policy taken at "
+        "step 0 (DeepSeekMath, arXiv:2402.03300; 0: no penalty, no reference "
+        "model).",
+    )
+    kl_estimator: str = setting(
+        "k3",
+        "advantages and loss",
+        "KL estimator per sampled token: k1 (log ratio), k2 (half its square) or "
+        "k3 (r - 1 - log r, DeepSeekMath's).",
+        KL_ESTIMATORS,
+    )
+    kl_importance_weighting: bool = setting(
+        False,
+        "advantages and loss",
+        "Weigh each token's KL by pi / pi_old (TRL's use_bias_correction_kl, "
+        "DeepSeek-V3.2, arXiv:2512.02556).",
+    )
+    entropy_coef: float = setting(
+        0.0,
+        "advantages and loss",
+        "Entropy bonus: subtract this times each token's entropy (with its "
+        "gradient) from the loss (0: none).",
+    )
+    top_entropy_quantile: float = setting(
+        1.0,
+        "advantages and loss",
+        "Only tokens in this top fraction of each microbatch's entropies get the "
+        "policy gradient (0.2 in arXiv:2506.01939; 1.0: every token).",
     )
     # --- sampling --------------------------------------------------------------
     temperature: float = setting(
@@ -388,6 +465,15 @@ class TrainConfig:
             temperature=self.temperature,
             logits_chunk_size=self.logits_chunk_size,
             share_prompt_prefix=self.share_prompt_prefix,
+            cliprange_high=self.cliprange_high,
+            ratio_cap=self.ratio_cap,
+            sapo_temperature_pos=self.sapo_temperature_pos,
+            sapo_temperature_neg=self.sapo_temperature_neg,
+            kl_coef=self.kl_coef,
+            kl_estimator=self.kl_estimator,
+            kl_importance_weighting=self.kl_importance_weighting,
+            entropy_coef=self.entropy_coef,
+            top_entropy_quantile=self.top_entropy_quantile,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -662,10 +748,24 @@ def _check_batches(config: TrainConfig) -> None:
             "gradient_accumulation_steps must divide train_batch_size "
             f"({config.train_batch_size}), got {config.gradient_accumulation_steps}"
         )
-    if config.group_size == 1 and config.baseline == "mean":
+    if config.group_size == 1 and config.baseline in ("mean", "leave_one_out"):
+        reason = {
+            "mean": "a group of one is its own mean, so every advantage would be 0",
+            "leave_one_out": "a group of one has no other rewards to average",
+        }[config.baseline]
         raise ValueError(
-            "group_size must be at least 2 with baseline 'mean': a group of one is "
-            "its own mean, so every advantage would be 0; got 1"
+            f"group_size must be at least 2 with baseline {config.baseline!r}: "
+            f"{reason}; got 1"
+        )
+    if config.group_size == 1 and config.advantage_normalizer == "std":
+        raise ValueError(
+            "group_size must be at least 2 with advantage_normalizer 'std': the "
+            "sample std of one reward is undefined; got 1"
+        )
+    if config.advantage_normalizer == "batch_std" and config.rollout_batch_size < 2:
+        raise ValueError(
+            "rollout_batch_size must be at least 2 with advantage_normalizer "
+            f"'batch_std' (a sample std), got {config.rollout_batch_size}"
         )
 
 
@@ -689,7 +789,7 @@ def _check_numbers(config: TrainConfig) -> None:
 
 
 def _check_objective(config: TrainConfig) -> None:
-    for name in ("cliprange", "normalization_constant"):
+    for name in ("cliprange", "cliprange_high", "normalization_constant"):
         value = getattr(config, name)
         if value is not None and not _is_positive(value):
             raise ValueError(f"{name} must be None or a positive number, got {value!r}")
@@ -797,11 +897,33 @@ def inert_settings(config: TrainConfig) -> dict[str, str]:
         notes["normalization_constant"] = (
             f"loss_normalization {config.loss_normalization!r} does not use it"
         )
+    notes.update(_inert_family_settings(config))
     if config.backend == "vllm" and config.rollout_max_batch_size is not None:
         notes["rollout_max_batch_size"] = "only the hf backend batches generation"
     sharing = _inert_prompt_sharing(config)
     if sharing:
         notes["share_prompt_prefix"] = sharing
+    return notes
+
+
+def _inert_family_settings(config: TrainConfig) -> dict[str, str]:
+    """The objective, KL and entropy options this configuration does not read."""
+    notes: dict[str, str] = {}
+    method = config.importance_reweighting_method
+    if config.cliprange_high is not None and method not in CLIPPED_METHODS:
+        notes["cliprange_high"] = (
+            f"importance_reweighting_method {method!r} does not clip"
+        )
+    if config.ratio_cap is not None and method not in CAPPED_METHODS:
+        notes["ratio_cap"] = f"importance_reweighting_method {method!r} has no cap"
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    for name in ("sapo_temperature_pos", "sapo_temperature_neg"):
+        if method != "sapo" and getattr(config, name) != defaults[name]:
+            notes[name] = f"importance_reweighting_method {method!r} is not sapo"
+    if config.kl_coef == 0:
+        for name in ("kl_estimator", "kl_importance_weighting"):
+            if getattr(config, name) != defaults[name]:
+                notes[name] = "kl_coef is 0: there is no KL penalty"
     return notes
 
 

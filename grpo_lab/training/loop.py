@@ -9,9 +9,11 @@ an interrupted run continue exactly.
 
 How this departs from textbook GRPO (DeepSeekMath), and why:
 
-1. No KL penalty and no reference model. Recent recipes (DAPO, Dr. GRPO,
-   nanochat) drop it; it costs a second model and rarely helps on verifiable
-   rewards.
+1. No KL penalty and no reference model by default (``kl_coef = 0``).
+   Recent recipes (DAPO, Dr. GRPO, nanochat) drop it; it costs a second model
+   and rarely helps on verifiable rewards. With ``kl_coef > 0`` a frozen copy
+   of the policy at step 0 (after the warm-up) is kept, scored once per rollout
+   batch without gradient, and beta * KL joins each token's loss.
 2. On-policy by default: one optimizer step per rollout batch, so the
    importance ratio is exactly 1 and clipping does nothing. The ratio and the
    PPO clip are used only when training goes off-policy
@@ -24,9 +26,13 @@ How this departs from textbook GRPO (DeepSeekMath), and why:
    re-tokenizing can change the tokens (only a backend that returns no ids
    falls back to re-tokenizing strings).
 5. Groups whose rewards are all equal have zero advantage and contribute no
-   gradient; they are skipped in the update but still count in the divisor.
-6. Advantages can drop the std normalization (Dr. GRPO) or the baseline;
-   the loss can be averaged per sequence or divided by a constant.
+   policy gradient; they are skipped in the update but still count in the
+   divisor (a KL penalty or an entropy bonus moves them too: then they are
+   scored).
+6. Advantages can drop the std normalization (Dr. GRPO), leave one out (RLOO)
+   or drop the baseline; the loss can be averaged per sequence, per token
+   (DAPO) or divided by a constant, and the objective is any of
+   :data:`grpo_lab.losses.OBJECTIVES` (``notebooks/10_the_grpo_family.ipynb``).
 7. The CPU profile starts with a short supervised warm-up (``training/sft.py``):
    a random model never samples a correct answer, and GRPO cannot learn from
    groups that all score 0.
@@ -43,6 +49,7 @@ one exactly on CPU. Taught in ``notebooks/`` on the training loop.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import random
 import time
@@ -85,6 +92,7 @@ from grpo_lab.training.sft import WarmUpSettings, warm_up
 from grpo_lab.training.trackers import open_trackers
 
 FINAL_MODEL_DIR = "final_model"
+REFERENCE_MODEL_FILE = "reference_model.pt"
 
 
 @dataclass
@@ -105,6 +113,8 @@ class Policy:
     tokenizer: PreTrainedTokenizerBase
     optimizer: torch.optim.Optimizer
     backend: RolloutBackend
+    # The frozen policy of step 0 that a KL penalty pulls towards (None: no KL).
+    reference_model: PreTrainedModel | None = None
 
 
 def train(config: TrainConfig, progress: bool = True) -> RunResult:
@@ -131,6 +141,8 @@ def _train_in(config: TrainConfig, progress: bool) -> RunResult:
     eval_examples = task.eval(config.eval_size, seed=config.seed)
     resuming = config.resume and bool(checkpoints.list_checkpoints(run_dir))
     start_step = resume_or_start(config, run_dir, policy, task, eval_examples)
+    if config.kl_coef > 0:
+        policy.reference_model = reference_model(run_dir, policy, start_step)
     trackers = open_trackers(config, run_dir, start_step if resuming else None)
     completed_step, weights_match_completed_step = start_step, True
     steps = range(start_step + 1, config.steps + 1)
@@ -320,6 +332,37 @@ def resume_or_start(
     return 0
 
 
+def reference_model(run_dir: Path, policy: Policy, start_step: int) -> PreTrainedModel:
+    """The KL penalty's frozen reference: the policy at step 0, after the warm-up.
+
+    A fresh run copies the policy and saves the copy's weights to
+    ``reference_model.pt``; a run resumed after step 0 reloads them, so the
+    penalty keeps pulling towards the same model.
+    """
+    path = run_dir / REFERENCE_MODEL_FILE
+    if start_step == 0:
+        frozen = frozen_copy(policy.model)
+        checkpoints.atomic_torch_save(frozen.state_dict(), path)
+        return frozen
+    if not path.exists():
+        raise ValueError(
+            f"kl_coef > 0 needs the step-0 reference model {str(path)!r} to resume "
+            f"this run at step {start_step}, and it is missing (did the run start "
+            "with kl_coef 0?)"
+        )
+    frozen = frozen_copy(policy.model)
+    frozen.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+    return frozen
+
+
+def frozen_copy(model: PreTrainedModel) -> PreTrainedModel:
+    """A copy of ``model`` in eval mode that takes no gradient."""
+    frozen = copy.deepcopy(model)
+    frozen.eval()
+    frozen.requires_grad_(False)
+    return frozen
+
+
 def warm_up_settings(config: TrainConfig, task: Task) -> WarmUpSettings:
     """The SFT fields of ``config`` as :class:`WarmUpSettings`."""
     return WarmUpSettings(
@@ -408,11 +451,19 @@ def grpo_update(
         baseline=config.baseline,
         advantage_eps=config.advantage_eps,
         advantage_normalizer=config.advantage_normalizer,
+        nan_rewards=config.nan_rewards,
     )  # (B·G,) each
     batch = rollout_token_batch(rollouts, policy.tokenizer)
     old_log_probs = (
         score_old_log_probs(config, policy.model, batch) if config.off_policy else None
     )
+    reference_log_probs = None
+    if config.kl_coef > 0:
+        if policy.reference_model is None:  # a direct caller: freeze it now
+            policy.reference_model = frozen_copy(policy.model)
+        reference_log_probs = score_old_log_probs(
+            config, policy.reference_model, batch
+        )  # (B·G, T)
     settings = dataclasses.asdict(config.update_settings())
     update_records = []
     for _epoch in range(config.epochs_per_rollout_batch):
@@ -425,6 +476,9 @@ def grpo_update(
                 {key: value[rows] for key, value in batch.items()},
                 advantages[rows],
                 old_log_probs=None if old_log_probs is None else old_log_probs[rows],
+                reference_log_probs=(
+                    None if reference_log_probs is None else reference_log_probs[rows]
+                ),
                 **settings,
             )
             update_records.append(metadata)
@@ -483,7 +537,8 @@ def score_old_log_probs(
     """log pi_old(token) of every sampled token, once, before any update. (B, T)
 
     Scored as the update scores (:func:`grpo_lab.train_step.score_tokens`), in
-    microbatches of the update's size.
+    microbatches of the update's size, without gradient. The reference model's
+    log-probs for a KL penalty are scored by this same call.
     """
     device = next(model.parameters()).device
     settings = config.update_settings()

@@ -1,0 +1,79 @@
+"""Per-token KL penalty to a frozen reference policy (Schulman's k1, k2, k3).
+
+The KL divergence KL(pi || pi_ref) = E_{x ~ pi}[log pi(x) - log pi_ref(x)] is
+estimated on the sampled tokens themselves, one number per token, from
+r = pi_ref(x) / pi(x):
+
+    k1 = -log r                    unbiased, high variance, can be negative
+    k2 = (log r)^2 / 2             biased, low variance, >= 0
+    k3 = (r - 1) - log r           unbiased, low variance, >= 0 (DeepSeekMath)
+
+(J. Schulman, "Approximating KL divergence", 2020.) DeepSeekMath's GRPO adds
+beta * k3 to every token's loss before aggregation. Taught in
+``notebooks/10_the_grpo_family.ipynb``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+KL_ESTIMATORS = ("k1", "k2", "k3")
+
+
+def compute_kl_penalty(
+    policy_log_probs: torch.Tensor,
+    reference_log_probs: torch.Tensor,
+    estimator: str = "k3",
+) -> torch.Tensor:
+    """Per-token KL estimate (B, T) of the policy from the reference.
+
+    With log r = log pi_ref - log pi: k1 = -log r, k2 = (log r)^2 / 2,
+    k3 = exp(log r) - log r - 1. The gradient flows through the policy only
+    (the reference is detached): d k1 / d log pi = 1, d k2 / d log pi = -log r,
+    d k3 / d log pi = 1 - pi_ref / pi. Half-precision inputs are computed in
+    float32 (bfloat16 rounds a log-ratio of 1e-3 to nothing); float64 stays
+    float64. Masked positions hold whatever their inputs give: aggregate with
+    the response mask.
+    """
+    check_kl_estimator(estimator)
+    if policy_log_probs.shape != reference_log_probs.shape:
+        raise ValueError(
+            f"reference_log_probs must have shape {tuple(policy_log_probs.shape)} "
+            f"like policy_log_probs, got {tuple(reference_log_probs.shape)}"
+        )
+    dtype = torch.promote_types(
+        torch.promote_types(policy_log_probs.dtype, reference_log_probs.dtype),
+        torch.float32,
+    )
+    log_ratio = reference_log_probs.detach().to(dtype) - policy_log_probs.to(
+        dtype
+    )  # (B, T): log pi_ref - log pi
+    if estimator == "k1":
+        return -log_ratio
+    if estimator == "k2":
+        return 0.5 * log_ratio.square()
+    return torch.exp(log_ratio) - log_ratio - 1
+
+
+def check_kl_estimator(estimator: str) -> None:
+    """The one check of a KL estimator's name."""
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(
+            f"kl_estimator must be one of {KL_ESTIMATORS}, got {estimator!r}"
+        )
+
+
+def check_kl_settings(kl_coef: float, kl_estimator: str) -> None:
+    """kl_coef is a finite number >= 0 (0: no penalty); the estimator is known."""
+    if not (
+        isinstance(kl_coef, (int, float))
+        and not isinstance(kl_coef, bool)
+        and math.isfinite(kl_coef)
+        and kl_coef >= 0
+    ):
+        raise ValueError(
+            f"kl_coef must be a finite number >= 0 (0: no KL penalty), got {kl_coef!r}"
+        )
+    check_kl_estimator(kl_estimator)

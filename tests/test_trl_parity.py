@@ -1,0 +1,591 @@
+"""grpo_lab against TRL 1.16's GRPOTrainer loss, in float64, option by option.
+
+TRL's own code computes every number on its side: ``_generate_and_score_completions``
+turns fixed completions (a ``rollout_func``; nothing is generated or downloaded)
+and fixed rewards into advantages and masks, and ``_compute_loss`` computes the
+loss, which is backpropagated into a tiny float64 Qwen2. Only its scorer is
+replaced, by the naive float64 form (log_softmax of logits / T), because TRL's
+fused head keeps float32 statistics; one test checks that fused head itself
+against grpo_lab's scorer. grpo_lab's side is its own ``policy_gradient_update``
+(parameter gradients) and ``microbatch_loss`` (the gradient by each token's
+log-prob), configured as ``docs/translation_table.md`` says. Where the two
+definitions differ, the test asserts that they differ and says why.
+
+Run with ``-s`` to print each configuration's largest |difference|.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from datasets import Dataset
+from trl import GRPOConfig, GRPOTrainer
+from trl.trainer.utils import split_tensor_dict
+
+from grpo_lab.advantages import compute_group_normalized_rewards
+from grpo_lab.logprobs import get_response_log_probs
+from grpo_lab.masks import pad_prompt_and_response_ids
+from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2
+from grpo_lab.teaching.gradient_recorder import GradientRecorder
+from grpo_lab.train_step import UpdateSettings, microbatch_loss, policy_gradient_update
+
+PROMPTS = ["12>", "34>", "56>"]  # one length: no left padding on TRL's side
+GROUP_SIZE = 4
+# Completion token strings (one character per token; "$" stands for <eos>).
+COMPLETIONS = [
+    "21$",
+    "2",
+    "1x2$",
+    "12",
+    "43$",
+    "4",
+    "3344",
+    "43",
+    "65$",
+    "6",
+    "5",
+    "65",
+]
+# Group 3 is all equal: zero advantages, yet a KL or entropy term moves it.
+REWARDS = [1.0, 0.0, 0.5, 1.0, 0.0, 0.25, 0.0, 2.0, 1.0, 1.0, 1.0, 1.0]
+MAX_COMPLETION_LENGTH = 6
+SIZES = {"hidden_size": 16, "num_layers": 1, "intermediate_size": 32}
+TOLERANCE = 1e-12  # float64, the same formula on both sides
+REPORT: dict[str, float] = {}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_char_tokenizer()
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    ids = tokenizer.encode(text.replace("$", ""), add_special_tokens=False)
+    return ids + [tokenizer.eos_token_id] * text.count("$")
+
+
+def fresh_model(tokenizer):
+    return build_tiny_qwen2(tokenizer, seed=0, **SIZES).double()
+
+
+def make_trainer(tokenizer, tmp_path, rewards, **config_fields):
+    """A GRPOTrainer on fixed completions and rewards, as TRL builds it."""
+    prompt_ids = {p: tokenizer.encode(p, add_special_tokens=False) for p in PROMPTS}
+
+    def rollout(prompts, trainer):
+        return {
+            "prompt_ids": [prompt_ids[p] for p in prompts],
+            "completion_ids": [encode(tokenizer, c) for c in COMPLETIONS],
+            "logprobs": [[0.0] * len(encode(tokenizer, c)) for c in COMPLETIONS],
+        }
+
+    def reward(prompts, completions, **kwargs):
+        return list(rewards)
+
+    accumulation = config_fields.pop("gradient_accumulation_steps", 1)
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        per_device_train_batch_size=len(COMPLETIONS) // accumulation,
+        gradient_accumulation_steps=accumulation,
+        num_generations=GROUP_SIZE,
+        max_completion_length=MAX_COMPLETION_LENGTH,
+        report_to=[],
+        save_strategy="no",
+        bf16=False,  # GRPOConfig's default autocasts to bfloat16, even on CPU
+        **config_fields,
+    )
+    dataset = Dataset.from_dict({"prompt": PROMPTS})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = GRPOTrainer(
+            model=fresh_model(tokenizer),
+            reward_funcs=reward,
+            args=args,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            rollout_func=rollout,
+        )
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = accumulation
+    return trainer
+
+
+def naive_scorer(trainer, captured):
+    """TRL's scorer in float64: log_softmax(logits / T) of the completion tokens."""
+
+    def score(model, input_ids, attention_mask, logits_to_keep, **kwargs):
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+        logits = logits[:, -logits_to_keep - 1 : -1] / trainer.temperature  # (B, C, V)
+        log_softmax = torch.log_softmax(logits, dim=-1)
+        labels = input_ids[:, -logits_to_keep:]  # (B, C)
+        log_probs = log_softmax.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+        if log_probs.requires_grad:
+            log_probs.retain_grad()
+            captured.append(log_probs)
+        entropy = -(log_softmax.exp() * log_softmax).sum(-1)  # (B, C)
+        return log_probs, entropy, None
+
+    return score
+
+
+@dataclasses.dataclass
+class TrlRun:
+    inputs: dict
+    losses: list[torch.Tensor]
+    log_prob_gradients: torch.Tensor  # (B, C), TRL's layout
+    parameter_gradients: list[torch.Tensor]
+
+
+def run_trl(trainer, perturb_seed: int = 0, beta: float = 0.0) -> TrlRun:
+    """Advantages by TRL, old/reference log-probs set off the current policy,
+    then TRL's loss on each accumulation microbatch, backpropagated."""
+    captured: list[torch.Tensor] = []
+    trainer._get_per_token_logps_and_entropies = naive_scorer(trainer, captured)
+    prompts = [{"prompt": p} for p in PROMPTS for _ in range(GROUP_SIZE)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        inputs = trainer._generate_and_score_completions(prompts)
+    mask = inputs["completion_mask"].double()  # (B, C)
+    with torch.no_grad():
+        current = trainer._get_per_token_logps_and_entropies(
+            trainer.model,
+            torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1),
+            torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1),
+            inputs["completion_ids"].shape[1],
+        )[0]
+    generator = torch.Generator().manual_seed(perturb_seed)
+    noise = torch.randn(current.shape, generator=generator, dtype=torch.float64)
+    inputs["old_per_token_logps"] = (current + 0.3 * noise) * mask
+    inputs["ref_per_token_logps"] = (current - 0.2 * noise.flip(0)) * mask
+    inputs["advantages"] = inputs["advantages"].double()
+    trainer.beta = beta  # TRL only loads a reference model by name; given here
+    chunks = split_tensor_dict(inputs, trainer.current_gradient_accumulation_steps)
+    losses = []
+    for chunk in chunks:
+        loss = trainer._compute_loss(trainer.model, chunk)
+        loss.backward()
+        losses.append(loss.detach())
+    gradients = torch.cat([c.grad for c in captured], dim=0)  # (B, C)
+    parameters = [
+        torch.zeros_like(p) if p.grad is None else p.grad.clone()
+        for p in trainer.model.parameters()
+    ]
+    return TrlRun(inputs, losses, gradients, parameters)
+
+
+def to_grpo_lab_layout(values: torch.Tensor, completion_mask, response_mask):
+    """(B, C) completion-aligned values -> (B, T) in grpo_lab's padded layout."""
+    out = torch.zeros(response_mask.shape, dtype=values.dtype)
+    out[response_mask.bool()] = values[completion_mask.bool()]
+    return out
+
+
+def grpo_lab_batch(tokenizer):
+    prompt_ids = [
+        tokenizer.encode(p, add_special_tokens=False)
+        for p in PROMPTS
+        for _ in range(GROUP_SIZE)
+    ]
+    response_ids = [encode(tokenizer, c) for c in COMPLETIONS]
+    return pad_prompt_and_response_ids(prompt_ids, response_ids, tokenizer.pad_token_id)
+
+
+def run_grpo_lab(tokenizer, trl_run: TrlRun, settings: UpdateSettings, steps=1):
+    """The same loss by grpo_lab: parameter gradients of policy_gradient_update,
+    and the gradient by each log-prob of microbatch_loss on the whole batch."""
+    batch = grpo_lab_batch(tokenizer)
+    inputs = trl_run.inputs
+    mask = batch["response_mask"]
+    old = to_grpo_lab_layout(
+        inputs["old_per_token_logps"], inputs["completion_mask"], mask
+    )
+    reference = to_grpo_lab_layout(
+        inputs["ref_per_token_logps"], inputs["completion_mask"], mask
+    )
+    model = fresh_model(tokenizer)
+    recorder = GradientRecorder(model.parameters())
+    update_keywords = dataclasses.asdict(settings)
+    loss, metadata = policy_gradient_update(
+        model,
+        recorder,
+        steps,
+        None,
+        batch,
+        inputs["advantages"],
+        old_log_probs=old if settings.importance_reweighting_method != "none" else None,
+        reference_log_probs=reference if settings.kl_coef > 0 else None,
+        **update_keywords,
+    )
+    # The gradient by log pi of the whole batch's loss (one microbatch).
+    scoring_model = fresh_model(tokenizer)
+    with torch.no_grad():
+        logits = scoring_model(batch["input_ids"]).logits / settings.temperature
+        log_softmax = torch.log_softmax(logits, dim=-1)
+        entropy = -(log_softmax.exp() * log_softmax).sum(-1)  # (B, T)
+    log_probs = log_softmax.gather(-1, batch["labels"].unsqueeze(-1)).squeeze(-1)
+    log_probs = log_probs.clone().requires_grad_()
+    microbatch = {
+        "response_mask": mask,
+        "advantages": inputs["advantages"],
+        "old_log_probs": old,
+        "reference_log_probs": reference,
+    }
+    if settings.importance_reweighting_method == "none":
+        microbatch.pop("old_log_probs")
+    whole_loss, _ = microbatch_loss(log_probs, entropy, microbatch, settings)
+    whole_loss.backward()
+    gradient = log_probs.grad[mask.bool()]  # in TRL's row-major completion order
+    return loss, whole_loss.detach(), gradient, recorder.gradients, metadata
+
+
+def max_deltas(trl_run: TrlRun, ours) -> dict[str, float]:
+    loss, whole_loss, gradient, parameter_gradients, _ = ours
+    trl_loss = sum(trl_run.losses)
+    trl_gradient = trl_run.log_prob_gradients[trl_run.inputs["completion_mask"].bool()]
+    return {
+        "loss": (loss.double() - trl_loss).abs().item(),
+        "whole_batch_loss": (whole_loss - trl_loss).abs().item(),
+        "d_loss/d_log_prob": (gradient - trl_gradient).abs().max().item(),
+        "parameter_gradients": max(
+            (a - b).abs().max().item()
+            for a, b in zip(parameter_gradients, trl_run.parameter_gradients)
+        ),
+    }
+
+
+def assert_parity(name: str, deltas: dict[str, float], tolerance=TOLERANCE):
+    REPORT[name] = max(deltas.values())
+    print(f"\n{name}: max |delta| {REPORT[name]:.2e}  {deltas}")
+    for key, value in deltas.items():
+        assert value <= tolerance, (name, key, value)
+
+
+# loss_type and TRL fields -> grpo_lab UpdateSettings fields (docs/translation_table.md)
+LOSS_TYPES = {
+    "grpo": {"importance_reweighting_method": "grpo", "loss_normalization": "sequence"},
+    # bnpo on one microbatch: the token mean of that batch.
+    "bnpo": {"importance_reweighting_method": "grpo", "loss_normalization": "token"},
+    "dr_grpo": {
+        "importance_reweighting_method": "grpo",
+        "loss_normalization": "constant",
+        "normalization_constant": len(COMPLETIONS) * MAX_COMPLETION_LENGTH,
+    },
+    "dapo": {"importance_reweighting_method": "grpo", "loss_normalization": "token"},
+}
+
+CASES = {
+    # name: (GRPOConfig fields, grpo_lab settings, TRL beta)
+    "loss_type=grpo": ({"loss_type": "grpo"}, LOSS_TYPES["grpo"], 0.0),
+    "loss_type=bnpo": ({"loss_type": "bnpo"}, LOSS_TYPES["bnpo"], 0.0),
+    "loss_type=dr_grpo": ({"loss_type": "dr_grpo"}, LOSS_TYPES["dr_grpo"], 0.0),
+    "loss_type=dapo": ({"loss_type": "dapo"}, LOSS_TYPES["dapo"], 0.0),
+    "epsilon_high=0.28 (dapo)": (
+        {"loss_type": "dapo", "epsilon_high": 0.28},
+        {**LOSS_TYPES["dapo"], "cliprange_high": 0.28},
+        0.0,
+    ),
+    "delta=1.5 (grpo)": (
+        {"loss_type": "grpo", "delta": 1.5},
+        {**LOSS_TYPES["grpo"], "ratio_cap": 1.5},
+        0.0,
+    ),
+    # TRL's cispo epsilon_high is an absolute cap and there is no lower clip:
+    # ours clips to [1 - eps_low, 1 + eps_high], so eps_low = 1 (a bound of 0
+    # never binds) and eps_high = cap - 1.
+    "loss_type=cispo (epsilon_high=1.3)": (
+        {"loss_type": "cispo", "epsilon_high": 1.3},
+        {
+            "importance_reweighting_method": "cispo",
+            "loss_normalization": "token",
+            "cliprange": 1.0,
+            "cliprange_high": 0.3,
+        },
+        0.0,
+    ),
+    # SAPO's temperatures are ones float32 holds exactly: TRL builds them with
+    # torch.where on Python floats, a float32 tensor (1.05 would differ ~1e-8).
+    "loss_type=sapo": (
+        {"loss_type": "sapo", "sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.5},
+        {
+            "importance_reweighting_method": "sapo",
+            "loss_normalization": "sequence",
+            "sapo_temperature_pos": 1.0,
+            "sapo_temperature_neg": 1.5,
+        },
+        0.0,
+    ),
+    "importance_sampling_level=sequence (GSPO)": (
+        {"loss_type": "grpo", "importance_sampling_level": "sequence", "epsilon": 0.05},
+        {
+            "importance_reweighting_method": "gspo",
+            "loss_normalization": "sequence",
+            "cliprange": 0.05,
+        },
+        0.0,
+    ),
+    "beta=0.1, k3, use_bias_correction_kl=False": (
+        {"loss_type": "dapo", "use_bias_correction_kl": False},
+        {**LOSS_TYPES["dapo"], "kl_coef": 0.1, "kl_estimator": "k3"},
+        0.1,
+    ),
+    "beta=0.1, k3, use_bias_correction_kl=True": (
+        {"loss_type": "grpo", "use_bias_correction_kl": True},
+        {
+            **LOSS_TYPES["grpo"],
+            "kl_coef": 0.1,
+            "kl_estimator": "k3",
+            "kl_importance_weighting": True,
+        },
+        0.1,
+    ),
+    "beta=0.1, use_bias_correction_kl=True, GSPO": (
+        {
+            "loss_type": "grpo",
+            "importance_sampling_level": "sequence",
+            "use_bias_correction_kl": True,
+        },
+        {
+            "importance_reweighting_method": "gspo",
+            "loss_normalization": "sequence",
+            "kl_coef": 0.1,
+            "kl_importance_weighting": True,
+        },
+        0.1,
+    ),
+    "top_entropy_quantile=0.3": (
+        {"loss_type": "grpo", "top_entropy_quantile": 0.3},
+        {**LOSS_TYPES["grpo"], "top_entropy_quantile": 0.3},
+        0.0,
+    ),
+    "temperature=0.7": (
+        {"loss_type": "dapo", "temperature": 0.7},
+        {**LOSS_TYPES["dapo"], "temperature": 0.7},
+        0.0,
+    ),
+    "entropy_coef=0.05 (dapo)": (
+        {"loss_type": "dapo", "entropy_coef": 0.05},
+        {**LOSS_TYPES["dapo"], "entropy_coef": 0.05},
+        0.0,
+    ),
+}
+
+
+def settings_for(fields: dict) -> UpdateSettings:
+    return UpdateSettings(**{"cliprange": 0.2, **fields})
+
+
+# What each case's option is compared against, to show that it changes the
+# result on these inputs (an option that never binds would prove nothing).
+WITHOUT_THE_OPTION = {
+    "loss_type=bnpo": LOSS_TYPES["grpo"],
+    "loss_type=dr_grpo": LOSS_TYPES["grpo"],
+    "epsilon_high=0.28 (dapo)": LOSS_TYPES["dapo"],
+    "delta=1.5 (grpo)": LOSS_TYPES["grpo"],
+    "loss_type=cispo (epsilon_high=1.3)": LOSS_TYPES["dapo"],
+    "loss_type=sapo": LOSS_TYPES["grpo"],
+    "importance_sampling_level=sequence (GSPO)": {
+        **LOSS_TYPES["grpo"],
+        "cliprange": 0.05,
+    },
+    "beta=0.1, k3, use_bias_correction_kl=True": {
+        **LOSS_TYPES["grpo"],
+        "kl_coef": 0.1,
+    },
+    "beta=0.1, k3, use_bias_correction_kl=False": LOSS_TYPES["dapo"],
+    "beta=0.1, use_bias_correction_kl=True, GSPO": {
+        "importance_reweighting_method": "gspo",
+        "loss_normalization": "sequence",
+        "kl_coef": 0.1,
+    },
+    "top_entropy_quantile=0.3": LOSS_TYPES["grpo"],
+    "temperature=0.7": LOSS_TYPES["dapo"],
+    "entropy_coef=0.05 (dapo)": LOSS_TYPES["dapo"],
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_loss_and_gradients_match_trl(tokenizer, tmp_path, name):
+    trl_fields, our_fields, beta = CASES[name]
+    trainer = make_trainer(tokenizer, tmp_path, REWARDS, **trl_fields)
+    trl_run = run_trl(trainer, beta=beta)
+    ours = run_grpo_lab(tokenizer, trl_run, settings_for(our_fields))
+    assert_parity(name, max_deltas(trl_run, ours))
+    assert trl_run.log_prob_gradients.abs().max() > 0  # something to compare
+    if name in WITHOUT_THE_OPTION:
+        plain = run_grpo_lab(tokenizer, trl_run, settings_for(WITHOUT_THE_OPTION[name]))
+        assert max_deltas(trl_run, plain)["parameter_gradients"] > 1e-6, name
+
+
+def test_dapo_under_uneven_accumulation_matches_and_bnpo_does_not(tokenizer, tmp_path):
+    # Two microbatches of 6 responses with 14 and 13 tokens. DAPO divides every
+    # microbatch by the whole batch's token count, as grpo_lab's token
+    # normalization does; TRL's bnpo divides each microbatch by its own count
+    # and averages the two, which is not the batch's token mean.
+    for loss_type, tolerance in (("dapo", TOLERANCE), ("bnpo", None)):
+        trainer = make_trainer(
+            tokenizer,
+            tmp_path,
+            REWARDS,
+            loss_type=loss_type,
+            gradient_accumulation_steps=2,
+        )
+        trl_run = run_trl(trainer)
+        ours = run_grpo_lab(tokenizer, trl_run, settings_for(LOSS_TYPES["dapo"]), 2)
+        deltas = max_deltas(trl_run, ours)
+        if tolerance is not None:
+            assert_parity("loss_type=dapo, 2 uneven microbatches", deltas)
+        else:
+            assert deltas["loss"] > 1e-4, deltas  # bnpo: per-microbatch means
+
+
+def test_grpo_entropy_bonus_is_normalized_differently(tokenizer, tmp_path):
+    # TRL subtracts coef * (token mean of entropy) whatever the loss type;
+    # grpo_lab adds -coef * H_t to each token's loss before the loss's own
+    # normalization (as verl does). With loss_type grpo (per-response means)
+    # the two differ; with token normalization (dapo) they agree (above).
+    trainer = make_trainer(
+        tokenizer, tmp_path, REWARDS, loss_type="grpo", entropy_coef=0.5
+    )
+    trl_run = run_trl(trainer)
+    ours = run_grpo_lab(
+        tokenizer, trl_run, settings_for({**LOSS_TYPES["grpo"], "entropy_coef": 0.5})
+    )
+    assert max_deltas(trl_run, ours)["parameter_gradients"] > 1e-6
+
+
+@pytest.mark.parametrize(
+    ("scale_rewards", "normalizer"),
+    [("group", "std"), ("batch", "batch_std"), ("none", "none")],
+)
+@pytest.mark.parametrize("with_none", [False, True])
+def test_advantages_match_trl(
+    tokenizer, tmp_path, scale_rewards, normalizer, with_none
+):
+    rewards = list(REWARDS)
+    if with_none:
+        # An unscorable response (None in TRL, NaN here) in groups 1 and 2; group
+        # 2 keeps one scored reward only, so its std is undefined: advantage 0.
+        rewards[1] = None
+        rewards[4] = rewards[5] = rewards[6] = None
+    trainer = make_trainer(tokenizer, tmp_path, rewards, scale_rewards=scale_rewards)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        inputs = trainer._generate_and_score_completions(
+            [{"prompt": p} for p in PROMPTS for _ in range(GROUP_SIZE)]
+        )
+    raw = torch.tensor([math.nan if r is None else r for r in rewards])
+    ours, _ = compute_group_normalized_rewards(
+        raw,
+        GROUP_SIZE,
+        "mean",
+        1e-4,  # TRL's fixed epsilon
+        normalizer,
+        nan_rewards="ignore" if with_none else "propagate",
+    )
+    delta = (ours - inputs["advantages"]).abs().max().item()
+    name = f"scale_rewards={scale_rewards}" + (", None rewards" if with_none else "")
+    REPORT[name] = delta
+    print(f"\n{name}: max |delta| {delta:.2e}")
+    # float32 rewards on both sides; TRL's nanstd and torch.std round differently.
+    assert delta <= 1e-6, (ours, inputs["advantages"])
+    assert (inputs["advantages"] != 0).any()
+
+
+def test_trl_fused_scorer_matches_grpo_lab_scoring(tokenizer, tmp_path):
+    # TRL's real scorer (its chunked, fused output head with float32 running
+    # statistics) at temperature 0.7 against grpo_lab's get_response_log_probs.
+    trainer = make_trainer(tokenizer, tmp_path, REWARDS, temperature=0.7)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        inputs = trainer._generate_and_score_completions(
+            [{"prompt": p} for p in PROMPTS for _ in range(GROUP_SIZE)]
+        )
+        log_probs, entropy, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model,
+            torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1),
+            torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1),
+            inputs["completion_ids"].shape[1],
+            compute_entropy=True,
+        )
+    batch = grpo_lab_batch(tokenizer)
+    ours = get_response_log_probs(
+        fresh_model(tokenizer), batch["input_ids"], batch["labels"], True, 0,
+        temperature=0.7,
+    )  # fmt: skip
+    mask, completion_mask = (
+        batch["response_mask"].bool(),
+        inputs["completion_mask"].bool(),
+    )
+    deltas = {
+        "log_probs": (ours["log_probs"][mask] - log_probs[completion_mask]).abs().max(),
+        "entropy": (ours["token_entropy"][mask] - entropy[completion_mask]).abs().max(),
+    }
+    deltas = {key: value.item() for key, value in deltas.items()}
+    REPORT["TRL fused scorer, temperature=0.7"] = max(deltas.values())
+    print(f"\nTRL fused scorer, temperature=0.7: {deltas}")
+    assert max(deltas.values()) < 1e-5  # float32 statistics inside TRL's kernel
+
+
+# --- docs/translation_table.md is kept true --------------------------------------
+
+TABLE = Path(__file__).resolve().parents[1] / "docs" / "translation_table.md"
+ASSIGNMENT = re.compile(r'^(?P<name>[a-z_][a-z0-9_]*)(?:=(?P<value>"[^"]*"|[^"]\S*))?$')
+
+
+def table_names(column: int) -> list[tuple[str, str | None]]:
+    """(name, quoted value or None) of every `backticked` token in a column."""
+    names = []
+    for line in TABLE.read_text(encoding="utf-8").splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if not line.startswith("|") or len(cells) < 4 or set(cells[0]) <= {"-"}:
+            continue
+        if cells[0] == "grpo_lab":  # a header row
+            continue
+        for token in re.findall(r"`([^`]+)`", cells[column]):
+            match = ASSIGNMENT.match(token)
+            assert match, f"unparsable table entry {token!r}"
+            value = match["value"]
+            quoted = value.strip('"') if value and value.startswith('"') else None
+            names.append((match["name"], quoted))
+    return names
+
+
+def test_every_grpo_lab_name_in_the_translation_table_exists():
+    from grpo_lab import advantages, kl, losses
+    from grpo_lab.training.config import TrainConfig
+
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    named = table_names(0)
+    assert len(named) > 20
+    for name, value in named:
+        assert name in fields, f"{name} is not a TrainConfig field"
+        if value is not None:
+            assert value in fields[name].metadata["choices"], (name, value)
+    values = {value for _, value in named}
+    registries = (
+        losses.REWEIGHTING_METHODS,
+        losses.LOSS_NORMALIZATIONS,
+        advantages.BASELINES,
+        advantages.ADVANTAGE_NORMALIZERS,
+        kl.KL_ESTIMATORS,
+    )
+    for registry in registries:
+        assert set(registry) <= values, set(registry) - values
+
+
+def test_every_trl_field_in_the_translation_table_exists():
+    fields = {f.name: f for f in dataclasses.fields(GRPOConfig)}
+    named = table_names(1)
+    assert len(named) > 15
+    for name, value in named:
+        assert name in fields, f"{name} is not a GRPOConfig field"
+        if value is not None:  # a value that field's help text documents
+            help_text = fields[name].metadata["help"]
+            assert re.search(rf"\b{re.escape(value)}\b", help_text), (name, value)
