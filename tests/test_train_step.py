@@ -651,7 +651,7 @@ def naive_family_gradients(model, batch, advantages, old, extra):
 
 
 def family_update(model, batch, old, steps, chunk=0, **keywords):
-    optimizer = RecordingSGD(model.parameters())
+    optimizer = GradientRecorder(model.parameters(), lr=1.0)
     loss, metadata = policy_gradient_update(
         model, optimizer, steps, None, batch, ADVANTAGES, "grpo", old, 0.2,
         logits_chunk_size=chunk, **keywords,
@@ -745,7 +745,7 @@ def test_top_entropy_quantile_keeps_the_policy_gradient_of_high_entropy_tokens(
 def test_family_options_reach_the_update_from_grpo_train_step(
     tiny_qwen2, char_tokenizer
 ):
-    optimizer = RecordingSGD(tiny_qwen2.parameters())
+    optimizer = GradientRecorder(tiny_qwen2.parameters(), lr=1.0)
     old = torch.zeros(2, 4)
     # Both responses score the same: zero advantages, but the KL term still
     # moves the policy, so the step happens.
@@ -766,7 +766,7 @@ def test_family_options_reach_the_update_from_grpo_train_step(
 
 
 def test_family_update_errors(tiny_qwen2, batch):
-    optimizer = RecordingSGD(tiny_qwen2.parameters())
+    optimizer = GradientRecorder(tiny_qwen2.parameters(), lr=1.0)
     old = torch.zeros(batch["labels"].shape)
 
     def update(**overrides):
