@@ -8,7 +8,7 @@ without gradient through the update's scorer). Time per GRPO step is the mean
 of the steps' `time/step_seconds`; the ratio is with / without.
 
     .venv/bin/python benchmarks/kl_reference.py            # 100 steps each
-    .venv/bin/python benchmarks/kl_reference.py --quick    # 5 steps each
+    .venv/bin/python benchmarks/kl_reference.py --quick    # 3 smoke-profile steps
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import harness
 
-FLAGS = {"steps": 100, "kl_coef": 0.04, "seed": 0}
-QUICK = {"steps": 5}
+FLAGS = {"steps": 100, "kl_coef": 0.04, "seed": 0, "profile": "cpu"}
+QUICK = {"steps": 3, "profile": "smoke"}
 COLUMNS = [
     ("kl_coef", "kl_coef"), ("step_seconds", "s / GRPO step"),
     ("peak_rss_mib", "peak RSS MiB"), ("time_ratio", "time vs kl_coef 0"),
@@ -35,7 +35,7 @@ def worker(spec: dict) -> dict:
 
     with tempfile.TemporaryDirectory() as scratch:
         config = TrainConfig.for_profile(
-            "cpu",
+            spec["profile"],
             seed=spec["seed"],
             steps=spec["steps"],
             kl_coef=spec["kl_coef"],
@@ -57,7 +57,12 @@ def worker(spec: dict) -> dict:
 def measure(arguments, save: harness.Save) -> dict:
     rows = []
     for kl_coef in (0.0, arguments.kl_coef):
-        spec = {"seed": arguments.seed, "steps": arguments.steps, "kl_coef": kl_coef}
+        spec = {
+            "seed": arguments.seed,
+            "steps": arguments.steps,
+            "kl_coef": kl_coef,
+            "profile": arguments.profile,
+        }
         rows.append(harness.run_worker(__file__, spec))
         save(report(rows, arguments))
     baseline = rows[0]
@@ -71,7 +76,8 @@ def report(rows: list[dict], arguments) -> dict:
     return {
         "title": "The KL term's reference model: cost per step on the cpu profile",
         "description": (
-            f"`TrainConfig.for_profile('cpu', steps={arguments.steps}, eval_every=0, "
+            f"`TrainConfig.for_profile({arguments.profile!r}, steps={arguments.steps}, "
+            "eval_every=0, "
             "checkpoint_every=0)` in a fresh process per row, with kl_coef 0 (no "
             f"reference model) and {arguments.kl_coef} (a frozen copy, scored once "
             "per rollout batch without gradient). Peak RSS is the process's own "

@@ -35,6 +35,7 @@ BENCHMARKS = {
     "trl_train_step": ("trl_train_step.py", []),
     "time_to_accuracy": ("time_to_accuracy.py", []),
     "threads": ("threads.py", []),
+    "kl_reference": ("kl_reference.py", []),
 }  # fmt: skip
 
 

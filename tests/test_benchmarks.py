@@ -33,7 +33,7 @@ import render_results  # noqa: E402
 
 SCRIPTS = {
     "cpu_profile", "logprob_memory", "trl_train_step", "time_to_accuracy",
-    "gpu_throughput", "run_cpu", "harness", "threads",
+    "gpu_throughput", "run_cpu", "harness", "threads", "kl_reference",
 }  # fmt: skip
 MACHINE_FIELDS = {
     "nproc", "cpu_model", "torch", "transformers", "torch_threads", "git_commit",
@@ -316,6 +316,7 @@ def test_committed_results_render_to_the_committed_results_md():
 
 def test_recorded_and_rerun_command_lines_still_parse():
     """Each committed result's command, and each run_cpu.py run, parses today."""
+    import kl_reference  # noqa: F401
     import run_cpu
     import threads  # noqa: F401
     import time_to_accuracy  # also imports cpu_profile and trl_train_step
@@ -447,3 +448,17 @@ def test_threads_runs_the_real_command_beside_a_busy_core():
     rows = [dict(row), {**row, "slowdown": 1.5}]
     result = threads.report(rows, 2)
     render_results.check_result({**synthetic_result(), **result}, "threads.json")
+
+
+def test_kl_reference_quick_measures_both_sides(tmp_path):
+    import kl_reference
+
+    out = tmp_path / "kl_reference.json"
+    flags = ["--quick", "--out", str(out)]
+    kl_reference.main(flags)
+    result = read(out)
+    assert_records_its_run(result, "kl_reference", flags)
+    without, with_kl = result["tables"][0]["rows"]
+    assert (without["kl_coef"], with_kl["kl_coef"]) == (0.0, 0.04)
+    assert without["kl_mean"] is None and with_kl["kl_mean"] >= 0
+    assert without["time_ratio"] == 1.0 and with_kl["step_seconds"] > 0

@@ -16,7 +16,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "grpo_lab"
-CORE = {"masks", "logprobs", "prefix_sharing", "advantages", "losses", "train_step"}
+CORE = {
+    "masks",
+    "logprobs",
+    "prefix_sharing",
+    "advantages",
+    "losses",
+    "kl",
+    "train_step",
+}
 FLOOR_2 = {
     "training",
     "rollouts",
