@@ -6,7 +6,7 @@ Taught in ``notebooks/03_rewards_and_advantages.ipynb``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
 import torch
@@ -27,17 +27,13 @@ def compute_rollout_rewards(
     Returns the (B,) float32 rewards and the batch means of "reward",
     "format_reward" and "answer_reward".
     """
-    if len(rollout_responses) != len(repeated_ground_truths):
-        raise ValueError(
-            "rollout_responses and repeated_ground_truths must have the same length, "
-            f"got {len(rollout_responses)} and {len(repeated_ground_truths)}"
-        )
+    _check_rollout_texts(reward_fn, rollout_responses, repeated_ground_truths)
     results = [
         reward_fn(response, truth)
         for response, truth in zip(rollout_responses, repeated_ground_truths)
     ]
-    for result in results:
-        _check_reward_result(result)
+    for index, result in enumerate(results):
+        _check_reward_result(result, index)
     columns = {
         key: torch.tensor([r[key] for r in results], dtype=torch.float32)  # (B,)
         for key in REWARD_KEYS
@@ -50,7 +46,29 @@ def compute_rollout_rewards(
     return columns["reward"], metadata
 
 
-def _check_reward_result(result: object) -> None:
+def _check_rollout_texts(reward_fn: object, responses: object, truths: object) -> None:
+    if not callable(reward_fn):
+        raise ValueError(f"reward_fn must be callable, got {reward_fn!r}")
+    for name, texts in (
+        ("rollout_responses", responses),
+        ("repeated_ground_truths", truths),
+    ):
+        if isinstance(texts, str) or not isinstance(texts, Sequence):
+            raise ValueError(
+                f"{name} must be a list of strings, got {type(texts).__name__}"
+            )
+    if len(responses) != len(truths):
+        raise ValueError(
+            "rollout_responses and repeated_ground_truths must have the same length, "
+            f"got {len(responses)} and {len(truths)}"
+        )
+    if not responses:
+        raise ValueError("rollout_responses must hold at least one response, got 0")
+
+
+def _check_reward_result(result: object, index: int) -> None:
+    """A dict of the reward keys, each a number (NaN allowed: an unscorable
+    response, see ``nan_rewards`` in :func:`compute_group_normalized_rewards`)."""
     if not isinstance(result, Mapping) or any(key not in result for key in REWARD_KEYS):
         received = (
             sorted(result) if isinstance(result, Mapping) else type(result).__name__
@@ -58,6 +76,13 @@ def _check_reward_result(result: object) -> None:
         raise ValueError(
             f"reward_fn must return a dict with keys {REWARD_KEYS}, got {received}"
         )
+    for key in REWARD_KEYS:
+        value = result[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(
+                f"reward_fn must return numbers, got {key}={value!r} for response "
+                f"{index}"
+            )
 
 
 def compute_group_normalized_rewards(
@@ -101,7 +126,11 @@ def compute_group_normalized_rewards(
     ``ValueError`` instead of returning NaN. (B,) -> (B,), plus the mean and
     sample std of all advantages.
     """
-    _check_group_inputs(raw_rewards, group_size, baseline, advantage_normalizer)
+    _check_group_inputs(
+        raw_rewards, group_size, baseline, advantage_normalizer, advantage_eps
+    )
+    if not raw_rewards.is_floating_point():
+        raw_rewards = raw_rewards.float()  # int or bool rewards: counts of 0/1
     _check_enough_rewards(raw_rewards, group_size, baseline, advantage_normalizer)
     check_nan_rewards(nan_rewards)
     grouped = raw_rewards.reshape(-1, group_size)  # (n_groups, G)
@@ -191,19 +220,28 @@ def _check_group_inputs(
     group_size: int,
     baseline: str,
     advantage_normalizer: str,
+    advantage_eps: float,
 ) -> None:
+    if not isinstance(raw_rewards, torch.Tensor):
+        raise ValueError(
+            f"raw_rewards must be a (B,) tensor, got {type(raw_rewards).__name__}"
+        )
     if raw_rewards.ndim != 1:
         raise ValueError(
             f"raw_rewards must be one-dimensional, got shape {tuple(raw_rewards.shape)}"
         )
+    if raw_rewards.numel() == 0:
+        raise ValueError("raw_rewards must hold at least one reward, got 0")
+    if isinstance(group_size, bool) or not isinstance(group_size, int):
+        raise ValueError(f"group_size must be a positive int, got {group_size!r}")
     if group_size <= 0:
         raise ValueError(f"group_size must be positive, got {group_size}")
     if raw_rewards.numel() % group_size != 0:
         raise ValueError(
-            f"the number of rewards ({raw_rewards.numel()}) must be divisible by "
-            f"group_size ({group_size})"
+            f"group_size must divide the number of rewards ({raw_rewards.numel()}), "
+            f"got {group_size}"
         )
-    check_advantage_settings(baseline, advantage_normalizer)
+    check_advantage_settings(baseline, advantage_normalizer, advantage_eps)
 
 
 def _check_enough_rewards(

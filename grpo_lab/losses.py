@@ -144,6 +144,10 @@ def compute_policy_gradient_loss(
         if response_mask is not None
         else torch.ones_like(policy_log_probs, dtype=torch.bool)
     )  # (B, T)
+    if old_log_probs is not None:
+        old_log_probs = _finite_where_masked_out(
+            old_log_probs, policy_log_probs, token_mask
+        )
     objective = OBJECTIVES[importance_reweighting_method]
     options = ObjectiveOptions(
         cliprange=cliprange,
@@ -153,6 +157,23 @@ def compute_policy_gradient_loss(
         sapo_temperature_neg=sapo_temperature_neg,
     )
     return objective(advantages, policy_log_probs, old_log_probs, token_mask, options)
+
+
+def _finite_where_masked_out(
+    old_log_probs: torch.Tensor,
+    policy_log_probs: torch.Tensor,
+    token_mask: torch.Tensor,
+) -> torch.Tensor:
+    """old log-probs with each non-finite masked-out entry replaced by log pi there.
+
+    A masked-out position must not matter, but a NaN or -inf old log-prob there
+    would still send NaN through exp() into the gradient (0 * exp(NaN) is NaN).
+    Finite values, masked or not, are kept as they are. (B, T)
+    """
+    unusable = ~token_mask & ~torch.isfinite(old_log_probs)  # (B, T)
+    if not unusable.any():
+        return old_log_probs
+    return torch.where(unusable, policy_log_probs.detach(), old_log_probs)
 
 
 def _token_mean(values: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
@@ -594,6 +615,12 @@ def _check_loss_shapes(
     policy_log_probs: torch.Tensor,
     response_mask: torch.Tensor | None,
 ) -> None:
+    for name, value in (
+        ("raw_rewards_or_advantages", advantages),
+        ("policy_log_probs", policy_log_probs),
+    ):
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(f"{name} must be a tensor, got {type(value).__name__}")
     if policy_log_probs.ndim != 2:
         raise ValueError(
             "policy_log_probs must have shape (batch_size, sequence_length), got "
@@ -661,6 +688,12 @@ def aggregate_loss_across_microbatch(
               batch's token mean.
     ``normalization_constant`` is read by constant only.
     """
+    for name, value in (
+        ("per_token_policy_gradient_loss", per_token_policy_gradient_loss),
+        ("mask", mask),
+    ):
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(f"{name} must be a tensor, got {type(value).__name__}")
     if per_token_policy_gradient_loss.ndim != 2:
         raise ValueError(
             "per_token_policy_gradient_loss must have shape (batch_size, "
@@ -670,6 +703,10 @@ def aggregate_loss_across_microbatch(
         raise ValueError(
             f"mask must have shape {tuple(per_token_policy_gradient_loss.shape)}, "
             f"got {tuple(mask.shape)}"
+        )
+    if per_token_policy_gradient_loss.shape[0] == 0:
+        raise ValueError(
+            "per_token_policy_gradient_loss must hold at least one response, got 0 rows"
         )
     check_loss_normalization(loss_normalization, normalization_constant)
     # A masked-out position adds 0 whatever it holds (even inf or NaN).

@@ -779,6 +779,15 @@ def _check_rollout_lists(
     repeated_ground_truths: list[str],
     group_size: int,
 ) -> None:
+    for name, texts in (
+        ("repeated_prompts", repeated_prompts),
+        ("rollout_responses", rollout_responses),
+        ("repeated_ground_truths", repeated_ground_truths),
+    ):
+        if isinstance(texts, str) or not isinstance(texts, (list, tuple)):
+            raise ValueError(
+                f"{name} must be a list of strings, got {type(texts).__name__}"
+            )
     batch_size = len(rollout_responses)
     if batch_size == 0:
         raise ValueError("rollout_responses must hold at least one response, got 0")
@@ -802,6 +811,10 @@ def _check_batch(
     reference_log_probs: torch.Tensor | None = None,
 ) -> int:
     """Check the (B, T) batch against (B,) advantages; return B."""
+    if not isinstance(advantages, torch.Tensor):
+        raise ValueError(
+            f"advantages must be a (B,) tensor, got {type(advantages).__name__}"
+        )
     missing = [key for key in BATCH_KEYS if key not in batch]
     if missing:
         raise ValueError(

@@ -227,7 +227,7 @@ def test_advantage_errors():
         compute_group_normalized_rewards(torch.zeros(4), 0)
     with pytest.raises(
         ValueError,
-        match=r"number of rewards \(5\) must be divisible by group_size \(2\)",
+        match=r"group_size must divide the number of rewards \(5\), got 2",
     ):
         compute_group_normalized_rewards(torch.zeros(5), 2)
     with pytest.raises(ValueError, match=r"baseline must be one of .*got 'median'"):
