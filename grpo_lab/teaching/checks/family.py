@@ -16,8 +16,7 @@ import torch
 
 from grpo_lab.losses import compute_policy_gradient_loss
 from grpo_lab.teaching.checks.framework import (
-    ExerciseFailed,
-    assert_close,
+    assert_loss_and_gradient,
     exercise_check,
 )
 
@@ -63,16 +62,6 @@ def check_clip_higher_loss(student_fn: ClipHigherLoss) -> None:
             f"advantages={advantages.tolist()}, ratios={ratios}, "
             f"cliprange_low={low}, cliprange_high={high}"
         )
-        assert_close(received, expected.detach(), inputs, atol=1e-5)
-        if not received.requires_grad:
-            raise ExerciseFailed(
-                f"For {inputs}: the loss carries no gradient to policy_log_probs "
-                "(was something detached?)"
-            )
-        received.sum().backward()
-        assert_close(
-            student_input.grad,
-            reference_input.grad,
-            f"{inputs} (gradient of the summed loss w.r.t. policy_log_probs)",
-            atol=1e-5,
+        assert_loss_and_gradient(
+            received, expected, student_input, reference_input, inputs
         )

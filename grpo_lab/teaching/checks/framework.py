@@ -70,3 +70,29 @@ def assert_close(
     ):
         return
     raise ExerciseFailed(f"For {inputs}:\n  expected {expected}\n  got      {received}")
+
+
+def assert_loss_and_gradient(
+    received: Any,
+    expected: torch.Tensor,
+    student_input: torch.Tensor,
+    reference_input: torch.Tensor,
+    inputs: str,
+    atol: float = 1e-5,
+) -> None:
+    """A per-token loss equal to ``expected``, whose summed gradient w.r.t.
+    ``student_input`` equals the reference's w.r.t. ``reference_input`` (whose
+    backward has already run). A detached loss fails with its own message."""
+    assert_close(received, expected.detach(), inputs, atol=atol)
+    if not received.requires_grad:
+        raise ExerciseFailed(
+            f"For {inputs}: the loss carries no gradient to policy_log_probs "
+            "(was something detached?)"
+        )
+    received.sum().backward()
+    assert_close(
+        student_input.grad,
+        reference_input.grad,
+        f"{inputs} (gradient of the summed loss w.r.t. policy_log_probs)",
+        atol=atol,
+    )
