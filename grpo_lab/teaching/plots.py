@@ -211,16 +211,16 @@ def plot_token_and_sequence_ratios(
 
 def plot_memory_against_chunk_size(
     chunk_sizes: Sequence[int],
-    saved_bytes: Sequence[int],
+    peak_bytes: Sequence[int],
     full_bytes: int,
     *,
     standalone: bool = False,
 ) -> Figure:
-    """Bytes saved for backward by chunked scoring, against the chunk size, next
-    to the unchunked figure."""
+    """Peak live tensor bytes of chunked scoring (forward and backward), against
+    the chunk size, next to the unchunked figure."""
     figure = new_figure((6, 3.2), standalone=standalone)
     axis = figure.subplots()
-    mebibytes = [value / 2**20 for value in saved_bytes]
+    mebibytes = [value / 2**20 for value in peak_bytes]
     axis.plot(list(chunk_sizes), mebibytes, "o-", label="chunked + checkpointed head")
     axis.axhline(
         full_bytes / 2**20, color="#e76f51", linestyle="--", label="no chunking"
@@ -228,8 +228,8 @@ def plot_memory_against_chunk_size(
     axis.set(
         xscale="log",
         xlabel="logits_chunk_size (positions per chunk)",
-        ylabel="saved for backward (MiB)",
-        title="memory kept for backward by the log-prob computation",
+        ylabel="peak live tensors (MiB)",
+        title="peak memory of the log-prob computation",
     )
     axis.legend(fontsize=8)
     return figure
