@@ -779,15 +779,15 @@ def _check_rollout_lists(
     repeated_ground_truths: list[str],
     group_size: int,
 ) -> None:
-    for name, texts in (
-        ("repeated_prompts", repeated_prompts),
-        ("rollout_responses", rollout_responses),
-        ("repeated_ground_truths", repeated_ground_truths),
+    # Responses and truths are checked where they are scored
+    # (compute_rollout_rewards); the prompts only reach the tokenizer.
+    if isinstance(repeated_prompts, str) or not isinstance(
+        repeated_prompts, (list, tuple)
     ):
-        if isinstance(texts, str) or not isinstance(texts, (list, tuple)):
-            raise ValueError(
-                f"{name} must be a list of strings, got {type(texts).__name__}"
-            )
+        raise ValueError(
+            "repeated_prompts must be a list of strings, "
+            f"got {type(repeated_prompts).__name__}"
+        )
     batch_size = len(rollout_responses)
     if batch_size == 0:
         raise ValueError("rollout_responses must hold at least one response, got 0")

@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
-import signal
 import sys
-import time
 import types
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+from test_run_dir import held_by_another_process  # one lock-holding child
 
 from grpo_lab import cli
 from grpo_lab.errors import UserError
@@ -59,29 +56,6 @@ def finished_run(tmp_path_factory) -> Path:
 def copy_run(run_dir: Path, to: Path) -> Path:
     shutil.copytree(run_dir, to)
     return to
-
-
-@contextlib.contextmanager
-def held_by_another_process(run_dir: Path) -> Iterator[int]:
-    """A forked child holds the lock on ``run_dir``; yields its PID, then kill -9s it."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(read_end)
-            run_dirs.lock_run_dir(run_dir)
-            os.write(write_end, b"locked")
-            time.sleep(120)
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    try:
-        assert os.read(read_end, 6) == b"locked"
-        yield pid
-    finally:
-        os.close(read_end)
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
 
 
 # --- flags, config files, resume ------------------------------------------------------
