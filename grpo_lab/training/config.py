@@ -2,9 +2,10 @@
 
 Fields are grouped in sections (run · model · task · batches and schedule ·
 optimizer · advantages and loss · sampling · evaluation and checkpoints ·
-warm-up · device and memory). Each field's help text is stored with it and is
-what ``grpo-lab train --help`` prints. The dataclass defaults are the ``cpu``
-profile; the others list only what they change:
+warm-up · device and memory · dynamic sampling and length). Each field's help
+text is stored with it and is what ``grpo-lab train --help`` prints. The
+dataclass defaults are the ``cpu`` profile; the others list only what they
+change:
 
 - ``cpu``: a 2-layer character model learns to reverse 5-digit strings on a
   laptop CPU in about a minute;
@@ -51,12 +52,14 @@ from grpo_lab.losses import (
 )
 from grpo_lab.rollouts import BACKENDS
 from grpo_lab.rollouts.base import check_sampling_settings
-from grpo_lab.tasks import check_task_name_and_options
+from grpo_lab.tasks import check_task_name_and_options, get_task
 from grpo_lab.train_step import (
     UpdateSettings,
     check_gradient_accumulation_steps,
     check_max_grad_norm,
 )
+from grpo_lab.training.dynamic_sampling import check_dynamic_sampling_settings
+from grpo_lab.training.overlong import check_overlong_settings
 from grpo_lab.training.trackers import check_report_to
 
 PROFILES = ("cpu", "gpu", "small-gpu", "smoke")
@@ -75,6 +78,7 @@ SECTIONS = (
     "evaluation and checkpoints",
     "warm-up",
     "device and memory",
+    "dynamic sampling and length",
 )
 
 
@@ -430,6 +434,38 @@ class TrainConfig:
         "Torch CPU threads (None: 1 for the tiny model, where more threads only "
         "contend, else torch's default).",
     )
+    # --- dynamic sampling and length -------------------------------------------
+    dynamic_sampling: bool = setting(
+        False,
+        "dynamic sampling and length",
+        "Drop groups whose rewards are all equal (no signal) and sample more "
+        "prompts until the rollout batch is full of groups with signal (DAPO, "
+        "arXiv:2503.14476).",
+    )
+    dynamic_sampling_max_rounds: int = setting(
+        10,
+        "dynamic sampling and length",
+        "Most sampling rounds per step with dynamic_sampling, the first included; "
+        "when reached, the step tops the batch up with equal-reward groups.",
+    )
+    mask_truncated_completions: bool = setting(
+        False,
+        "dynamic sampling and length",
+        "Responses cut at max_new_tokens (no EOS, no stop string) get response "
+        "mask 0 and leave the loss (TRL's option of that name).",
+    )
+    overlong_buffer: int | None = setting(
+        None,
+        "dynamic sampling and length",
+        "DAPO's soft overlong punishment: the last this many tokens before "
+        "max_new_tokens lower the reward linearly to -overlong_penalty "
+        "(None: no punishment).",
+    )
+    overlong_penalty: float = setting(
+        1.0,
+        "dynamic sampling and length",
+        "Scale of the soft overlong punishment (>= 0; DAPO uses 1).",
+    )
 
     def __post_init__(self) -> None:
         validate_config(self)
@@ -663,6 +699,7 @@ def validate_config(config: TrainConfig) -> None:
     _check_device(config)
     check_task_name_and_options(config.task, config.task_options)
     check_report_to(config.report_to)
+    _check_dynamic_sampling_and_length(config)
 
 
 def _check_choices(config: TrainConfig) -> None:
@@ -820,6 +857,24 @@ def _check_sampling(config: TrainConfig) -> None:
     )
 
 
+def _check_dynamic_sampling_and_length(config: TrainConfig) -> None:
+    check_dynamic_sampling_settings(
+        config.dynamic_sampling, config.dynamic_sampling_max_rounds, config.baseline
+    )
+    max_new_tokens = config.max_new_tokens
+    if max_new_tokens is None and config.overlong_buffer is not None:
+        try:  # the task's own length; a task that cannot be built is refused later
+            max_new_tokens = get_task(config.task, **config.task_options).max_new_tokens
+        except (ValueError, TypeError, OSError):
+            max_new_tokens = None
+    check_overlong_settings(
+        config.mask_truncated_completions,
+        config.overlong_buffer,
+        config.overlong_penalty,
+        max_new_tokens,
+    )
+
+
 def _check_device(config: TrainConfig) -> None:
     try:
         device = torch.device(config.device)
@@ -903,6 +958,21 @@ def inert_settings(config: TrainConfig) -> dict[str, str]:
     sharing = _inert_prompt_sharing(config)
     if sharing:
         notes["share_prompt_prefix"] = sharing
+    notes.update(_inert_length_settings(config))
+    return notes
+
+
+def _inert_length_settings(config: TrainConfig) -> dict[str, str]:
+    """The dynamic-sampling and overlong options this configuration does not read."""
+    notes: dict[str, str] = {}
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    changed = {
+        name for name, default in defaults.items() if getattr(config, name) != default
+    }
+    if not config.dynamic_sampling and "dynamic_sampling_max_rounds" in changed:
+        notes["dynamic_sampling_max_rounds"] = "dynamic_sampling is off"
+    if config.overlong_buffer is None and "overlong_penalty" in changed:
+        notes["overlong_penalty"] = "overlong_buffer is None: no overlong punishment"
     return notes
 
 

@@ -79,6 +79,11 @@ from grpo_lab.train_step import (
 from grpo_lab.training import checkpoint as checkpoints
 from grpo_lab.training import run_dir as run_dirs
 from grpo_lab.training.config import TrainConfig, inert_settings
+from grpo_lab.training.dynamic_sampling import (
+    GradedRollouts,
+    collect_groups_with_signal,
+    replay_reward_fn,
+)
 from grpo_lab.training.evaluation import held_out_scores
 from grpo_lab.training.metrics import (
     append_metrics,
@@ -87,6 +92,14 @@ from grpo_lab.training.metrics import (
     mean_metrics,
     read_metrics,
     truncate_metrics,
+)
+from grpo_lab.training.overlong import (
+    end_of_sequence_ids,
+    mask_truncated,
+    shape_reward_results,
+    soft_overlong_punishment,
+    truncated_rows,
+    truncation_metrics,
 )
 from grpo_lab.training.sft import WarmUpSettings, warm_up
 from grpo_lab.training.trackers import open_trackers
@@ -419,11 +432,35 @@ def sampling_settings(
 def sample_rollout_batch(
     config: TrainConfig, task: Task, policy: Policy, step: int
 ) -> tuple[Rollouts, list[Example]]:
-    """B prompts from the train split, G sampled responses each (B·G rollouts)."""
+    """B prompts from the train split, G sampled responses each (B·G rollouts).
+
+    With ``dynamic_sampling``, rounds of B prompts (fresh seeds each round) until
+    B groups whose rewards differ are kept; the rollouts come back graded
+    (:mod:`grpo_lab.training.dynamic_sampling`).
+    """
+    if config.dynamic_sampling:
+        return collect_groups_with_signal(
+            lambda round_: sample_round(config, task, policy, step, round_),
+            lambda rollouts, examples: grade_rollouts(
+                config, task, policy, rollouts, examples
+            ),
+            config.group_size,
+            config.dynamic_sampling_max_rounds,
+        )
+    return sample_round(config, task, policy, step, 0)
+
+
+def sample_round(
+    config: TrainConfig, task: Task, policy: Policy, step: int, round_: int
+) -> tuple[Rollouts, list[Example]]:
+    """One draw of B prompts and their B·G rollouts; round 0 is the step's own."""
+    suffix = f"/round{round_}" if round_ else ""
     examples = task.train(
-        config.prompts_per_step, derived_seed(config, "prompts", step)
+        config.prompts_per_step, derived_seed(config, "prompts" + suffix, step)
     )
-    sampling = sampling_settings(config, task, derived_seed(config, "rollouts", step))
+    sampling = sampling_settings(
+        config, task, derived_seed(config, "rollouts" + suffix, step)
+    )
     with autocast(config):
         rollouts = policy.backend.generate(
             [example.prompt for example in examples], config.group_size, sampling
@@ -442,7 +479,9 @@ def grpo_update(
     repeated_truths = [
         e.ground_truth for e in examples for _ in range(config.group_size)
     ]
-    reward_fn, grading_timeouts = counting_grading_timeouts(task.reward_fn)
+    reward_fn, grading_timeouts = counting_grading_timeouts(
+        rollout_reward_fn(config, task, policy, rollouts, examples)
+    )
     raw_rewards, advantages, advantage_metadata = rollout_advantages(
         reward_fn,
         rollouts.responses,
@@ -464,6 +503,11 @@ def grpo_update(
         reference_log_probs = score_old_log_probs(
             config, policy.reference_model, batch
         )  # (B·G, T)
+    lengths = response_token_lengths(rollouts, policy.tokenizer)
+    truncated = truncated_responses(config, task, policy, rollouts, lengths)  # (B·G,)
+    if config.mask_truncated_completions:  # out of the loss, still in the divisor
+        batch["response_mask"] = mask_truncated(batch["response_mask"], truncated)
+        advantages = advantages.masked_fill(truncated, 0.0)  # (B·G,)
     settings = dataclasses.asdict(config.update_settings())
     update_records = []
     for _epoch in range(config.epochs_per_rollout_batch):
@@ -489,6 +533,101 @@ def grpo_update(
         **flatten_metrics("loss", mean_metrics(update_records)),
         "train/optimizer_steps": sum(r["optimizer_step"] for r in update_records),
         **flatten_metrics("train", grading_timeouts),
+        **truncation_metrics(lengths, truncated),
+        **length_shaping_metrics(config, task, lengths),
+        **getattr(rollouts, "sampling_metrics", {}),
+    }
+
+
+def rollout_reward_fn(
+    config: TrainConfig,
+    task: Task,
+    policy: Policy,
+    rollouts: Rollouts,
+    examples: list[Example],
+) -> Callable[[str, str], dict[str, float]]:
+    """The task's reward_fn, or a replay of grades already made (graded once).
+
+    Rollouts collected by dynamic sampling carry their grades; with an overlong
+    buffer the responses are graded and shaped here, then replayed.
+    """
+    if isinstance(rollouts, GradedRollouts):
+        return replay_reward_fn(rollouts.reward_results, rollouts.responses)
+    if config.overlong_buffer is None:
+        return task.reward_fn
+    results = grade_rollouts(config, task, policy, rollouts, examples)
+    return replay_reward_fn(results, rollouts.responses)
+
+
+def grade_rollouts(
+    config: TrainConfig,
+    task: Task,
+    policy: Policy,
+    rollouts: Rollouts,
+    examples: list[Example],
+) -> list[dict[str, float]]:
+    """reward_fn's dict for every response, with DAPO's overlong shaping if set."""
+    truths = [e.ground_truth for e in examples for _ in range(config.group_size)]
+    results = [
+        task.reward_fn(response, truth)
+        for response, truth in zip(rollouts.responses, truths, strict=True)
+    ]
+    if config.overlong_buffer is None:
+        return results
+    return shape_reward_results(
+        results,
+        response_token_lengths(rollouts, policy.tokenizer),
+        max_length=config.max_new_tokens or task.max_new_tokens,
+        buffer=config.overlong_buffer,
+        penalty=config.overlong_penalty,
+    )
+
+
+def response_token_lengths(
+    rollouts: Rollouts, tokenizer: PreTrainedTokenizerBase
+) -> list[int]:
+    """Tokens in each response: the sampled ids, else the text re-tokenized."""
+    if rollouts.response_token_ids is not None:
+        return [len(ids) for ids in rollouts.response_token_ids]
+    return [
+        len(tokenizer.encode(text, add_special_tokens=False))
+        for text in rollouts.responses
+    ]
+
+
+def truncated_responses(
+    config: TrainConfig,
+    task: Task,
+    policy: Policy,
+    rollouts: Rollouts,
+    lengths: list[int],
+) -> torch.Tensor:
+    """(B·G,) bool: the responses cut at max_new_tokens (:mod:`.overlong`)."""
+    return truncated_rows(
+        rollouts.responses,
+        rollouts.response_token_ids,
+        lengths,
+        eos_token_ids=end_of_sequence_ids(
+            policy.tokenizer, getattr(policy.model, "generation_config", None)
+        ),
+        stop_strings=tuple(task.stop_strings),
+        max_new_tokens=config.max_new_tokens or task.max_new_tokens,
+    )
+
+
+def length_shaping_metrics(
+    config: TrainConfig, task: Task, lengths: list[int]
+) -> dict[str, float]:
+    """``train/overlong_penalty_mean``: the mean reward added by the shaping."""
+    if config.overlong_buffer is None:
+        return {}
+    terms = soft_overlong_punishment(
+        torch.tensor(lengths, dtype=torch.float64),
+        config.max_new_tokens or task.max_new_tokens,
+        config.overlong_buffer,
+    )  # (B·G,)
+    return {
+        "train/overlong_penalty_mean": config.overlong_penalty * terms.mean().item()
     }
 
 
