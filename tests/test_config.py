@@ -246,6 +246,22 @@ BAD_SETTINGS = [
         {"top_entropy_quantile": 1.2},
         r"top_entropy_quantile must be a number in \(0, 1\]",
     ),
+    # dynamic sampling and length
+    ({"dynamic_sampling_max_rounds": 0}, "dynamic_sampling_max_rounds must be a"),
+    ({"dynamic_sampling": 1}, "dynamic_sampling must be True or False"),
+    (
+        {"dynamic_sampling": True, "baseline": "none", "advantage_normalizer": "none"},
+        "dynamic_sampling needs a group baseline",
+    ),
+    ({"mask_truncated_completions": "yes"}, "mask_truncated_completions must be"),
+    ({"overlong_buffer": 0}, "overlong_buffer must be None or a positive int"),
+    (
+        {"overlong_buffer": 9, "max_new_tokens": 8},
+        r"overlong_buffer must be at most max_new_tokens \(8\)",
+    ),
+    # max_new_tokens None: the reverse task's own 7 tokens.
+    ({"overlong_buffer": 8}, r"overlong_buffer must be at most max_new_tokens \(7\)"),
+    ({"overlong_penalty": -0.5}, "overlong_penalty must be a finite number >= 0"),
 ]
 
 

@@ -99,7 +99,7 @@ def collect_groups_with_signal(
         rounds, sampled = rounds + 1, sampled + len(examples)
     gave_up = len(kept) < wanted
     if gave_up:
-        _warn_gave_up(max_rounds, len(kept), wanted)
+        _warn_gave_up(max_rounds)
     chosen = (kept + dropped)[:wanted]
     graded, examples = _assemble(chosen, group_size)
     graded.sampling_metrics = {
@@ -136,13 +136,13 @@ def _assemble(
     return graded, [example for _r, _g, example, _i in chosen]
 
 
-def _warn_gave_up(max_rounds: int, kept: int, wanted: int) -> None:
+def _warn_gave_up(max_rounds: int) -> None:
     warnings.warn(
         f"dynamic_sampling_max_rounds ({max_rounds}) was reached before the "
         "rollout batch filled with groups whose rewards differ; such steps train "
         "on the groups with signal found so far, topped up with equal-reward "
-        "groups (advantage 0), and log rollout/dynamic_sampling_gave_up = 1 "
-        f"(first time: {kept} of {wanted} groups had signal)",
+        "groups (advantage 0), and log rollout/dynamic_sampling_gave_up = 1; "
+        "raise it, or make the task's rewards vary within a group",
         DynamicSamplingWarning,
         stacklevel=1,
     )
