@@ -7,6 +7,7 @@
     grpo-lab push RUN_DIR REPO_ID [--private]             # model + card to the Hub
     grpo-lab student-notebooks OUT_DIR [--source notebooks]
     grpo-lab notebooks DIR [--force]                      # copy the course notebooks
+    grpo-lab doctor RUN_DIR [--json]                      # name a run's problems
 
 Every ``train`` flag is generated from a ``TrainConfig`` field, so the command
 line and ``TrainConfig.for_profile(profile, **overrides)`` are the same thing.
@@ -142,6 +143,18 @@ def build_parser() -> argparse.ArgumentParser:
     copy_parser.add_argument("out_dir", metavar="DIR")
     copy_parser.add_argument(
         "--force", action="store_true", help="overwrite notebooks already in DIR"
+    )
+    doctor_parser = commands.add_parser(
+        "doctor",
+        parents=[common],
+        help="name a run's problems (truncation, no signal, entropy, lr, ...)",
+        description="Read RUN_DIR/metrics.jsonl (grpo-lab train) or a TRL "
+        "trainer_state.json (its folder, a checkpoint-* folder or the file) and "
+        "print each problem found: its rule, evidence, likely cause and a fix.",
+    )
+    doctor_parser.add_argument("run_dir", metavar="RUN_DIR")
+    doctor_parser.add_argument(
+        "--json", action="store_true", help="print the findings as JSON"
     )
     return parser
 
@@ -509,12 +522,30 @@ def run_notebooks(arguments: argparse.Namespace) -> int:
     return 0
 
 
+def run_doctor(arguments: argparse.Namespace) -> int:
+    """``grpo-lab doctor RUN_DIR``: print the run's problems (``--json``: as JSON)."""
+    from grpo_lab.training.doctor import diagnose, format_report
+
+    try:
+        diagnosis = diagnose(arguments.run_dir)
+    except ValueError as error:
+        raise UserError(
+            _one_line(error), "give the folder grpo-lab train or TRL wrote"
+        ) from error
+    if arguments.json:
+        print(json.dumps(diagnosis.to_dict(), indent=2))
+    else:
+        print(format_report(diagnosis))
+    return 0
+
+
 COMMANDS = {
     "train": run_train,
     "plot": run_plot,
     "push": run_push,
     "student-notebooks": run_student_notebooks,
     "notebooks": run_notebooks,
+    "doctor": run_doctor,
 }
 
 
