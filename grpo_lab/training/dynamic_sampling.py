@@ -20,7 +20,7 @@ warning per place it is raised).
 
 Rewards are computed once per response: the collected rollouts carry their
 reward dicts (:class:`GradedRollouts`), and the update reads those.
-Taught in ``notebooks/08_training_loop.ipynb`` beside the training loop.
+Used by the training loop (``notebooks/08_training_loop.ipynb``).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ diagnostics:
   |y| counts response tokens, a sampled end-of-sequence token included (as TRL's
   ``get_soft_overlong_punishment`` counts completion ids).
 
-Taught in ``notebooks/08_training_loop.ipynb`` beside the training loop.
+Used by the training loop (``notebooks/08_training_loop.ipynb``).
 """
 
 from __future__ import annotations
