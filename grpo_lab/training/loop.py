@@ -40,6 +40,11 @@ How this departs from textbook GRPO (DeepSeekMath), and why:
    (its key/value cache is computed once and copied G times) and when scoring
    (``share_prompt_prefix``, :mod:`grpo_lab.prefix_sharing`). The numbers are
    the same; the work on prompt tokens drops G-fold.
+9. DAPO's data-side options, off by default (section "dynamic sampling and
+   length"): groups with equal rewards dropped and more prompts sampled
+   (:mod:`grpo_lab.training.dynamic_sampling`), responses cut at
+   ``max_new_tokens`` masked out of the loss or their reward shaped
+   (:mod:`grpo_lab.training.overlong`). Each response is still graded once.
 
 Every random draw (prompts, samples, evaluation samples) is seeded from
 ``(config.seed, purpose, step)``, so a resumed run repeats an uninterrupted
@@ -549,7 +554,8 @@ def rollout_reward_fn(
     """The task's reward_fn, or a replay of grades already made (graded once).
 
     Rollouts collected by dynamic sampling carry their grades; with an overlong
-    buffer the responses are graded and shaped here, then replayed.
+    buffer the responses are graded and shaped here, then replayed. Grading
+    timeouts are then counted over the kept responses only.
     """
     if isinstance(rollouts, GradedRollouts):
         return replay_reward_fn(rollouts.reward_results, rollouts.responses)
