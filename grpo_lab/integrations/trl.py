@@ -67,20 +67,41 @@ def _group_size(config: TrainConfig, num_processes: int) -> dict[str, Any]:
     return {"num_generations": config.group_size}
 
 
-def _train_batch(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+def data_parallel_batch(config: TrainConfig, num_processes: int) -> dict[str, int]:
+    """per_device_train_batch_size and gradient_accumulation_steps that keep
+    the global train batch: rows x processes x steps = train_batch_size.
+
+    The microbatch (memory per device) is kept and the accumulation shrinks
+    when ``num_processes`` divides it; else the microbatch is split.
+    """
     rows = config.train_batch_size // config.gradient_accumulation_steps
-    if rows % num_processes:
-        raise _refuse(
-            "train_batch_size",
-            config.train_batch_size,
-            f"its microbatch of {rows} rows does not split over {num_processes} "
-            "processes",
-        )
-    return {"per_device_train_batch_size": rows // num_processes}
+    steps = config.gradient_accumulation_steps
+    if steps % num_processes == 0:
+        return {
+            "per_device_train_batch_size": rows,
+            "gradient_accumulation_steps": steps // num_processes,
+        }
+    if rows % num_processes == 0:
+        return {
+            "per_device_train_batch_size": rows // num_processes,
+            "gradient_accumulation_steps": steps,
+        }
+    raise _refuse(
+        "train_batch_size",
+        config.train_batch_size,
+        f"neither its {steps} accumulation steps nor its microbatch of {rows} "
+        f"rows split over {num_processes} processes",
+    )
+
+
+def _train_batch(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    name = "per_device_train_batch_size"
+    return {name: data_parallel_batch(config, num_processes)[name]}
 
 
 def _accumulation(config: TrainConfig, num_processes: int) -> dict[str, Any]:
-    return {"gradient_accumulation_steps": config.gradient_accumulation_steps}
+    name = "gradient_accumulation_steps"
+    return {name: data_parallel_batch(config, num_processes)[name]}
 
 
 def _rollout_batch(config: TrainConfig, num_processes: int) -> dict[str, Any]:
@@ -351,11 +372,12 @@ TRANSLATIONS: dict[str, Translation] = {
     "train_batch_size": T(
         ("per_device_train_batch_size",),
         _train_batch,
-        "train_batch_size / gradient_accumulation_steps / processes",
+        "train_batch_size / gradient_accumulation_steps (/ processes if the "
+        "steps do not split)",
     ),
     "epochs_per_rollout_batch": T(("num_iterations",), _epochs, "exact"),
     "gradient_accumulation_steps": T(
-        ("gradient_accumulation_steps",), _accumulation, "exact"
+        ("gradient_accumulation_steps",), _accumulation, "/ processes if they split"
     ),
     "lr": T(("learning_rate", "optim"), _lr, "AdamW (torch)"),
     "lr_warmup_steps": T(
@@ -696,3 +718,225 @@ def save_frozen_config(config: TrainConfig, out_dir: Path) -> list[Path]:
     train_path = out_dir / "train_config.json"
     train_path.write_text(config.to_json() + "\n")
     return [grpo_path, train_path]
+
+
+# --- the launch folder of ``grpo-lab export trl`` ------------------------------------
+
+TRAIN_SCRIPT = '''"""Train train_config.json's run on TRL's GRPOTrainer (TRL {version}).
+
+    accelerate launch --config_file accelerate/single_gpu.yaml train.py
+    python train.py --model PATH --max-steps 1 --use-cpu      # a dry run
+
+grpo_config.json holds the GRPOConfig arguments that ``grpo-lab export trl``
+translated from train_config.json (one process); with more processes the
+per-device batch and the accumulation steps are set so that the global batch
+stays the config's. See README.md.
+"""
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from trl import GRPOConfig, GRPOTrainer
+
+from grpo_lab.integrations.trl import (
+    data_parallel_batch,
+    task_dataset,
+    trainer_class_for,
+    trl_reward_function,
+)
+from grpo_lab.models import load_tokenizer
+from grpo_lab.tasks import get_task
+from grpo_lab.training.config import TrainConfig
+
+HERE = Path(__file__).resolve().parent
+# A CPU dry run: no vLLM engine, no autocast, float32 weights.
+CPU_ARGUMENTS = {{
+    "use_cpu": True,
+    "use_vllm": False,
+    "bf16": False,
+    "fp16": False,
+    "gradient_checkpointing": False,
+    "model_init_kwargs": {{"dtype": "float32"}},
+}}
+
+
+def parse_arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Train on TRL's GRPOTrainer.")
+    parser.add_argument("--model", help="a model folder or hub name to use instead")
+    parser.add_argument("--max-steps", type=int, help="stop after N optimizer steps")
+    parser.add_argument("--use-cpu", action="store_true", help="run on the CPU")
+    parser.add_argument("--output-dir", default=str(HERE / "output"))
+    return parser.parse_args()
+
+
+def main() -> None:
+    options = parse_arguments()
+    config = TrainConfig.from_dict(json.loads((HERE / "train_config.json").read_text()))
+    arguments = json.loads((HERE / "grpo_config.json").read_text())
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    arguments.update(data_parallel_batch(config, processes))
+    if options.max_steps is not None:
+        arguments["max_steps"] = options.max_steps
+    if options.use_cpu:
+        arguments.update(CPU_ARGUMENTS)
+    grpo_config = GRPOConfig(output_dir=options.output_dir, **arguments)
+
+    task = get_task(config.task, **config.task_options)
+    model = options.model or (
+        str(HERE / "tiny_model") if config.model == "tiny" else config.model
+    )
+    prompts = config.steps * config.prompts_per_step
+    chat = {{"chat_template": config.chat_template}}
+    train_dataset = task_dataset(task, "train", prompts, config.seed, **chat)
+    eval_dataset = None
+    if config.eval_every:
+        eval_dataset = task_dataset(task, "eval", config.eval_size, config.seed, **chat)
+    trainer_class = trainer_class_for(config, num_processes=processes)
+    extra = {{}} if trainer_class is GRPOTrainer else {{"train_config": config}}
+    trainer = trainer_class(
+        model=model,
+        reward_funcs=trl_reward_function(task),
+        args=grpo_config,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        processing_class=load_tokenizer(model),
+        **extra,
+    )
+    trainer.train(resume_from_checkpoint=True if config.resume else None)
+    trainer.save_model(str(Path(options.output_dir) / "final_model"))
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+ACCELERATE_COMMON = {
+    "compute_environment": "LOCAL_MACHINE",
+    "debug": False,
+    "downcast_bf16": "no",
+    "machine_rank": 0,
+    "main_training_function": "main",
+    "num_machines": 1,
+    "rdzv_backend": "static",
+    "same_network": True,
+    "tpu_env": [],
+    "tpu_use_cluster": False,
+    "tpu_use_sudo": False,
+    "use_cpu": False,
+}
+ZERO3 = {
+    "deepspeed_multinode_launcher": "standard",
+    "offload_optimizer_device": "none",
+    "offload_param_device": "none",
+    "zero3_init_flag": True,
+    "zero3_save_16bit_model": True,
+    "zero_stage": 3,
+}
+DEFAULT_GPUS = 8
+
+
+def accelerate_configs(config: TrainConfig) -> dict[str, dict[str, Any]]:
+    """accelerate 1.x ``accelerate config`` files: one GPU, DDP, DeepSpeed ZeRO-3."""
+    precision = {"bfloat16": "bf16", "float16": "fp16"}.get(config.autocast_dtype)
+    common = {**ACCELERATE_COMMON, "mixed_precision": precision or "no"}
+    return {
+        "single_gpu.yaml": {
+            **common,
+            "distributed_type": "NO",
+            "gpu_ids": "0",
+            "num_processes": 1,
+        },
+        "multi_gpu.yaml": {
+            **common,
+            "distributed_type": "MULTI_GPU",
+            "gpu_ids": "all",
+            "num_processes": DEFAULT_GPUS,
+        },
+        "deepspeed_zero3.yaml": {
+            **common,
+            "distributed_type": "DEEPSPEED",
+            "deepspeed_config": ZERO3,
+            "num_processes": DEFAULT_GPUS,
+        },
+    }
+
+
+def _launch_readme(config: TrainConfig) -> str:
+    reasons = grpo_lab_trainer_reasons(config)
+    trainer = (
+        "GrpoLabTrainer (a GRPOTrainer subclass) for: " + ", ".join(reasons)
+        if reasons
+        else "trl.GRPOTrainer itself"
+    )
+    commands = "\n".join(
+        f"accelerate launch --config_file accelerate/{name} train.py"
+        for name in accelerate_configs(config)
+    )
+    return f"""# A grpo_lab run on TRL's GRPOTrainer
+
+Written by `grpo-lab export trl` for TRL {TESTED_TRL_VERSION}.
+`train_config.json` is the run's TrainConfig; `grpo_config.json` holds the
+GRPOConfig arguments translated from it (one process). The trainer is
+{trainer}.
+
+Launch from this folder, on one GPU, on {DEFAULT_GPUS} GPUs with DDP, or on
+{DEFAULT_GPUS} GPUs with DeepSpeed ZeRO-3 (change `num_processes` in the file,
+or add `--num_processes N`; the global batch stays the config's):
+
+```
+{commands}
+```
+
+A dry run on the CPU with a small local model:
+
+```
+python train.py --model PATH --max-steps 1 --use-cpu
+```
+
+Checkpoints and the final model go to `output/` (`--output-dir DIR`).
+"""
+
+
+def write_launch_folder(config: TrainConfig, out_dir: str | Path) -> list[Path]:
+    """Write ``out_dir`` for TRL: train.py, grpo_config.json, train_config.json,
+    accelerate/*.yaml, README.md (and tiny_model/ for the tiny model).
+
+    Raises ``UserError`` for a setting TRL cannot run, before writing anything.
+    """
+    import yaml
+
+    out_dir = Path(out_dir)
+    to_trl_config(config)  # refuse first
+    (out_dir / "accelerate").mkdir(parents=True, exist_ok=True)
+    written = save_frozen_config(config, out_dir)
+    script = out_dir / "train.py"
+    script.write_text(TRAIN_SCRIPT.format(version=TESTED_TRL_VERSION))
+    written.append(script)
+    for name, values in accelerate_configs(config).items():
+        path = out_dir / "accelerate" / name
+        path.write_text(yaml.safe_dump(values, sort_keys=True))
+        written.append(path)
+    readme = out_dir / "README.md"
+    readme.write_text(_launch_readme(config))
+    written.append(readme)
+    if config.model == "tiny":
+        written.append(_save_tiny_model(config, out_dir / "tiny_model"))
+    return written
+
+
+def _save_tiny_model(config: TrainConfig, folder: Path) -> Path:
+    from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2
+
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_qwen2(
+        tokenizer,
+        hidden_size=config.tiny_hidden_size,
+        num_layers=config.tiny_num_layers,
+        intermediate_size=config.tiny_intermediate_size,
+        seed=config.seed,
+    )
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
