@@ -11,12 +11,18 @@ print each configuration's largest |difference| (loss and gradients).
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import math
+import os
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from test_trl_parity import (
     GROUP_SIZE,
     MAX_COMPLETION_LENGTH,
@@ -29,6 +35,7 @@ from test_trl_parity import (
 )
 from trl import GRPOConfig, GRPOTrainer
 
+from grpo_lab import cli
 from grpo_lab.advantages import compute_group_normalized_rewards
 from grpo_lab.errors import UserError
 from grpo_lab.integrations import trl as grpo_trl
@@ -95,8 +102,22 @@ def test_the_gpu_profile_maps_to_grpo_config_arguments_that_load():
     loaded = GRPOConfig(output_dir="unused", **{**arguments, **on_cpu})
     assert loaded.steps_per_generation == 128  # 256 / 2 rows per micro-step
     json.dumps(arguments)  # frozen as grpo_config.json
-    four = grpo_trl.to_trl_config(config, num_processes=2)
-    assert four["per_device_train_batch_size"] == 1  # the global batch is kept
+    # Eight processes: the microbatch stays, the accumulation shrinks 8-fold.
+    eight = grpo_trl.to_trl_config(config, num_processes=8)
+    assert eight["per_device_train_batch_size"] == 2
+    assert eight["gradient_accumulation_steps"] == 8  # 2 x 8 x 8 = 128
+    odd = gpu_config(
+        rollout_batch_size=192, train_batch_size=96, gradient_accumulation_steps=3
+    )
+    three = grpo_trl.data_parallel_batch(odd, 3)  # 32 rows split over 3 x 1
+    assert three == {
+        "per_device_train_batch_size": 32,
+        "gradient_accumulation_steps": 1,
+    }
+    four = grpo_trl.data_parallel_batch(odd, 4)  # 3 steps do not split: rows do
+    assert four == {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 3}
+    with pytest.raises(UserError, match="train_batch_size 96"):
+        grpo_trl.data_parallel_batch(odd, 5)
 
 
 @pytest.mark.parametrize(
@@ -424,3 +445,106 @@ def print_the_parity_table():
                 f"| {deltas['d_loss/d_log_prob']:.1e} "
                 f"| {deltas['parameter_gradients']:.1e} |"
             )
+
+
+# --- grpo-lab export trl -----------------------------------------------------------
+
+# The gpu profile at the toy task's size, so that a CPU dry run is quick.
+SMALL_GPU_RUN = [
+    "--profile", "gpu", "--task", "reverse", "--task-options", '{"n_digits": 3}',
+    "--rollout-batch-size", "8", "--train-batch-size", "4", "--group-size", "4",
+    "--gradient-accumulation-steps", "2", "--max-new-tokens", "6",
+    "--eval-size", "8",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> Path:
+    out_dir = tmp_path_factory.mktemp("export") / "trl_run"
+    assert cli.main(["export", "trl", *SMALL_GPU_RUN, "--out", str(out_dir)]) == 0
+    return out_dir
+
+
+def test_the_exported_folder_holds_loadable_configs(exported):
+    names = {p.relative_to(exported).as_posix() for p in exported.rglob("*")}
+    expected = {
+        "train.py",
+        "README.md",
+        "grpo_config.json",
+        "train_config.json",
+        "accelerate/single_gpu.yaml",
+        "accelerate/multi_gpu.yaml",
+        "accelerate/deepspeed_zero3.yaml",
+    }
+    assert expected <= names
+    arguments = json.loads((exported / "grpo_config.json").read_text())
+    config = TrainConfig.from_dict(
+        json.loads((exported / "train_config.json").read_text())
+    )
+    assert arguments == grpo_trl.to_trl_config(config)
+    assert config.profile == "gpu" and config.rollout_batch_size == 8
+    on_cpu = {"use_vllm": False, "bf16": False, "use_cpu": True}  # no GPU here
+    loaded = GRPOConfig(output_dir=str(exported / "output"), **{**arguments, **on_cpu})
+    assert loaded.num_generations == 4 and loaded.max_completion_length == 6
+    assert loaded.steps_per_generation == 4  # 8 rollouts / microbatches of 2
+    kinds = {}
+    for name in ("single_gpu", "multi_gpu", "deepspeed_zero3"):
+        values = yaml.safe_load((exported / "accelerate" / f"{name}.yaml").read_text())
+        kinds[name] = values["distributed_type"]
+        assert values["mixed_precision"] == "bf16"  # the gpu profile autocasts
+    assert kinds == {
+        "single_gpu": "NO",
+        "multi_gpu": "MULTI_GPU",
+        "deepspeed_zero3": "DEEPSPEED",
+    }
+    zero3 = yaml.safe_load((exported / "accelerate/deepspeed_zero3.yaml").read_text())
+    assert zero3["deepspeed_config"]["zero_stage"] == 3
+    readme = (exported / "README.md").read_text()
+    for name in ("single_gpu", "multi_gpu", "deepspeed_zero3"):
+        command = f"accelerate launch --config_file accelerate/{name}.yaml train.py"
+        assert command in readme
+
+
+@pytest.mark.slow
+def test_the_exported_train_script_runs_one_step_on_the_cpu(
+    exported, tiny_model_dir, tmp_path
+):
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+    root = str(Path(grpo_trl.__file__).resolve().parents[2])
+    environment["PYTHONPATH"] = os.pathsep.join(
+        [root, *filter(None, [environment.get("PYTHONPATH")])]
+    )
+    output = tmp_path / "output"
+    command = [
+        sys.executable, str(exported / "train.py"), "--model", str(tiny_model_dir),
+        "--max-steps", "1", "--use-cpu", "--output-dir", str(output),
+    ]  # fmt: skip
+    result = subprocess.run(
+        command, capture_output=True, text=True, env=environment, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    state = json.loads((output / "checkpoint-1" / "trainer_state.json").read_text())
+    assert state["global_step"] == 1
+    assert (output / "final_model" / "config.json").exists()
+
+
+def test_export_verl_without_its_module_is_a_one_line_error(
+    tmp_path, monkeypatch, capsys
+):
+    original = importlib.util.find_spec
+
+    def find_spec(name, *args):
+        return None if name == "grpo_lab.integrations.verl" else original(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    code = cli.main(["export", "verl", "--profile", "gpu", "--out", str(tmp_path)])
+    error = capsys.readouterr().err.strip()
+    assert code == 2 and len(error.splitlines()) == 1
+    assert error.startswith("grpo-lab export: grpo_lab.integrations.verl is not")
+
+
+def test_export_of_the_tiny_model_saves_it_beside_train_py(tmp_path):
+    config = TrainConfig.for_profile("smoke", sft_max_steps=0)
+    written = grpo_trl.write_launch_folder(config, tmp_path)
+    assert tmp_path / "tiny_model" in written
+    assert load_tokenizer(str(tmp_path / "tiny_model")).encode("12>")
