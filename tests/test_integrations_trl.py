@@ -81,6 +81,14 @@ def test_every_trl_name_in_the_table_is_a_grpo_config_field():
     assert "| `group_size` | `num_generations` |" in table
 
 
+def test_the_readme_shows_the_table_as_the_code_has_it():
+    readme = Path(__file__).resolve().parents[1] / "README.md"
+    section = readme.read_text(encoding="utf-8").split("## When you outgrow one GPU")[1]
+    assert grpo_trl.translation_table() in section
+    assert "grpo-lab export trl --profile gpu" in section
+    assert "grpo-lab export verl" in section
+
+
 def gpu_config(**overrides) -> TrainConfig:
     return TrainConfig.for_profile("gpu", **overrides)
 
@@ -98,6 +106,10 @@ def test_the_gpu_profile_maps_to_grpo_config_arguments_that_load():
     assert arguments["max_completion_length"] == 1024
     assert arguments["bf16"] and not arguments["fp16"]
     assert arguments["scale_rewards"] == "group"
+    assert arguments["generation_kwargs"] == {
+        "stop": ["</answer>"],  # GSM8K's r1-zero answer ends sampling
+        "include_stop_str_in_output": True,
+    }
     on_cpu = {"use_vllm": False, "bf16": False, "use_cpu": True}  # no GPU here
     loaded = GRPOConfig(output_dir="unused", **{**arguments, **on_cpu})
     assert loaded.steps_per_generation == 128  # 256 / 2 rows per micro-step
@@ -128,7 +140,9 @@ def test_the_gpu_profile_maps_to_grpo_config_arguments_that_load():
         ({"kl_coef": 0.1, "kl_estimator": "k1"}, "kl_estimator 'k1'"),
         ({"entropy_coef": 0.01}, "entropy_coef 0.01"),
         ({"sft_max_steps": 5}, "sft_max_steps 5"),
-        ({"backend": "hf", "rollout_max_batch_size": 8}, "rollout_max_batch_size 8"),
+        ({"backend": "hf"}, "task 'gsm8k'"),  # no stop strings in TRL's generate
+        ({"backend": "hf", "rollout_max_batch_size": 8, "task": "reverse"},
+         "rollout_max_batch_size 8"),
         ({"group_size": 1, "baseline": "none", "advantage_normalizer": "none"},
          "group_size 1"),
         (

@@ -271,6 +271,23 @@ def _backend(config: TrainConfig, num_processes: int) -> dict[str, Any]:
     }
 
 
+def _task(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    stops = get_task(config.task, **config.task_options).stop_strings
+    if not stops:
+        return {}
+    if config.backend == "hf":
+        raise _refuse(
+            "task",
+            config.task,
+            f"it stops sampling at {list(stops)}, and TRL's transformers "
+            "generation cannot stop at a string; use backend vllm",
+        )
+    # vLLM's SamplingParams: stop there, and keep the stop string, as grpo_lab does.
+    return {
+        "generation_kwargs": {"stop": list(stops), "include_stop_str_in_output": True}
+    }
+
+
 def _vllm_memory(config: TrainConfig, num_processes: int) -> dict[str, Any]:
     return {"vllm_gpu_memory_utilization": config.vllm_gpu_memory_utilization}
 
@@ -388,7 +405,11 @@ TRANSLATIONS: dict[str, Translation] = {
     "weight_decay": T(
         ("weight_decay",), lambda c, n: {"weight_decay": c.weight_decay}, "exact"
     ),
-    "adam_beta2": T(("adam_beta1", "adam_beta2", "adam_epsilon"), _adam_beta2, ""),
+    "adam_beta2": T(
+        ("adam_beta1", "adam_beta2", "adam_epsilon"),
+        _adam_beta2,
+        "beta1 0.9 and eps 1e-8, as grpo_lab's AdamW",
+    ),
     "max_grad_norm": T(("max_grad_norm",), _max_grad_norm, "None -> 0 (no clip)"),
     "baseline": T(
         ("scale_rewards",), _advantages, "mean in TRL; others by GrpoLabTrainer"
@@ -424,11 +445,17 @@ TRANSLATIONS: dict[str, Translation] = {
     ),
     "kl_coef": T(("beta",), _kl_coef, "reference: the step-0 model"),
     "kl_estimator": T((), _kl_estimator, "k3 only"),
-    "kl_importance_weighting": T(("use_bias_correction_kl",), _kl_weighting, ""),
+    "kl_importance_weighting": T(
+        ("use_bias_correction_kl",), _kl_weighting, "always given (TRL's default: on)"
+    ),
     "entropy_coef": T(("entropy_coef",), _entropy, "loss_normalization token only"),
     "top_entropy_quantile": T(("top_entropy_quantile",), _top_entropy, "exact"),
     "temperature": T(("temperature",), _temperature, "exact"),
-    "top_p": T(("top_p", "top_k", "min_p", "repetition_penalty"), _top_p, ""),
+    "top_p": T(
+        ("top_p", "top_k", "min_p", "repetition_penalty"),
+        _top_p,
+        "and no other filter (top_k 0), as grpo_lab samples",
+    ),
     "max_new_tokens": T(
         ("max_completion_length",), _max_new_tokens, "None -> the task's"
     ),
@@ -436,6 +463,11 @@ TRANSLATIONS: dict[str, Translation] = {
         ("use_vllm", "vllm_mode", "vllm_importance_sampling_correction"),
         _backend,
         "vllm -> colocate, no correction",
+    ),
+    "task": T(
+        ("generation_kwargs",),
+        _task,
+        "its stop strings -> vLLM's stop (train.py builds the task's data)",
     ),
     "vllm_gpu_memory_utilization": T(
         ("vllm_gpu_memory_utilization",), _vllm_memory, "exact"
@@ -463,7 +495,6 @@ LAUNCH_SETTINGS: dict[str, str] = {
     "tiny_hidden_size": "train.py builds the tiny model with it",
     "tiny_num_layers": "train.py builds the tiny model with it",
     "tiny_intermediate_size": "train.py builds the tiny model with it",
-    "task": "train.py builds the dataset and reward function of this task",
     "task_options": "train.py builds the task with them",
     "chat_template": "train.py writes prompts as user messages (TRL applies it)",
     "eval_size": "train.py's eval dataset size",
@@ -751,8 +782,9 @@ from grpo_lab.tasks import get_task
 from grpo_lab.training.config import TrainConfig
 
 HERE = Path(__file__).resolve().parent
-# A CPU dry run: no vLLM engine, no autocast, float32 weights.
+# A CPU dry run: no vLLM engine (nor its stop strings), no autocast, float32.
 CPU_ARGUMENTS = {{
+    "generation_kwargs": None,
     "use_cpu": True,
     "use_vllm": False,
     "bf16": False,
