@@ -545,7 +545,10 @@ def run_export(arguments: argparse.Namespace) -> int:
             else "this grpo_lab has no verl export; use a newer grpo_lab",
         )
     writer = importlib.import_module(module).write_launch_folder
-    written = writer(config, out_dir)
+    try:
+        written = writer(config, out_dir)
+    except ValueError as error:
+        raise UserError(str(error), "see grpo-lab export --help") from error
     print(f"wrote {len(written)} files to {out_dir}; see {out_dir / 'README.md'}")
     return 0
 

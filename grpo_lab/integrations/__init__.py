@@ -1,4 +1,5 @@
-"""Hand a grpo_lab run to a distributed trainer: TRL's GRPOTrainer (``trl``).
+"""Hand a grpo_lab run to a distributed trainer: TRL's GRPOTrainer (``trl``) or
+verl (``verl``).
 
 Each module translates a :class:`~grpo_lab.training.config.TrainConfig` into
 the other library's settings and writes a launch folder; grpo_lab itself never
