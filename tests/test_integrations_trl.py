@@ -380,12 +380,8 @@ def tokenizer():
     return build_char_tokenizer()
 
 
-@pytest.mark.parametrize("name", list(PARITY_CASES))
-def test_first_step_loss_and_gradients_match_grpo_lab(tokenizer, tmp_path, name):
-    config = TrainConfig.for_profile("cpu", **{**HARNESS, **PARITY_CASES[name]})
-    trainer, beta = translated_trainer(tokenizer, tmp_path, config)
-    assert (type(trainer) is GRPOTrainer) == (not name.startswith("GrpoLabTrainer"))
-    trl_run = run_trl(trainer, beta=beta)
+def advantage_difference(trl_run, config: TrainConfig) -> float:
+    """max |TRL's advantages - grpo_lab's| for the harness's rewards."""
     ours, _ = compute_group_normalized_rewards(
         torch.tensor(REWARDS),
         config.group_size,
@@ -394,7 +390,16 @@ def test_first_step_loss_and_gradients_match_grpo_lab(tokenizer, tmp_path, name)
         config.advantage_normalizer,
         nan_rewards=config.nan_rewards,
     )
-    advantage_delta = (trl_run.inputs["advantages"] - ours.double()).abs().max().item()
+    return (trl_run.inputs["advantages"] - ours.double()).abs().max().item()
+
+
+@pytest.mark.parametrize("name", list(PARITY_CASES))
+def test_first_step_loss_and_gradients_match_grpo_lab(tokenizer, tmp_path, name):
+    config = TrainConfig.for_profile("cpu", **{**HARNESS, **PARITY_CASES[name]})
+    trainer, beta = translated_trainer(tokenizer, tmp_path, config)
+    assert (type(trainer) is GRPOTrainer) == (not name.startswith("GrpoLabTrainer"))
+    trl_run = run_trl(trainer, beta=beta)
+    advantage_delta = advantage_difference(trl_run, config)
     # The loss on TRL's advantages: they agree with grpo_lab's to float32
     # rounding (TRL's nanstd), and through GrpoLabTrainer they are grpo_lab's.
     deltas = max_deltas(
@@ -409,6 +414,40 @@ def test_first_step_loss_and_gradients_match_grpo_lab(tokenizer, tmp_path, name)
     for key, value in deltas.items():
         assert value <= TOLERANCE * max(1.0, scale), (name, key, value)
     assert trl_run.log_prob_gradients.abs().max() > 0  # something was compared
+
+
+@pytest.mark.parametrize("normalization", ["sequence", "token"])
+def test_on_policy_reinforce_matches_trl_with_a_ratio_of_one(
+    tokenizer, tmp_path, monkeypatch, normalization
+):
+    # importance_reweighting_method none (the default) is on-policy: TRL's old
+    # log-probs are then the policy's own, detached, so its ratio is 1 with the
+    # gradient of log pi. The harness's perturbation is set to 0 for that.
+    overrides = {
+        "epochs_per_rollout_batch": 1,
+        "importance_reweighting_method": "none",
+        "cliprange": None,
+        "loss_normalization": normalization,
+    }
+    config = TrainConfig.for_profile("cpu", **{**HARNESS, **overrides})
+    trainer, beta = translated_trainer(tokenizer, tmp_path, config)
+    assert trainer.args.num_iterations == 1
+    randn = torch.randn
+    monkeypatch.setattr(torch, "randn", lambda *a, **k: randn(*a, **k) * 0)
+    trl_run = run_trl(trainer, beta=beta)
+    monkeypatch.undo()
+    deltas = max_deltas(
+        trl_run, run_grpo_lab(tokenizer, trl_run, config.update_settings())
+    )
+    # The loss values are different surrogates of one gradient: TRL's is
+    # -A * ratio (ratio 1), grpo_lab's REINFORCE loss -A * log pi.
+    gradients = {k: v for k, v in deltas.items() if "loss" not in k or "/" in k}
+    name = f"none (on-policy REINFORCE), {normalization}; gradients only"
+    advantages = advantage_difference(trl_run, config)
+    PARITY_REPORT[name] = {"advantages": advantages, "loss": math.nan, **gradients}
+    assert max(gradients.values()) <= TOLERANCE, deltas
+    assert deltas["loss"] > 1e-6  # the surrogates' values do differ
+    assert trl_run.log_prob_gradients.abs().max() > 0
 
 
 def test_the_subclass_changes_what_trl_would_compute(tokenizer, tmp_path):
