@@ -162,7 +162,7 @@ def test_eos_and_stop_strings_end_responses(tokenizer):
         rollouts.response_token_ids, rollouts.sampler_log_probs, rollouts.responses
     ):
         assert len(ids) == len(values)
-        assert tokenizer.pad_token_id not in ids
+        assert tokenizer.eos_token_id not in ids[:-1]
         assert text.count("a") <= 1
         assert text == tokenizer.decode(ids, skip_special_tokens=True)
 
@@ -246,10 +246,10 @@ def estimated_gradient(mismatch, scale, correction, draws, seed) -> torch.Tensor
     return gradient
 
 
-@pytest.mark.parametrize(("mismatch", "scale"), [("temperature", 0.6), ("noise", 1.0)])
+@pytest.mark.parametrize(("mismatch", "scale"), [("temperature", 0.6), ("noise", 1.5)])
 def test_token_truncate_with_a_large_cap_removes_the_bias(mismatch, scale):
     exact = exact_gradient()
-    draws = 40_000
+    draws = 200_000
 
     def bias(estimate):
         return ((estimate - exact).norm() / exact.norm()).item()
