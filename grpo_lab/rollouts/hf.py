@@ -26,7 +26,9 @@ class HFRolloutBackend:
     """``generate(prompts, group_size, sampling) -> Rollouts`` with ``model.generate``.
 
     The backend samples from the live policy module, so ``sync`` has nothing to do.
-    ``max_batch_size`` bounds how many sequences are generated at once (None: all).
+    ``max_batch_size`` bounds how many sequences are generated at once (None: all);
+    it also bounds the processed scores kept until the sampler's log-probs are
+    read off them (rows x new tokens x vocabulary float32 values).
     ``share_prompt_prefix`` runs each distinct prompt once (all but its last
     token) and hands ``generate`` a copy of that key/value cache per response,
     instead of running the prompt G times: the same samples, with less work.
