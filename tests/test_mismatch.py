@@ -143,6 +143,32 @@ def test_seeded_samples_repeat_and_differ_across_seeds(model, tokenizer):
     assert first.prompts == [p for p in PROMPTS for _ in range(6)]
 
 
+def test_max_batch_size_bounds_the_rows_sampled_at_once(model, tokenizer):
+    rows = []
+    handle = model.model.embed_tokens.register_forward_hook(
+        lambda module, args, output: rows.append(args[0].shape[0])
+    )
+    try:
+        chunked = MismatchRolloutBackend(model, tokenizer, max_batch_size=5)
+        rollouts = sample(chunked)
+    finally:
+        handle.remove()
+    # 18 responses in chunks of 5, 5, 5 and 3.
+    assert max(rows) == 5 and 3 in rows
+    assert len(rollouts.response_token_ids) == 18
+    assert mean_gap(model, rollouts) < 1e-5
+    greedy = SamplingSettings(temperature=0.0, max_new_tokens=6)
+    whole = MismatchRolloutBackend(model, tokenizer, "bf16").generate(
+        PROMPTS, 3, greedy
+    )
+    parts = MismatchRolloutBackend(model, tokenizer, "bf16", max_batch_size=2)
+    assert parts.generate(PROMPTS, 3, greedy).response_token_ids == (
+        whole.response_token_ids
+    )
+    with pytest.raises(ValueError, match="max_batch_size"):
+        MismatchRolloutBackend(model, tokenizer, max_batch_size=0)
+
+
 def test_greedy_without_perturbation_matches_hf_generate(model, tokenizer):
     greedy = SamplingSettings(temperature=0.0, max_new_tokens=8)
     ours = MismatchRolloutBackend(model, tokenizer).generate(PROMPTS, 2, greedy)

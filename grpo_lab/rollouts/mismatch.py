@@ -172,6 +172,7 @@ class MismatchRolloutBackend:
     (None: ``DEFAULT_SCALES``), ``sync_every`` the period of ``stale``. The
     returned ``sampler_log_probs`` are log softmax of :func:`sampler_scores` at
     each sampled token, one per response token (a sampled EOS included).
+    ``max_batch_size`` bounds how many sequences are sampled at once (None: all).
     """
 
     def __init__(
@@ -181,9 +182,12 @@ class MismatchRolloutBackend:
         mismatch: str = "none",
         scale: float | None = None,
         sync_every: int = 1,
+        max_batch_size: int | None = None,
     ) -> None:
         check_mismatch_settings(mismatch, scale, sync_every)
-        self.text = HFRolloutBackend(model, tokenizer)  # checks the tokenizer
+        # Checks the tokenizer and max_batch_size; cuts at stop strings.
+        self.text = HFRolloutBackend(model, tokenizer, max_batch_size)
+        self.max_batch_size = max_batch_size
         self.model = model
         self.tokenizer = tokenizer
         self.mismatch = mismatch
@@ -206,7 +210,15 @@ class MismatchRolloutBackend:
             for prompt in prompts
         ]
         prompt_ids = [list(ids) for ids in encoded for _ in range(group_size)]
-        ids, log_probs = self._sample(prompt_ids, sampling)
+        generator = self._generator(sampling.seed)
+        chunk = self.max_batch_size or len(prompt_ids)
+        ids, log_probs = [], []
+        for start in range(0, len(prompt_ids), chunk):
+            chunk_ids, chunk_log_probs = self._sample(
+                prompt_ids[start : start + chunk], sampling, generator
+            )
+            ids += chunk_ids
+            log_probs += chunk_log_probs
         rollouts = Rollouts(
             prompts=[prompt for prompt in prompts for _ in range(group_size)],
             responses=[],
@@ -247,7 +259,10 @@ class MismatchRolloutBackend:
         return torch.Generator(device=device).manual_seed(seed)
 
     def _sample(
-        self, prompt_ids: list[list[int]], sampling: SamplingSettings
+        self,
+        prompt_ids: list[list[int]],
+        sampling: SamplingSettings,
+        generator: torch.Generator,
     ) -> tuple[list[list[int]], list[list[float]]]:
         """The sampling loop: prefill, then one token per step, cache reused."""
         model = self.sampling_model()
@@ -255,7 +270,9 @@ class MismatchRolloutBackend:
         model.eval()
         try:
             with torch.no_grad():
-                tokens, log_probs = self._sample_tokens(model, prompt_ids, sampling)
+                tokens, log_probs = self._sample_tokens(
+                    model, prompt_ids, sampling, generator
+                )
         finally:
             model.train(was_training)
         eos_ids = _eos_token_ids(self.model, self.tokenizer)
@@ -268,9 +285,9 @@ class MismatchRolloutBackend:
         model: torch.nn.Module,
         prompt_ids: list[list[int]],
         sampling: SamplingSettings,
+        generator: torch.Generator,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         device = _device_of(model)
-        generator = self._generator(sampling.seed)
         input_ids, attention_mask = _left_pad(prompt_ids, self.tokenizer.pad_token_id)
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
         eos = torch.tensor(_eos_token_ids(self.model, self.tokenizer), device=device)

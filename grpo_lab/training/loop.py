@@ -276,6 +276,7 @@ def build_backend(
             mismatch=config.mismatch,
             scale=config.mismatch_scale,
             sync_every=config.mismatch_sync_every,
+            max_batch_size=config.rollout_max_batch_size,
         )
     if config.backend == "hf":
         return make_backend(
