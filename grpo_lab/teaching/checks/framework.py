@@ -167,7 +167,7 @@ def _counterpart_used(
                 return path
         for value in _referenced_values(candidate, names):
             for path, target in targets:
-                if value is target:
+                if value is target or value is getattr(target, "fget", target):
                     return path
             beside = inspect.isfunction(value) and (
                 value.__module__ == candidate.__module__
