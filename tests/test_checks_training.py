@@ -242,6 +242,15 @@ def test_train_step_names_the_classic_mistakes(options, message):
         check_microbatch_train_step(make_train_step(**options))
 
 
+def test_train_step_refuses_a_loss_without_gradient():
+    def scored_without_gradient(model, optimizer, batch, advantages, steps, norm):
+        with torch.no_grad():
+            make_train_step()(model, optimizer, batch, advantages, steps, norm)
+
+    with pytest.raises(ExerciseFailed, match="carries no gradient to the model"):
+        check_microbatch_train_step(scored_without_gradient)
+
+
 def test_train_step_refuses_the_package_step():
     from grpo_lab.train_step import policy_gradient_update
 

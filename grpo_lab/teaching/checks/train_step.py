@@ -125,8 +125,9 @@ def check_microbatch_train_step(student_fn: TrainStep) -> None:
         student_model = copy.deepcopy(model)
         optimizer = GradientRecorder(student_model.parameters(), lr=1.0)
         with _LastGradient(student_model) as last:
-            student_fn(
-                student_model, optimizer, batch, advantages, steps, max_grad_norm
+            _run_step(
+                student_fn,
+                (student_model, optimizer, batch, advantages, steps, max_grad_norm),
             )
         _check_step_count(optimizer.steps, inputs)
         _check_accumulated_gradient(
@@ -146,6 +147,19 @@ def check_microbatch_train_step(student_fn: TrainStep) -> None:
                 f"parameters after the step are not (largest difference "
                 f"{(received - expected_parameters).abs().max():.2e}); {hint}"
             )
+
+
+def _run_step(student_fn: TrainStep, arguments: tuple[Any, ...]) -> None:
+    """Run the student's step; a loss without a gradient gets its own message."""
+    try:
+        student_fn(*arguments)
+    except RuntimeError as error:
+        if "does not require grad" not in str(error):
+            raise
+        raise ExerciseFailed(
+            "backward() found a loss that carries no gradient to the model (were "
+            "the log-probs computed under torch.no_grad(), or detached?)"
+        ) from error
 
 
 def _tiny_step_problem() -> tuple[torch.nn.Module, dict[str, torch.Tensor], Any]:
