@@ -607,7 +607,10 @@ class EvenFirstCharacter:
 
 def loop_rollouts(tmp_path, with_sampler=True, **overrides):
     """A tiny policy, hf rollouts, and (by hand) sampler log-probs: the policy's
-    own log-probs of the sampled tokens plus noise, one row per response."""
+    own log-probs of the sampled tokens plus noise, one row per response.
+
+    ``with_sampler=False`` drops the backend's own sampler log-probs, as a
+    backend that reports none would."""
     from grpo_lab.logprobs import get_response_log_probs
     from grpo_lab.tasks import get_task
     from grpo_lab.training import loop
@@ -645,6 +648,8 @@ def loop_rollouts(tmp_path, with_sampler=True, **overrides):
         noisy = scored + 0.3 * torch.randn(scored.shape, generator=generator)
         mask = batch["response_mask"].bool()
         rollouts.sampler_log_probs = [row[m].tolist() for row, m in zip(noisy, mask)]
+    else:
+        rollouts.sampler_log_probs = None
     return config, task, policy, rollouts, examples
 
 
