@@ -7,6 +7,7 @@
     grpo-lab push RUN_DIR REPO_ID [--private]             # model + card to the Hub
     grpo-lab student-notebooks OUT_DIR [--source notebooks]
     grpo-lab notebooks DIR [--force]                      # copy the course notebooks
+    grpo-lab grade SUBMISSIONS_DIR --out grades.csv      # grade submitted notebooks
 
 Every ``train`` flag is generated from a ``TrainConfig`` field, so the command
 line and ``TrainConfig.for_profile(profile, **overrides)`` are the same thing.
@@ -142,6 +143,26 @@ def build_parser() -> argparse.ArgumentParser:
     copy_parser.add_argument("out_dir", metavar="DIR")
     copy_parser.add_argument(
         "--force", action="store_true", help="overwrite notebooks already in DIR"
+    )
+    grade_parser = commands.add_parser(
+        "grade",
+        parents=[common],
+        help="grade submitted notebooks (one folder per student) against the "
+        "course's checks",
+    )
+    grade_parser.add_argument("submissions_dir", metavar="SUBMISSIONS_DIR")
+    grade_parser.add_argument("--out", required=True, help="the CSV file to write")
+    grade_parser.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="seconds one exercise may take (default: 60)",
+    )
+    grade_parser.add_argument(
+        "--notebooks",
+        default=None,
+        help="folder of the course notebooks whose checks grade (default: the "
+        "notebooks shipped with the package)",
     )
     return parser
 
@@ -509,12 +530,39 @@ def run_notebooks(arguments: argparse.Namespace) -> int:
     return 0
 
 
+def run_grade(arguments: argparse.Namespace) -> int:
+    """``grpo-lab grade SUBMISSIONS_DIR --out grades.csv``: one row per exercise."""
+    try:
+        from grpo_lab.teaching import grading
+    except ModuleNotFoundError as error:
+        raise UserError(
+            f"grade needs {error.name}, which is not installed",
+            "pip install nbformat nbclient ipykernel; the dev extra includes them",
+        ) from error
+    try:
+        grades = grading.grade_submissions(
+            arguments.submissions_dir,
+            notebooks_dir=arguments.notebooks,
+            timeout=arguments.timeout,
+        )
+    except (ValueError, FileNotFoundError) as error:
+        raise UserError(
+            str(error), "see grpo-lab grade --help for the folder layout"
+        ) from error
+    grading.write_grades_csv(grades, arguments.out)
+    counts = {o: sum(g.outcome == o for g in grades) for o in grading.OUTCOMES}
+    summary = ", ".join(f"{n} {o}" for o, n in counts.items())
+    print(f"{len(grades)} grades ({summary}) written to {arguments.out}")
+    return 0
+
+
 COMMANDS = {
     "train": run_train,
     "plot": run_plot,
     "push": run_push,
     "student-notebooks": run_student_notebooks,
     "notebooks": run_notebooks,
+    "grade": run_grade,
 }
 
 

@@ -44,7 +44,7 @@ from grpo_lab.teaching.rubric import (
     load_rubric,
     notebook_number,
 )
-from grpo_lab.teaching.shipped_notebooks import shipped_notebooks_dir
+from grpo_lab.teaching.shipped_notebooks import PACKAGE_DIR, shipped_notebooks_dir
 
 OUTCOMES = ("pass", "fail", "not attempted", "error")
 CSV_COLUMNS = (
@@ -157,7 +157,7 @@ def grading_cell_source(solution_source: str, check_source: str) -> str:
     )
 
 
-# --- the submissions -------------------------------------------------------------------
+# --- the submissions ---------------------------------------------------------------
 
 
 def find_submissions(submissions_dir: str | Path) -> dict[str, dict[str, Path]]:
@@ -353,7 +353,10 @@ class _Kernel:
             self.ran.add(index)
             error = next((o for o in outputs if o.output_type == "error"), None)
             if error is not None:
-                self.context_error = f"course cell {index} (context) raised {error.ename}: {error.evalue}"
+                self.context_error = (
+                    f"course cell {index} (context) raised {error.ename}: "
+                    f"{error.evalue}"
+                )
 
     def _start(self) -> None:
         from nbclient import NotebookClient
@@ -387,7 +390,10 @@ class _Kernel:
 
 
 def _kernel_environment() -> dict[str, str]:
+    """This environment, with the smoke profile and this grpo_lab importable."""
     environment = dict(os.environ)
+    paths = [str(PACKAGE_DIR.parent), environment.get("PYTHONPATH", "")]
+    environment["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     environment["GRPO_LAB_PROFILE"] = "smoke"
     environment.setdefault("OMP_NUM_THREADS", "1")
     environment.setdefault("MPLBACKEND", "agg")
