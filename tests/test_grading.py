@@ -173,3 +173,12 @@ def test_bad_grade_invocations_print_one_line_and_exit_2(name, tmp_path, capsys)
     assert code == 2 and len(lines) == 1
     assert lines[0].startswith("grpo-lab grade: ") and expected in lines[0]
     assert not (tmp_path / "g.csv").exists()
+
+
+def test_the_solutions_key_is_current():
+    from grpo_lab.teaching import solutions_key
+
+    wanted = solutions_key.solutions_key(shipped_notebooks_dir(), load_rubric())
+    assert solutions_key.KEY_PATH.read_text(encoding="utf-8") == wanted, (
+        "run `python -m grpo_lab.teaching.solutions_key` to update docs/solutions.md"
+    )
