@@ -32,6 +32,7 @@ from typing import Any
 
 import nbformat
 from nbconvert.preprocessors import Preprocessor
+from traitlets import Bool
 
 from grpo_lab.teaching.grading import NOT_ATTEMPTED_TEXT
 from grpo_lab.teaching.rubric import (
@@ -167,6 +168,8 @@ class NotAttemptedScoresZero(Preprocessor):
     full marks otherwise; our checks print "not attempted yet" for a stub.
     """
 
+    enabled = Bool(True)
+
     def preprocess_cell(self, cell: Any, resources: dict, index: int) -> tuple:
         if cell.cell_type == "code" and cell.metadata.get("nbgrader", {}).get("grade"):
             printed = "".join(
@@ -175,10 +178,13 @@ class NotAttemptedScoresZero(Preprocessor):
                 if o.get("output_type") == "stream" and o.get("name") == "stdout"
             )
             if NOT_ATTEMPTED_TEXT in printed:
-                cell.outputs.append(
+                # First: nbgrader reads the outputs in order and stops at an
+                # execute_result (a check's True or False) or at stderr.
+                cell.outputs.insert(
+                    0,
                     nbformat.v4.new_output(
                         "stream", name="stderr", text="not attempted: 0 points\n"
-                    )
+                    ),
                 )
         return cell, resources
 
@@ -188,7 +194,7 @@ def autograde_preprocessors() -> list[type]:
     grades are saved."""
     from nbgrader.converters.autograde import Autograde
 
-    defaults = list(Autograde.class_traits()["autograde_preprocessors"].default_value)
+    defaults = list(Autograde.class_traits()["autograde_preprocessors"].default())
     names = [p.__name__ for p in defaults]
     at = names.index("SaveAutoGrades")
     return [*defaults[:at], NotAttemptedScoresZero, *defaults[at:]]
