@@ -109,3 +109,23 @@ def test_generate_assignment_and_autograde_score_the_check_cells(tmp_path):
         questions = gradebook.find_submission_notebook(notebook_id, ASSIGNMENT, "alice")
         # 3 points of checks and 2 hand-graded questions of 1 point each.
         assert questions.max_score == 5
+
+
+def test_an_unattempted_check_gets_stderr_first_so_nbgrader_scores_it_zero():
+    import nbformat
+
+    cell = nbformat.v4.new_code_cell("check(f)")
+    cell.metadata["nbgrader"] = nbgrader_metadata.nbgrader_fields(
+        "x-check", grade=True, locked=True, points=2
+    )
+    stub_output = nbformat.v4.new_output(
+        "stream", name="stdout", text="X: not attempted yet (the stub raises)\n"
+    )
+    value = nbformat.v4.new_output("execute_result", data={"text/plain": "False"})
+    cell.outputs = [stub_output, value]
+    preprocessor = nbgrader_metadata.NotAttemptedScoresZero()
+    cell, _ = preprocessor.preprocess_cell(cell, {}, 0)
+    assert [o.get("name") for o in cell.outputs] == ["stderr", "stdout", None]
+    passed = nbformat.v4.new_code_cell("check(f)", metadata=dict(cell.metadata))
+    passed.outputs = [nbformat.v4.new_output("stream", name="stdout", text="ok\n")]
+    assert len(preprocessor.preprocess_cell(passed, {}, 0)[0].outputs) == 1
