@@ -587,19 +587,18 @@ def run_export(arguments: argparse.Namespace) -> int:
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise UserError(f"{out_dir} is not an empty folder", "give --out a new folder")
     module = f"grpo_lab.integrations.{arguments.target}"
-    needs = {"trl": "trl", "verl": module}[arguments.target]
-    if importlib.util.find_spec(needs) is None:
-        raise UserError(
-            f"{needs} is not installed",
-            "pip install trl==1.16.0"
-            if arguments.target == "trl"
-            else "this grpo_lab has no verl export; use a newer grpo_lab",
-        )
+    # The verl folder is written without verl; TRL's needs trl's GRPOConfig.
+    if arguments.target == "trl" and importlib.util.find_spec("trl") is None:
+        raise UserError("trl is not installed", "pip install trl==1.16.0")
     writer = importlib.import_module(module).write_launch_folder
     try:
         written = writer(config, out_dir)
     except ValueError as error:
         raise UserError(str(error), "see grpo-lab export --help") from error
+    except (RuntimeError, OSError) as error:  # the task's data could not be read
+        raise UserError(
+            _one_line(error), "pass the task's data as a local file"
+        ) from error
     print(f"wrote {len(written)} files to {out_dir}; see {out_dir / 'README.md'}")
     return 0
 

@@ -99,12 +99,14 @@ from grpo_lab.losses import (
 
 try:
     from verl.trainer.ppo import core_algos
-except ImportError as error:  # pragma: no cover - the main venv has no verl
-    raise ImportError(
-        "grpo_lab.integrations.verl needs verl 0.9.1: pip install verl==0.9.1 "
-        "(it needs transformers>=5.5.3,<5.11), or build the checkout's verl "
-        "environment with `make .venv-verl`"
-    ) from error
+except ImportError:  # the main venv has no verl: export works, registering does not
+    core_algos = None
+
+VERL_MISSING = (
+    "grpo_lab's verl losses and estimators need verl 0.9.1: pip install "
+    "verl==0.9.1 (it needs transformers>=5.5.3,<5.11), or build the checkout's "
+    "verl environment with `make .venv-verl`"
+)
 
 LOSS_PREFIX = "grpo_lab_"
 VERL_VERSION = "0.9.1"
@@ -404,7 +406,11 @@ def register() -> None:
 
     A name already registered is left as it is when it is grpo_lab's (a second
     import or a module reload), so verl's "already registered" check never fires.
+    Without verl installed it raises ImportError saying how to install it; the
+    launch folder (:func:`write_launch_folder`) needs no verl.
     """
+    if core_algos is None:
+        raise ImportError(VERL_MISSING)
     for method in OBJECTIVES:
         name = f"{LOSS_PREFIX}{method}"
         if name not in core_algos.POLICY_LOSS_REGISTRY:
@@ -417,7 +423,8 @@ def register() -> None:
             )
 
 
-register()
+if core_algos is not None:  # loaded by verl's plugin loader: register at import
+    register()
 
 # --- the launch folder ----------------------------------------------------------
 
