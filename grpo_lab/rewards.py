@@ -63,6 +63,60 @@ def exact_match_reward(response: str, ground_truth: str) -> dict[str, float]:
 
 
 # ----------------------------------------------------------------------------------
+# The scratchpad task: "<restated digits>:<answer>"
+
+SCRATCHPAD_SEPARATOR = ":"
+_SCRATCHPAD_PATTERN = re.compile(r"([0-9]*):(-?[0-9]+)")
+
+
+def scratchpad_reward(response: str, ground_truth: str) -> dict[str, float]:
+    """Exact match of the answer after a scratchpad of digits.
+
+    format_reward = 1 if response.strip() is "<digits>:<integer>": any number of
+                    digits (the scratchpad, possibly empty), one ":", the answer
+    answer_reward = 1 if format_reward and the answer == ground_truth.strip()
+    reward = answer_reward
+
+    The scratchpad is not graded, so responses of different lengths can earn the
+    same reward. Time is linear in the response length, capped at
+    ``MAX_RESPONSE_CHARS``.
+    """
+    if not isinstance(response, str) or not isinstance(ground_truth, str):
+        return _scores(0.0, 0.0)
+    if len(response) > MAX_RESPONSE_CHARS:
+        return _scores(0.0, 0.0)
+    match = _SCRATCHPAD_PATTERN.fullmatch(response.strip())
+    if match is None:
+        return _scores(0.0, 0.0)
+    return _scores(1.0, float(match.group(2) == ground_truth.strip()))
+
+
+# ----------------------------------------------------------------------------------
+# A deliberately lenient reward, to watch a policy exploit it
+
+
+def contains_answer_reward(response: str, ground_truth: str) -> dict[str, float]:
+    """A lenient (hackable) check: the answer appears anywhere in the response.
+
+    format_reward = 1 if the response contains at least one digit
+    answer_reward = 1 if ground_truth.strip() is a substring of the response
+    reward = answer_reward
+
+    Wrong on purpose: a response that lists many candidate numbers ("4142434")
+    scores whenever one of them is right, so a policy trained on it learns to
+    dump digits rather than to add. ``exact_match_reward`` is the fix. Time is
+    linear in the response length, capped at ``MAX_RESPONSE_CHARS``.
+    """
+    if not isinstance(response, str) or not isinstance(ground_truth, str):
+        return _scores(0.0, 0.0)
+    if len(response) > MAX_RESPONSE_CHARS:
+        return _scores(0.0, 0.0)
+    truth = ground_truth.strip()
+    has_digit = re.search(r"[0-9]", response) is not None
+    return _scores(float(has_digit), float(bool(truth) and truth in response))
+
+
+# ----------------------------------------------------------------------------------
 # r1-zero: "<think> ... </think> <answer> ... </answer>", graded with math-verify
 
 

@@ -35,6 +35,7 @@ SCRIPTS = {
     "cpu_profile", "logprob_memory", "trl_train_step", "time_to_accuracy",
     "gpu_throughput", "run_cpu", "harness", "threads", "kl_reference",
     "mismatch_bias",
+    "length_bias",
 }  # fmt: skip
 MACHINE_FIELDS = {
     "nproc", "cpu_model", "torch", "transformers", "torch_threads", "git_commit",
@@ -318,6 +319,7 @@ def test_committed_results_render_to_the_committed_results_md():
 def test_recorded_and_rerun_command_lines_still_parse():
     """Each committed result's command, and each run_cpu.py run, parses today."""
     import kl_reference  # noqa: F401
+    import length_bias  # noqa: F401
     import mismatch_bias  # noqa: F401
     import run_cpu
     import threads  # noqa: F401

@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import itertools
+import math
+
+import pytest
+
 from grpo_lab.rollouts.base import Rollouts, SamplingSettings
 from grpo_lab.tasks import get_task
-from grpo_lab.training.evaluation import held_out_scores
+from grpo_lab.training.evaluation import (
+    correct_counts,
+    held_out_scores,
+    pass_at_k,
+    pass_at_k_curve,
+)
 
 
 class FirstCorrectBackend:
@@ -63,3 +73,80 @@ def test_lengths_fall_back_to_characters_without_token_ids():
         SamplingSettings(),
     )
     assert (scores.accuracy, scores.response_length) == (0.0, 1.0)
+
+
+# ---------------------------------------------------------------- pass@k
+
+
+@pytest.mark.parametrize(("n", "c"), [(10, 0), (10, 3), (7, 7), (1, 1), (20, 13)])
+def test_pass_at_1_is_the_fraction_correct(n: int, c: int) -> None:
+    assert pass_at_k(n, c, 1) == pytest.approx(c / n)
+
+
+@pytest.mark.parametrize(("n", "c"), [(10, 0), (10, 1), (10, 9), (5, 5)])
+def test_pass_at_n_is_whether_any_sample_is_correct(n: int, c: int) -> None:
+    assert pass_at_k(n, c, n) == (1.0 if c > 0 else 0.0)
+
+
+@pytest.mark.parametrize(("n", "c", "k"), [(10, 3, 2), (8, 2, 5), (30, 4, 10)])
+def test_pass_at_k_matches_the_binomial_closed_form(n: int, c: int, k: int) -> None:
+    expected = 1 - math.comb(n - c, k) / math.comb(n, k)
+    assert pass_at_k(n, c, k) == pytest.approx(expected, rel=1e-12)
+
+
+def test_pass_at_k_by_hand() -> None:
+    # n = 4, c = 1, k = 2: the pair misses the one correct sample in C(3,2) = 3 of
+    # C(4,2) = 6 pairs, so pass@2 = 1 - 3/6 = 0.5
+    assert pass_at_k(4, 1, 2) == pytest.approx(0.5)
+    # n = 4, c = 2, k = 3: any 3 of 4 include a correct one
+    assert pass_at_k(4, 2, 3) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("n", "c", "k", "name"),
+    [
+        (0, 0, 1, "n must"),
+        (4, 5, 1, "c must"),
+        (4, 1, 0, "k must"),
+        (4, 1, 5, "k must"),
+        (4.0, 1, 1, "n must"),
+        (4, True, 1, "c must"),
+    ],
+)
+def test_pass_at_k_rejects_bad_counts(n, c, k, name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        pass_at_k(n, c, k)
+
+
+def test_pass_at_k_curve_rises_from_the_mean_to_the_solved_share() -> None:
+    curve = pass_at_k_curve([0, 1, 4], n=4)
+    assert curve[0] == pytest.approx((0 + 1 + 4) / 12)  # pass@1: mean accuracy
+    assert curve[-1] == pytest.approx(2 / 3)  # two of three prompts solved once
+    assert all(a <= b + 1e-12 for a, b in itertools.pairwise(curve))
+    with pytest.raises(ValueError, match="correct_counts"):
+        pass_at_k_curve([], n=4)
+
+
+class AlternatingBackend:
+    """Answers the j-th sample of every group right when j is even."""
+
+    def generate(self, prompts, group_size, sampling):
+        responses = [
+            prompt[:-1][::-1] if j % 2 == 0 else "x"
+            for prompt in prompts
+            for j in range(group_size)
+        ]
+        return Rollouts(
+            prompts=[p for p in prompts for _ in range(group_size)],
+            responses=responses,
+        )
+
+    def sync(self, policy):
+        pass
+
+
+def test_correct_counts_counts_each_prompt_s_group() -> None:
+    task = get_task("reverse", n_digits=3)
+    examples = task.eval(3, seed=0)
+    sampling = SamplingSettings(temperature=1.0, max_new_tokens=5)
+    assert correct_counts(AlternatingBackend(), task, examples, 5, sampling) == [3] * 3

@@ -25,6 +25,7 @@ from grpo_lab.teaching.plots import (
     plot_advantages,
     plot_clipped_objective,
     plot_memory_against_chunk_size,
+    plot_pass_at_k,
     plot_token_and_sequence_ratios,
     response_mask_table,
 )
@@ -68,6 +69,7 @@ def test_clipped_curves_by_hand():
         lambda: plot_clipped_objective(0.3),
         lambda: plot_token_and_sequence_ratios([0.0, 0.7, -0.1]),
         lambda: plot_memory_against_chunk_size([4, 8], [100, 200], 400),
+        lambda: plot_pass_at_k({"before": [0.2, 0.5], "after": [0.8, 0.9]}),
     ],
 )
 def test_figures_are_returned_not_shown(draw):
@@ -162,3 +164,20 @@ def test_peak_memory_counts_live_temporaries():
     assert memory.peak_bytes == 8000
     assert memory.live_bytes == 4000
     del w
+
+
+def test_pass_at_k_plot_draws_each_curve_with_its_gap():
+    figure = plot_pass_at_k(
+        {"before RL": [0.25, 0.5, 0.75], "after RL": [0.9, 0.95, 1.0]}
+    )
+    lines = figure.axes[0].get_lines()
+    assert [list(line.get_ydata()) for line in lines] == [
+        [0.25, 0.5, 0.75],
+        [0.9, 0.95, 1.0],
+    ]
+    assert list(lines[0].get_xdata()) == [1, 2, 3]
+    labels = [text.get_text() for text in figure.axes[0].get_legend().get_texts()]
+    assert labels == ["before RL (gap 0.50)", "after RL (gap 0.10)"]
+    plt.close(figure)
+    with pytest.raises(ValueError, match="curves"):
+        plot_pass_at_k({})

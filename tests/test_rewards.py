@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from grpo_lab import rewards
 from grpo_lab.grading_worker import MathGrade, MathGrader, default_math_grader
 from grpo_lab.rewards import (
+    contains_answer_reward,
     countdown_reward,
     exact_match_reward,
     extract_r1_zero_answer,
@@ -31,6 +32,7 @@ from grpo_lab.rewards import (
     normalize_math_answer,
     parse_countdown_equation,
     r1_zero_reward,
+    scratchpad_reward,
 )
 
 # A toy-reward call must return within this many seconds, even on a loaded machine.
@@ -602,3 +604,50 @@ def test_last_boxed_content_stops_scanning_after_max_chars() -> None:
     assert last_boxed_content("\\boxed{12345}", max_chars=5) == "12345"
     assert last_boxed_content("\\boxed{123456}", max_chars=5) is None
     assert last_boxed_content("\\boxed{" + "1" * 10**6 + "}", max_chars=300) is None
+
+
+# ---------------------------------------------------------------- scratchpad, lenient
+
+
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        ("123:321", (1.0, 1.0)),
+        (":321", (1.0, 1.0)),
+        (" 1231231:321\n", (1.0, 1.0)),
+        ("123:322", (1.0, 0.0)),
+        ("123:321:321", (0.0, 0.0)),  # two separators: malformed
+        ("321", (0.0, 0.0)),  # no separator
+        ("12a:321", (0.0, 0.0)),
+        ("123:", (0.0, 0.0)),
+    ],
+)
+def test_scratchpad_reward_grades_only_the_answer(response, expected) -> None:
+    scores = scratchpad_reward(response, "321")
+    assert (scores["format_reward"], scores["answer_reward"]) == expected
+    assert scores["reward"] == scores["answer_reward"]
+
+
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        ("42", (1.0, 1.0)),
+        ("4142434", (1.0, 1.0)),  # a dump of candidates scores: the hack
+        ("x42y", (1.0, 1.0)),
+        ("41", (1.0, 0.0)),
+        ("abc", (0.0, 0.0)),
+        ("", (0.0, 0.0)),
+    ],
+)
+def test_contains_answer_reward_is_lenient(response, expected) -> None:
+    scores = contains_answer_reward(response, "42")
+    assert (scores["format_reward"], scores["answer_reward"]) == expected
+    # the strict reward refuses the same dump
+    if response == "4142434":
+        assert exact_match_reward(response, "42")["reward"] == 0.0
+
+
+def test_new_rewards_score_bad_inputs_zero() -> None:
+    for reward in (scratchpad_reward, contains_answer_reward):
+        assert reward(None, "1")["reward"] == 0.0  # type: ignore[arg-type]
+        assert reward("1" * 20_000, "1")["reward"] == 0.0

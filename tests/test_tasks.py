@@ -377,3 +377,56 @@ def test_samples_are_pinned_across_processes_and_versions() -> None:
     ]
     first = get_task("countdown").train(1, seed=0)[0]
     assert (first.prompt, first.demonstration) == ("1 7 7 -> 0:", "7*1-7")
+
+
+# ---------------------------------------------------------------- scratchpad
+
+
+def test_scratchpad_demonstrations_restate_the_input_then_answer() -> None:
+    task = get_task("scratchpad", n_digits=5, max_restated=10)
+    assert task.max_new_tokens == 10 + 1 + 5 + 2  # scratch, ":", answer, EOS, spare
+    assert task.response("12345", 7) == "1234512:54321"
+    assert task.response("12345", 0) == ":54321"
+    for example in task.train(200, seed=0):
+        digits = example.prompt.removesuffix(">")
+        scratch, answer = example.demonstration.split(":")
+        assert answer == example.ground_truth == digits[::-1]
+        assert scratch == (digits * 3)[: len(scratch)]
+        assert len(example.demonstration) + 1 <= task.max_new_tokens
+
+
+def test_scratchpad_lengths_vary_and_all_earn_full_reward() -> None:
+    task = get_task("scratchpad", n_digits=4, max_restated=6)
+    examples = task.train(300, seed=1)
+    lengths = {len(example.demonstration) for example in examples}
+    assert lengths == set(range(5, 5 + 7))  # 0..6 restated digits, all drawn
+    for example in examples:
+        scores = task.reward_fn(example.demonstration, example.ground_truth)
+        assert scores == {"reward": 1.0, "format_reward": 1.0, "answer_reward": 1.0}
+
+
+def test_scratchpad_splits_are_disjoint_and_seeded() -> None:
+    task = get_task("scratchpad", n_digits=3)
+    assert task.train(20, seed=2) == task.train(20, seed=2)
+    train, evaluation = task.train(500, seed=0), task.eval(50, seed=0)
+    assert not prompts(train) & prompts(evaluation)
+    with pytest.raises(ValueError, match="max_restated"):
+        get_task("scratchpad", max_restated=-1)
+
+
+# ---------------------------------------------------------------- hackable addition
+
+
+def test_hackable_addition_grades_by_its_reward_option() -> None:
+    lenient = get_task("hackable_addition", max_value=50, room=8)
+    strict = get_task("hackable_addition", reward="strict")
+    assert lenient.max_new_tokens == 9
+    example = lenient.train(1, seed=0)[0]
+    dump = "9" + example.ground_truth + "0"
+    assert lenient.reward_fn(dump, example.ground_truth)["reward"] == 1.0
+    assert strict.reward_fn(dump, example.ground_truth)["reward"] == 0.0
+    assert strict.reward_fn(example.demonstration, example.ground_truth)["reward"] == 1
+    with pytest.raises(ValueError, match="reward must be one of"):
+        get_task("hackable_addition", reward="loose")
+    with pytest.raises(ValueError, match="room"):
+        get_task("hackable_addition", room=1)

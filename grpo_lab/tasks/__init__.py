@@ -1,7 +1,10 @@
 """Tasks: prompts with verifiable answers, and ``get_task(name, **options)``.
 
 Names: ``"reverse"``, ``"addition"`` (toy tasks for a tiny character model),
-``"countdown"`` (reach a target with + - * /), ``"gsm8k"`` and ``"math"``
+``"scratchpad"`` (reversal after an optional restatement: responses of
+several lengths earn the same reward), ``"hackable_addition"`` (addition with a
+strict or a deliberately lenient reward), ``"countdown"`` (reach a target with
++ - * /), ``"gsm8k"`` and ``"math"``
 (r1-zero prompt; ``path=`` a local JSONL file in the published format).
 Taught in
 ``notebooks/03_rewards_and_advantages.ipynb``.
@@ -14,7 +17,9 @@ from collections.abc import Mapping
 
 from grpo_lab.tasks.base import Example, Task
 from grpo_lab.tasks.countdown import CountdownTask
+from grpo_lab.tasks.hackable import HackableAdditionTask
 from grpo_lab.tasks.math_data import GSM8KTask, MathTask
+from grpo_lab.tasks.scratchpad import ScratchpadReverseTask
 from grpo_lab.tasks.toy import AdditionTask, ReverseTask
 
 TASK_CLASSES = {
@@ -23,6 +28,8 @@ TASK_CLASSES = {
     "countdown": CountdownTask,
     "gsm8k": GSM8KTask,
     "math": MathTask,
+    "scratchpad": ScratchpadReverseTask,
+    "hackable_addition": HackableAdditionTask,
 }
 
 
@@ -69,8 +76,10 @@ __all__ = [
     "CountdownTask",
     "Example",
     "GSM8KTask",
+    "HackableAdditionTask",
     "MathTask",
     "ReverseTask",
+    "ScratchpadReverseTask",
     "Task",
     "check_task_name_and_options",
     "get_task",

@@ -2,7 +2,7 @@
 
 Every function takes explicit numbers and returns a matplotlib ``Figure`` (or an
 HTML string) without showing it, so a test can call it and a widget can redraw
-it. Notebooks 01-05 use them.
+it. Notebooks 01-05 and 08 use them.
 
 By default a figure is made through pyplot, so that ``plt.show()`` in a notebook
 cell shows it. ``standalone=True`` makes a ``Figure`` that pyplot never sees:
@@ -206,6 +206,31 @@ def plot_token_and_sequence_ratios(
         ),
     )
     axis.title.set_fontsize(9)
+    return figure
+
+
+def plot_pass_at_k(
+    curves: dict[str, Sequence[float]],
+    *,
+    standalone: bool = False,
+) -> Figure:
+    """pass@k against k = 1..n, one line per label (e.g. "before RL", "after RL").
+
+    Each curve is ``grpo_lab.training.evaluation.pass_at_k_curve``: its first
+    point is pass@1 (mean accuracy), its last the share of prompts solved by at
+    least one of n samples. The gap between the two is what sampling more buys.
+    """
+    if not curves or any(len(values) == 0 for values in curves.values()):
+        raise ValueError(f"curves must map labels to non-empty lists, got {curves!r}")
+    figure = new_figure((6, 3.4), standalone=standalone)
+    axis = figure.subplots()
+    for label, values in curves.items():
+        ks = range(1, len(values) + 1)
+        gap = values[-1] - values[0]
+        axis.plot(ks, list(values), marker="o", label=f"{label} (gap {gap:.2f})")
+    axis.set(xlabel="k (samples per prompt)", ylabel="pass@k", ylim=(-0.02, 1.02))
+    axis.set_xscale("log", base=2)
+    axis.legend()
     return figure
 
 
