@@ -30,7 +30,7 @@ LAB_ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 LAB_ARGS ?=
 LAB_COMMAND = $(VENV)/bin/jupyter lab notebooks/ --ServerApp.ip=$(LAB_IP) $(LAB_ROOT_FLAG) $(LAB_ARGS)
 
-.PHONY: lab test test-fast notebooks lint format bench student-notebooks train clean-venv
+.PHONY: lab test test-verl test-fast notebooks lint format bench student-notebooks train clean-venv
 
 # An index that cannot be reached (no network, a firewall) costs at most
 # TORCH_INDEX_TIMEOUT seconds: pip skips it and installs from what it finds
@@ -53,9 +53,32 @@ $(STAMP): pyproject.toml
 lab: $(STAMP)
 	$(LAB_COMMAND)
 
-test: $(STAMP)
+# verl 0.9.1 needs transformers < 5.11, so its tests (tests/verl) run in an
+# environment of their own: torch as above, requirements/verl.txt, then verl and
+# grpo-lab without their dependency lists (see requirements/verl.txt for why).
+VERL_VENV ?= .venv-verl
+VERL_PY := $(VERL_VENV)/bin/python
+VERL_STAMP := $(VERL_VENV)/.grpo-lab-installed
+VERL_PIP := $(VERL_PY) -m pip install --progress-bar on
+VERL_TORCH_PLAIN = $(VERL_PIP) "$(TORCH)"
+VERL_TORCH_INDEX = $(VERL_PIP) --timeout $(TORCH_INDEX_TIMEOUT) --retries 0 --extra-index-url $(TORCH_INDEX) "$(TORCH)"
+VERL_TORCH_INSTALL = $(if $(TORCH_INDEX),$(VERL_TORCH_INDEX) || $(VERL_TORCH_PLAIN),$(VERL_TORCH_PLAIN))
+
+$(VERL_STAMP): requirements/verl.txt pyproject.toml
+	@echo "==> verl environment in $(VERL_VENV)"
+	test -x $(VERL_PY) || $(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_TORCH_INSTALL)
+	$(VERL_PIP) -r requirements/verl.txt
+	$(VERL_PIP) --no-deps "verl==0.9.1" -e .
+	touch $(VERL_STAMP)
+
+test-verl: $(VERL_STAMP)
+	GRPO_LAB_VERL_TESTS=1 $(VERL_PY) -m pytest -p no:cacheprovider --durations=5 tests/verl
+
+test: $(STAMP) $(VERL_STAMP)
 	$(VENV)/bin/ruff check grpo_lab tests benchmarks
 	$(PY) -m pytest -n $(JOBS) --dist worksteal --durations=15 tests
+	GRPO_LAB_VERL_TESTS=1 $(VERL_PY) -m pytest -p no:cacheprovider --durations=5 tests/verl
 	$(PY) -m pytest -n $(JOBS) --dist loadfile --durations=0 --nbval-lax notebooks
 
 test-fast: $(STAMP)

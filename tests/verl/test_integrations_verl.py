@@ -1,0 +1,445 @@
+"""grpo_lab's losses and estimators inside verl 0.9.1, and the exported launch.
+
+Runs with the verl environment (``make test``); with CI=true a missing verl is a
+failure, not a skip. Every loss is fetched from verl's own registry after verl
+loaded the plugin from its entry point, and compared in float64 (values and
+gradients) with grpo_lab's functions and, where they coincide, verl's built-ins.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+try:
+    import verl  # loads the entry points of "verl.plugins"
+except ImportError:
+    if os.environ.get("CI") == "true":
+        raise
+    pytest.skip("verl is not installed (make .venv-verl)", allow_module_level=True)
+
+# Recorded before anything here imports the plugin: verl itself loaded it.
+LOADED_BY_VERL = "grpo_lab.integrations.verl" in sys.modules
+
+from hydra import compose, initialize_config_dir  # noqa: E402
+from verl.trainer.config import AlgoConfig  # noqa: E402
+from verl.trainer.ppo import core_algos  # noqa: E402
+from verl.utils.config import omega_conf_to_dataclass  # noqa: E402
+from verl.workers.config import FSDPActorConfig  # noqa: E402
+
+from grpo_lab.advantages import compute_group_normalized_rewards  # noqa: E402
+from grpo_lab.losses import (  # noqa: E402
+    OBJECTIVES,
+    aggregate_loss_across_microbatch,
+    compute_policy_gradient_loss,
+)
+from grpo_lab.training.config import TrainConfig  # noqa: E402
+
+NOTES = Path(os.environ.get("GRPO_LAB_VERL_NOTES", "/work/notes/verl_parity.txt"))
+PARITY: dict[str, tuple[float, float]] = {}
+B, T, G = 8, 7, 4
+CLIP = {"grpo": 0.2, "gspo": 0.05, "cispo": 0.2, "gmpo": 0.4}
+
+
+def actor_config(**changes) -> FSDPActorConfig:
+    values = {
+        "strategy": "fsdp",
+        "rollout_n": G,
+        "ppo_micro_batch_size_per_gpu": 2,
+        "clip_ratio": 0.2,
+        "clip_ratio_low": 0.2,
+        "clip_ratio_high": 0.28,
+        "clip_ratio_c": 3.0,
+        **changes,
+    }
+    return FSDPActorConfig(**values)
+
+
+def batch(seed: int = 0) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor([7, 3, 5, 1, 6, 2, 7, 4])
+    mask = torch.arange(T)[None, :] < lengths[:, None]  # (B, T)
+    old = -torch.rand(B, T, generator=generator, dtype=torch.float64) * 2
+    log_prob = old + torch.randn(B, T, generator=generator, dtype=torch.float64) * 0.6
+    log_prob[1, 0] = old[1, 0] + 2.0  # a ratio above the dual-clip cap
+    rows = torch.randn(B, 1, generator=generator, dtype=torch.float64)
+    rows[1] = -1.0
+    return {"old": old, "log_prob": log_prob, "mask": mask, "row_advantages": rows}
+
+
+def plugin_loss(name, data, mode, config, rows=slice(None)):
+    log_prob = data["log_prob"][rows].clone().requires_grad_(True)
+    mask = data["mask"][rows]
+    advantages = data["row_advantages"][rows] * mask  # (b, T), as verl gives them
+    loss, metrics = core_algos.get_policy_loss_fn(name)(
+        old_log_prob=data["old"][rows],
+        log_prob=log_prob,
+        advantages=advantages,
+        response_mask=mask,
+        loss_agg_mode=mode,
+        config=config,
+    )
+    (grad,) = torch.autograd.grad(loss, log_prob)
+    return loss.detach(), grad, metrics
+
+
+def reference_loss(method, data, mode, config):
+    """grpo_lab's own functions on the whole batch, verl's mode translated."""
+    log_prob = data["log_prob"].clone().requires_grad_(True)
+    mask = data["mask"]
+    cap = (
+        None
+        if method not in ("grpo", "gspo") or math.isinf(config.clip_ratio_c)
+        else config.clip_ratio_c
+    )
+    per_token, _ = compute_policy_gradient_loss(
+        data["row_advantages"],
+        log_prob,
+        method,
+        data["old"],
+        config.clip_ratio_low,
+        mask,
+        cliprange_high=config.clip_ratio_high,
+        ratio_cap=cap,
+        sapo_temperature_pos=config.tau_pos,
+        sapo_temperature_neg=config.tau_neg,
+    )
+    normalization, constant = {
+        "token-mean": ("token", None),
+        "seq-mean-token-mean": ("sequence", None),
+        "seq-mean-token-sum": ("constant", B),
+        "seq-mean-token-sum-norm": ("constant", B * 5),
+        "token-sum": ("constant", 1),
+    }[mode]
+    loss = aggregate_loss_across_microbatch(
+        per_token, mask.double(), normalization, constant
+    )
+    (grad,) = torch.autograd.grad(loss, log_prob)
+    return loss.detach(), grad
+
+
+def record(key: str, value_delta: float, grad_delta: float) -> None:
+    PARITY[key] = (value_delta, grad_delta)
+
+
+def delta(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a - b).abs().max().item()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def parity_notes():
+    yield
+    if not PARITY:
+        return
+    lines = [
+        "grpo_lab inside verl 0.9.1: max |delta| in float64 (value, gradient wrt log pi)",
+        f"{'comparison':<64} {'value':>10} {'grad':>10}",
+    ]
+    lines += [f"{k:<64} {v:10.2e} {g:10.2e}" for k, (v, g) in sorted(PARITY.items())]
+    try:
+        NOTES.parent.mkdir(parents=True, exist_ok=True)
+        NOTES.write_text("\n".join(lines) + "\n")
+    except OSError:
+        pass
+
+
+def test_verl_loaded_the_plugin_from_its_entry_point():
+    assert LOADED_BY_VERL
+    for method in OBJECTIVES:
+        assert f"grpo_lab_{method}" in core_algos.POLICY_LOSS_REGISTRY
+    assert "grpo_lab_maxrl" in core_algos.ADV_ESTIMATOR_REGISTRY
+
+
+def test_registration_is_idempotent():
+    import importlib
+
+    import grpo_lab.integrations.verl as plugin
+
+    before = dict(core_algos.ADV_ESTIMATOR_REGISTRY)
+    plugin.register()
+    importlib.reload(plugin)  # new function objects: verl would refuse a re-register
+    assert before == core_algos.ADV_ESTIMATOR_REGISTRY
+
+
+MODES = (
+    "token-mean",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-sum-norm",
+    "token-sum",
+)
+
+
+@pytest.mark.parametrize("method", tuple(OBJECTIVES))
+@pytest.mark.parametrize("mode", MODES)
+def test_loss_matches_grpo_lab_with_global_counts(method, mode):
+    """Two micro-batches on each of two ranks, weighted by verl's global counts,
+    add up (after the data-parallel average) to grpo_lab's full-batch loss."""
+    data = batch()
+    clip = CLIP.get(method, 0.2)
+    config = actor_config(
+        clip_ratio_low=clip, clip_ratio_high=clip * 1.4, loss_scale_factor=5
+    )
+    expected, expected_grad = reference_loss(method, data, mode, config)
+    info = {
+        "dp_size": 2,
+        "batch_num_tokens": int(data["mask"].sum()),
+        "global_batch_size": B,
+        "loss_scale_factor": 5,
+    }
+    config.global_batch_info.update(info)
+    total, grad = (
+        torch.zeros((), dtype=torch.float64),
+        torch.zeros(B, T, dtype=torch.float64),
+    )
+    for start in range(0, B, 2):  # ranks 0, 1 hold rows 0-3, 4-7; micro-batches of 2
+        rows = slice(start, start + 2)
+        loss, micro_grad, metrics = plugin_loss(
+            f"grpo_lab_{method}", data, mode, config, rows
+        )
+        total += loss / 2  # the data-parallel all-reduce averages the ranks
+        grad[rows] = micro_grad / 2
+    assert "actor/ppo_kl" in metrics
+    record(
+        f"grpo_lab_{method} vs grpo_lab, {mode}, dp 2",
+        delta(total, expected),
+        delta(grad, expected_grad),
+    )
+    assert torch.allclose(total, expected, rtol=1e-12, atol=1e-12)
+    assert torch.allclose(grad, expected_grad, rtol=1e-12, atol=1e-12)
+
+
+BUILT_INS = (
+    ("grpo", "vanilla", "token-mean", {}),
+    ("grpo", "vanilla", "seq-mean-token-mean", {}),
+    (
+        "gspo",
+        "gspo",
+        "seq-mean-token-mean",
+        {"clip_ratio_c": math.inf, "clip_ratio_low": 0.05, "clip_ratio_high": 0.07},
+    ),
+    ("sapo", "sapo", "seq-mean-token-mean", {"tau_pos": 1.3, "tau_neg": 1.6}),
+    ("cispo", "cispo", "token-mean", {}),
+    (
+        "gmpo",
+        "geo_mean",
+        "seq-mean-token-mean",
+        {"clip_ratio_low": 0.4, "clip_ratio_high": 0.4},
+    ),
+)
+
+
+@pytest.mark.parametrize(("method", "built_in", "mode", "changes"), BUILT_INS)
+def test_loss_matches_verl_built_in(method, built_in, mode, changes):
+    data = batch(seed=1)
+    config = actor_config(**changes)
+    ours, our_grad, _ = plugin_loss(f"grpo_lab_{method}", data, mode, config)
+    theirs, their_grad, _ = plugin_loss(built_in, data, mode, config)
+    record(
+        f"grpo_lab_{method} vs verl {built_in}, {mode}",
+        delta(ours, theirs),
+        delta(our_grad, their_grad),
+    )
+    # verl's sequence mode divides by length + 1e-8 (grpo_lab: max(length, 1)).
+    assert torch.allclose(ours, theirs, rtol=1e-7, atol=1e-10)
+    assert torch.allclose(our_grad, their_grad, rtol=1e-7, atol=1e-10)
+
+
+def test_sequence_objectives_refuse_token_varying_advantages():
+    data = batch()
+    log_prob = data["log_prob"].clone().requires_grad_(True)
+    advantages = torch.randn(B, T, dtype=torch.float64) * data["mask"]
+    with pytest.raises(ValueError, match="constant over each response"):
+        core_algos.get_policy_loss_fn("grpo_lab_gspo")(
+            data["old"],
+            log_prob,
+            advantages,
+            data["mask"],
+            "token-mean",
+            actor_config(),
+        )
+
+
+def rewards_and_index(seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    scores = torch.randint(0, 2, (12,), generator=generator).double()
+    scores[:4] = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    uids = ["a", "b", "c"]
+    order = torch.randperm(12, generator=generator)
+    index = [uids[i // 4] for i in order.tolist()]  # verl shuffles the rows
+    mask = torch.arange(5)[None, :] < torch.randint(1, 6, (12, 1), generator=generator)
+    token_rewards = torch.zeros(12, 5, dtype=torch.float64)
+    lengths = mask.sum(dim=1)
+    token_rewards[torch.arange(12), lengths - 1] = scores[order]
+    return token_rewards, mask.double(), index, scores, order
+
+
+def test_every_estimator_matches_grpo_lab():
+    import grpo_lab.integrations.verl as plugin
+
+    token_rewards, mask, index, scores, order = rewards_and_index()
+    for name, (baseline, normalizer) in plugin.estimator_pairs().items():
+        estimator = core_algos.get_adv_estimator_fn(name)
+        advantages, returns = estimator(
+            token_level_rewards=token_rewards,
+            response_mask=mask,
+            index=index,
+            config=AlgoConfig(),
+        )
+        expected, _ = compute_group_normalized_rewards(
+            scores, 4, baseline, 1e-6, normalizer
+        )
+        expected = expected[order].unsqueeze(-1) * mask
+        record(f"{name} vs grpo_lab advantages", delta(advantages, expected), 0.0)
+        assert torch.allclose(advantages, expected, rtol=1e-12, atol=1e-12)
+        assert torch.equal(advantages, returns)
+
+
+@pytest.mark.parametrize(
+    ("name", "built_in", "keywords", "tolerance"),
+    [
+        ("grpo_lab_mean_std", "grpo", {}, 1e-10),
+        ("grpo_lab_mean_none", "grpo", {"norm_adv_by_std_in_grpo": False}, 1e-10),
+        ("grpo_lab_leave_one_out_none", "rloo", {}, 1e-10),
+        # verl's vectorized group statistics are float32.
+        ("grpo_lab_mean_std", "grpo_vectorized", {}, 1e-6),
+        ("grpo_lab_leave_one_out_none", "rloo_vectorized", {}, 1e-6),
+    ],
+)
+def test_estimator_matches_verl_built_in(name, built_in, keywords, tolerance):
+    token_rewards, mask, index, _, _ = rewards_and_index(seed=2)
+    ours, _ = core_algos.get_adv_estimator_fn(name)(
+        token_level_rewards=token_rewards,
+        response_mask=mask,
+        index=index,
+        config=AlgoConfig(),
+    )
+    theirs, _ = core_algos.get_adv_estimator_fn(built_in)(
+        token_level_rewards=token_rewards.clone(),
+        response_mask=mask,
+        index=index,
+        config=AlgoConfig(),
+        **keywords,
+    )
+    record(
+        f"{name} vs verl {built_in} {keywords or ''}".strip(), delta(ours, theirs), 0.0
+    )
+    assert torch.allclose(ours, theirs, rtol=tolerance, atol=tolerance)
+
+
+# --- the exported launch -----------------------------------------------------------
+
+
+def gpu_config(**changes) -> TrainConfig:
+    values = {
+        "model": "Qwen/Qwen2.5-0.5B-Instruct",
+        "task": "reverse",
+        "task_options": {"n_digits": 5},
+        "steps": 3,
+        "eval_size": 8,
+        "sft_max_steps": 0,
+        "importance_reweighting_method": "gmpo",
+        "cliprange": 0.4,
+        "cliprange_high": 0.5,
+        "advantage_normalizer": "mean",
+        "loss_normalization": "token",
+        "kl_coef": 0.01,
+        "train_batch_size": 128,
+        "gradient_accumulation_steps": 16,
+        **changes,
+    }
+    return TrainConfig.for_profile("gpu", **values)
+
+
+def compose_exported(folder: Path):
+    lines = (folder / "overrides.txt").read_text().splitlines()
+    config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        return compose(config_name="ppo_trainer", overrides=lines)
+
+
+def test_exported_folder_composes_and_validates_in_verl(tmp_path):
+    from verl.utils.config import validate_config
+
+    from grpo_lab.integrations.verl import objective_options, write_launch_folder
+
+    files = write_launch_folder(gpu_config(), tmp_path)
+    assert {p.name for p in files} >= {"overrides.txt", "run.sh", "README.md"}
+    assert "python -m verl.trainer.main_ppo" in (tmp_path / "run.sh").read_text()
+    cfg = compose_exported(tmp_path)
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    algorithm = omega_conf_to_dataclass(cfg.algorithm)
+    validate_config(cfg, use_reference_policy=True, use_critic=False)
+    assert actor.policy_loss.loss_mode == "grpo_lab_gmpo"
+    assert algorithm.adv_estimator == "grpo_lab_maxrl"
+    assert (actor.clip_ratio_low, actor.clip_ratio_high) == (0.4, 0.5)
+    assert actor.clip_ratio_c == math.inf and actor.loss_agg_mode == "token-mean"
+    assert actor.ppo_mini_batch_size == 16 and cfg.actor_rollout_ref.rollout.n == 8
+    assert actor.ppo_epochs == 1 and actor.use_kl_loss and actor.kl_loss_coef == 0.01
+    assert actor.ppo_micro_batch_size_per_gpu == 8 and cfg.data.train_batch_size == 32
+    template = cfg.actor_rollout_ref.model.custom_chat_template
+    assert template == "{% for message in messages %}{{ message.content }}{% endfor %}"
+    # The composed losses read the exported clip range through verl's own classes.
+    options = objective_options("gmpo", actor)
+    assert (options.cliprange, options.upper_cliprange) == (0.4, 0.5)
+    # The reward file scores through the task.
+    namespace: dict = {}
+    exec((tmp_path / "data" / "reward.py").read_text(), namespace)
+    first = (tmp_path / "data" / "train.jsonl").read_text().splitlines()[0]
+    truth = json.loads(first)["reward_model"]["ground_truth"]
+    assert namespace["compute_score"]("grpo_lab/reverse", truth, truth) == 1.0
+
+
+def test_constant_normalization_exports_loss_scale_factor(tmp_path):
+    from grpo_lab.integrations.verl import write_launch_folder
+
+    config = gpu_config(
+        loss_normalization="constant", normalization_constant=128 * 1024
+    )
+    write_launch_folder(config, tmp_path)
+    actor = omega_conf_to_dataclass(compose_exported(tmp_path).actor_rollout_ref.actor)
+    assert (
+        actor.loss_agg_mode == "seq-mean-token-sum-norm"
+        and actor.loss_scale_factor == 1024
+    )
+    with pytest.raises(ValueError, match="normalization_constant"):
+        write_launch_folder(
+            gpu_config(loss_normalization="constant", normalization_constant=1000),
+            tmp_path,
+        )
+
+
+@pytest.mark.parametrize(
+    ("name", "changes"),
+    [
+        ("advantage_eps", {"advantage_eps": 1e-4}),
+        ("nan_rewards", {"nan_rewards": "ignore"}),
+        ("kl_importance_weighting", {"kl_importance_weighting": True}),
+        ("top_entropy_quantile", {"top_entropy_quantile": 0.2}),
+        ("sft_max_steps", {"sft_max_steps": 5}),
+        ("device", {"device": "cpu", "backend": "hf"}),
+        ("model", {"model": "tiny"}),
+    ],
+)
+def test_settings_verl_cannot_carry_are_refused(tmp_path, name, changes):
+    from grpo_lab.integrations.verl import write_launch_folder
+
+    with pytest.raises(ValueError, match=f"^{name} "):
+        write_launch_folder(gpu_config(**changes), tmp_path)
+    assert not (tmp_path / "overrides.txt").exists()
+
+
+def test_every_train_config_field_is_mapped_or_explained():
+    from grpo_lab.integrations.verl import EXPORTED_SETTINGS, NOT_TRAINING_SETTINGS
+
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    assert not set(EXPORTED_SETTINGS) & set(NOT_TRAINING_SETTINGS)
+    assert names == set(EXPORTED_SETTINGS) | set(NOT_TRAINING_SETTINGS)
+    assert all(reason.strip() for reason in NOT_TRAINING_SETTINGS.values())
