@@ -15,8 +15,10 @@ adds grpo_lab's to them:
 verl imports every entry point of the group ``verl.plugins`` when ``verl`` is
 first imported (``VERL_USE_EXTERNAL_PLUGINS``: ``auto``, ``none`` or a list of
 names); pyproject.toml declares ``grpo_lab = grpo_lab.integrations.verl``
-there, and importing this module registers everything. Registering again is a
-no-op. Without verl installed the import raises ``ImportError`` saying how to
+there, and importing this module registers everything. verl logs a plugin
+that fails to import at debug level only, so the exported run.sh also names the
+module in ``VERL_USE_EXTERNAL_MODULES`` (imported without a guard). Registering
+again is a no-op. Without verl installed the import raises ``ImportError`` saying how to
 install it (``pip install verl==0.9.1``, or ``make .venv-verl``).
 
 Hyperparameters verl carries (its config classes are frozen dataclasses with a
@@ -811,6 +813,10 @@ def _run_script(lines: list[str]) -> str:
         "# in one environment (grpo_lab's losses load through verl's plugins).\n"
         "set -euo pipefail\n"
         'cd "$(dirname "$0")"\n'
+        "# verl logs a plugin that fails to import at debug level only; importing\n"
+        "# it here as an external module makes a broken install fail loudly.\n"
+        'export VERL_USE_EXTERNAL_MODULES="${VERL_USE_EXTERNAL_MODULES:-'
+        'grpo_lab.integrations.verl}"\n'
         "python -m verl.trainer.main_ppo \\\n"
         f"    {arguments} \\\n"
         '    "$@"\n'

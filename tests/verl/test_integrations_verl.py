@@ -372,7 +372,9 @@ def test_exported_folder_composes_and_validates_in_verl(tmp_path):
 
     files = write_launch_folder(gpu_config(), tmp_path)
     assert {p.name for p in files} >= {"overrides.txt", "run.sh", "README.md"}
-    assert "python -m verl.trainer.main_ppo" in (tmp_path / "run.sh").read_text()
+    script = (tmp_path / "run.sh").read_text()
+    assert "python -m verl.trainer.main_ppo" in script
+    assert "VERL_USE_EXTERNAL_MODULES" in script
     cfg = compose_exported(tmp_path)
     actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
     algorithm = omega_conf_to_dataclass(cfg.algorithm)
