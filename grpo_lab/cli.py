@@ -9,6 +9,7 @@
     grpo-lab notebooks DIR [--force]                      # copy the course notebooks
     grpo-lab doctor RUN_DIR [--json]                      # name a run's problems
     grpo-lab export trl|verl --profile gpu --out DIR      # a launch folder for TRL/verl
+    grpo-lab grade SUBMISSIONS_DIR --out grades.csv      # grade submitted notebooks
 
 Every ``train`` flag is generated from a ``TrainConfig`` field, so the command
 line and ``TrainConfig.for_profile(profile, **overrides)`` are the same thing.
@@ -176,6 +177,26 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     export_parser.set_defaults(resume_dir=None)
     add_config_arguments(export_parser, exclude=("resume",))
+    grade_parser = commands.add_parser(
+        "grade",
+        parents=[common],
+        help="grade submitted notebooks (one folder per student) against the "
+        "course's checks",
+    )
+    grade_parser.add_argument("submissions_dir", metavar="SUBMISSIONS_DIR")
+    grade_parser.add_argument("--out", required=True, help="the CSV file to write")
+    grade_parser.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="seconds one exercise may take (default: 60)",
+    )
+    grade_parser.add_argument(
+        "--notebooks",
+        default=None,
+        help="folder of the course notebooks whose checks grade (default: the "
+        "notebooks shipped with the package)",
+    )
     return parser
 
 
@@ -583,6 +604,32 @@ def run_export(arguments: argparse.Namespace) -> int:
     return 0
 
 
+def run_grade(arguments: argparse.Namespace) -> int:
+    """``grpo-lab grade SUBMISSIONS_DIR --out grades.csv``: one row per exercise."""
+    try:
+        from grpo_lab.teaching import grading
+    except ModuleNotFoundError as error:
+        raise UserError(
+            f"grade needs {error.name}, which is not installed",
+            "pip install nbformat nbclient ipykernel; the dev extra includes them",
+        ) from error
+    try:
+        grades = grading.grade_submissions(
+            arguments.submissions_dir,
+            notebooks_dir=arguments.notebooks,
+            timeout=arguments.timeout,
+        )
+    except (ValueError, FileNotFoundError) as error:
+        raise UserError(
+            str(error), "see grpo-lab grade --help for the folder layout"
+        ) from error
+    grading.write_grades_csv(grades, arguments.out)
+    counts = {o: sum(g.outcome == o for g in grades) for o in grading.OUTCOMES}
+    summary = ", ".join(f"{n} {o}" for o, n in counts.items())
+    print(f"{len(grades)} grades ({summary}) written to {arguments.out}")
+    return 0
+
+
 COMMANDS = {
     "train": run_train,
     "plot": run_plot,
@@ -591,6 +638,7 @@ COMMANDS = {
     "notebooks": run_notebooks,
     "doctor": run_doctor,
     "export": run_export,
+    "grade": run_grade,
 }
 
 

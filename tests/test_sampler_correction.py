@@ -391,3 +391,343 @@ def test_weights_match_trl(trl_case):
         ("sampler_log_prob_diff_max", "sampling/sampling_logp_difference/max"),
     ):
         assert metrics[ours] == pytest.approx(logged[theirs][-1], abs=1e-12), ours
+
+
+def test_corrected_loss_and_gradients_match_trl(trl_case):
+    """TRL's ``_compute_loss`` (loss_type grpo, the IS ratio on its inputs)
+    against ``policy_gradient_update`` with the same old and sampler log-probs:
+    the loss value and every parameter gradient, in float64."""
+    from grpo_lab.masks import pad_prompt_and_response_ids
+    from grpo_lab.teaching.gradient_recorder import GradientRecorder
+    from grpo_lab.train_step import policy_gradient_update
+
+    mode, inputs = trl_case
+    trainer = inputs["trainer"]
+    trainer.model.zero_grad(set_to_none=True)
+    trainer.current_gradient_accumulation_steps = 1
+    trainer.beta = 0.0
+    trl_loss = trainer._compute_loss(trainer.model, inputs)
+    trl_loss.backward()
+    trl_gradients = [p.grad.clone() for p in trainer.model.parameters()]
+
+    tokenizer = trainer.processing_class
+    batch = pad_prompt_and_response_ids(
+        [p.tolist() for p in inputs["prompt_ids"]],
+        [encode(tokenizer, c) for c in TRL_COMPLETIONS],
+        tokenizer.pad_token_id,
+    )
+    mask = batch["response_mask"]
+
+    def ours(name):  # (B, C) completion-aligned -> (B, T) grpo_lab layout
+        out = torch.zeros(mask.shape, dtype=torch.float64)
+        values = inputs[name][inputs["completion_mask"].bool()]
+        out[mask.bool()] = values.double()  # float32 sampler values exactly
+        return out
+
+    def update(**correction):
+        model = _tiny_model(tokenizer)
+        recorder = GradientRecorder(model.parameters())
+        loss, metadata = policy_gradient_update(
+            model,
+            recorder,
+            1,
+            None,
+            batch,
+            inputs["advantages"].double(),
+            "grpo",
+            ours("old_per_token_logps"),
+            0.2,
+            "sequence",
+            sampler_log_probs=ours("sampling_per_token_logps"),
+            **correction,
+        )
+        return loss, recorder.gradients, metadata
+
+    loss, gradients, metadata = update(
+        sampler_correction=mode,
+        **{f"sampler_correction_{k}": v for k, v in TRL_TO_OURS[mode].items()},
+    )
+    assert abs(loss.item() - trl_loss.item()) < 1e-12
+    for theirs, mine in zip(trl_gradients, gradients):
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-12)
+    assert metadata["is_token_corrected_fraction"] > 0
+    # Without the correction the gradient differs: the weights bind.
+    _, plain, plain_metadata = update()
+    assert max((a - b).abs().max().item() for a, b in zip(plain, gradients)) > 1e-6
+    assert "is_ratio_mean" not in plain_metadata
+    assert plain_metadata["sampler_log_prob_diff_max"] == pytest.approx(
+        metadata["sampler_log_prob_diff_max"]
+    )
+
+
+# --- In the update ----------------------------------------------------------------
+
+
+def update_batch():
+    from grpo_lab.masks import pad_prompt_and_response_ids
+    from grpo_lab.models import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer()
+    prompts = [tokenizer.encode(p, add_special_tokens=False) for p in ["1>", "22>"]]
+    responses = [encode(tokenizer, c) for c in ["21$", "3"]]
+    batch = pad_prompt_and_response_ids(prompts, responses, tokenizer.pad_token_id)
+    return tokenizer, batch
+
+
+def current_log_probs(model, batch):
+    logits = model(input_ids=batch["input_ids"]).logits  # (B, T, V)
+    log_softmax = torch.log_softmax(logits, dim=-1)
+    return log_softmax.gather(-1, batch["labels"].unsqueeze(-1)).squeeze(-1)
+
+
+def run_update(model, batch, advantages, **keywords):
+    from grpo_lab.teaching.gradient_recorder import GradientRecorder
+    from grpo_lab.train_step import policy_gradient_update
+
+    recorder = GradientRecorder(model.parameters())
+    loss, metadata = policy_gradient_update(
+        model, recorder, 1, None, batch, advantages, **keywords
+    )
+    return loss, recorder.gradient, metadata
+
+
+def test_update_gradient_is_the_weighted_closed_form():
+    # On-policy REINFORCE ("none"), sequence normalization:
+    #   loss = (1/B) sum_i (1/|o_i|) sum_t -A_i * w_t * log pi_t,
+    # w_t = min(pi_t / pi_sampler_t, cap) with pi_trainer = the current policy.
+    tokenizer, batch = update_batch()
+    mask = batch["response_mask"].double()
+    advantages = torch.tensor([1.0, -0.5], dtype=torch.float64)
+    model = _tiny_model(tokenizer)
+    with torch.no_grad():
+        current = current_log_probs(model, batch)  # (B, T)
+    # Hand-picked token ratios on the response tokens: 2, 0.5, 4 | 1.5.
+    ratios = torch.ones(mask.shape, dtype=torch.float64)
+    ratios[mask.bool()] = torch.tensor([2.0, 0.5, 4.0, 1.5], dtype=torch.float64)
+    sampler = current - ratios.log()
+    expected_weights = torch.clamp(ratios, max=3.0) * mask  # (B, T)
+
+    oracle = _tiny_model(tokenizer)
+    log_probs = current_log_probs(oracle, batch)
+    per_token = -advantages[:, None] * expected_weights * log_probs  # (B, T)
+    loss = ((per_token * mask).sum(-1) / mask.sum(-1)).mean()
+    loss.backward()
+    oracle_gradient = torch.cat([p.grad.flatten() for p in oracle.parameters()])
+
+    corrected_loss, gradient, metadata = run_update(
+        model,
+        batch,
+        advantages,
+        sampler_log_probs=sampler,
+        sampler_correction="token_truncate",
+        sampler_correction_cap=3.0,
+    )
+    torch.testing.assert_close(gradient, oracle_gradient, rtol=1e-10, atol=1e-12)
+    assert corrected_loss.item() == pytest.approx(loss.item(), rel=1e-10)
+    assert metadata["is_token_corrected_fraction"] == pytest.approx(1 / 4)
+    assert metadata["is_ratio_max"] == pytest.approx(3.0)
+    # The correction changed the gradient.
+    _, plain_gradient, _ = run_update(_tiny_model(tokenizer), batch, advantages)
+    assert (plain_gradient - gradient).abs().max() > 1e-6
+
+
+def test_mode_none_is_bit_identical_to_no_sampler_log_probs():
+    tokenizer, batch = update_batch()
+    advantages = torch.tensor([1.0, -0.5], dtype=torch.float64)
+    sampler = torch.full(batch["labels"].shape, -0.7, dtype=torch.float64)
+    old = sampler + 0.1
+    for keywords in ({}, {"importance_reweighting_method": "grpo", "cliprange": 0.2}):
+        if keywords:
+            keywords["old_log_probs"] = old
+        loss, gradient, metadata = run_update(
+            _tiny_model(tokenizer), batch, advantages, **keywords
+        )
+        with_loss, with_gradient, with_metadata = run_update(
+            _tiny_model(tokenizer),
+            batch,
+            advantages,
+            sampler_log_probs=sampler,
+            sampler_correction="none",
+            **keywords,
+        )
+        assert torch.equal(loss, with_loss)
+        assert torch.equal(gradient, with_gradient)
+        extra = set(with_metadata) - set(metadata)
+        assert extra == {"sampler_log_prob_diff_mean", "sampler_log_prob_diff_max"}
+        for key, value in metadata.items():
+            assert torch.equal(
+                torch.as_tensor(value), torch.as_tensor(with_metadata[key])
+            )
+    # Off-policy, the gap is measured against old_log_probs: |(-0.6) - (-0.7)|.
+    assert with_metadata["sampler_log_prob_diff_max"] == pytest.approx(0.1)
+
+
+def test_correction_without_sampler_log_probs_is_refused():
+    tokenizer, batch = update_batch()
+    advantages = torch.tensor([1.0, -0.5], dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"sampler_correction.*returned no sampler"):
+        run_update(
+            _tiny_model(tokenizer), batch, advantages, sampler_correction="token_mask"
+        )
+    with pytest.raises(ValueError, match="sampler_log_probs must have the shape"):
+        run_update(
+            _tiny_model(tokenizer),
+            batch,
+            advantages,
+            sampler_log_probs=torch.zeros(2, 1),
+            sampler_correction="token_mask",
+        )
+
+
+def test_update_settings_refuse_bad_bounds():
+    from grpo_lab.train_step import UpdateSettings
+
+    with pytest.raises(ValueError, match=r"^sampler_correction_low"):
+        UpdateSettings(sampler_correction_low=2.0, sampler_correction_high=1.0)
+    with pytest.raises(ValueError, match=r"^sampler_correction_cap"):
+        UpdateSettings(sampler_correction_cap=0.0)
+    with pytest.raises(ValueError, match=r"^sampler_correction must"):
+        UpdateSettings(sampler_correction="tis")
+
+
+# --- In the loop ------------------------------------------------------------------
+
+
+class EvenFirstCharacter:
+    """Reward 1 when the response starts with an even digit."""
+
+    name = "even"
+    stop_strings = ()
+    max_new_tokens = 5
+
+    def reward_fn(self, response, ground_truth):
+        value = float(response[:1] in set("02468"))
+        return {"reward": value, "format_reward": value, "answer_reward": value}
+
+
+def loop_rollouts(tmp_path, with_sampler=True, **overrides):
+    """A tiny policy, hf rollouts, and (by hand) sampler log-probs: the policy's
+    own log-probs of the sampled tokens plus noise, one row per response.
+
+    ``with_sampler=False`` drops the backend's own sampler log-probs, as a
+    backend that reports none would."""
+    from grpo_lab.logprobs import get_response_log_probs
+    from grpo_lab.tasks import get_task
+    from grpo_lab.training import loop
+    from grpo_lab.training.config import TrainConfig
+
+    config = TrainConfig.for_profile(
+        "cpu",
+        **{
+            "run_dir": str(tmp_path / "run"),
+            "tiny_hidden_size": 32,
+            "tiny_num_layers": 1,
+            "tiny_intermediate_size": 64,
+            "task_options": {"n_digits": 3},
+            "max_new_tokens": 5,
+            "rollout_batch_size": 32,
+            "group_size": 4,
+            "train_batch_size": 32,
+            "sft_max_steps": 0,
+            **overrides,
+        },
+    )
+    policy = loop.build_policy(config)
+    task = EvenFirstCharacter()
+    examples = get_task("reverse", n_digits=3).train(8, seed=0)
+    rollouts = policy.backend.generate(
+        [e.prompt for e in examples], 4, loop.sampling_settings(config, task, seed=1)
+    )
+    if with_sampler:
+        batch = loop.rollout_token_batch(rollouts, policy.tokenizer)
+        with torch.no_grad():
+            scored = get_response_log_probs(
+                policy.model, batch["input_ids"], batch["labels"]
+            )["log_probs"]  # (B, T)
+        generator = torch.Generator().manual_seed(0)
+        noisy = scored + 0.3 * torch.randn(scored.shape, generator=generator)
+        mask = batch["response_mask"].bool()
+        rollouts.sampler_log_probs = [row[m].tolist() for row, m in zip(noisy, mask)]
+    else:
+        rollouts.sampler_log_probs = None
+    return config, task, policy, rollouts, examples
+
+
+IS_KEYS = [
+    "rollout/is_ratio_min",
+    "rollout/is_ratio_mean",
+    "rollout/is_ratio_max",
+    "rollout/is_token_corrected_fraction",
+    "rollout/is_sequence_corrected_fraction",
+]
+GAP_METRICS = [
+    "rollout/sampler_log_prob_diff_mean",
+    "rollout/sampler_log_prob_diff_max",
+]
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [{}, {"train_batch_size": 16, "importance_reweighting_method": "grpo"}],
+    ids=["on-policy", "off-policy"],
+)
+def test_grpo_update_logs_the_correction_under_rollout(tmp_path, schedule):
+    from grpo_lab.training import loop
+
+    if schedule:
+        schedule = {**schedule, "cliprange": 0.2}
+    config, task, policy, rollouts, examples = loop_rollouts(
+        tmp_path,
+        sampler_correction="token_mask",
+        sampler_correction_low=0.8,
+        sampler_correction_high=1.25,
+        **schedule,
+    )
+    record = loop.grpo_update(config, task, policy, rollouts, examples)
+    assert record["train/optimizer_steps"] >= 1
+    for key in IS_KEYS + GAP_METRICS:
+        assert key in record, key
+    # noise 0.3 on each log-prob: some tokens fall outside [0.8, 1.25], not all.
+    assert 0 < record["rollout/is_token_corrected_fraction"] < 1
+    assert record["rollout/is_ratio_min"] == 0.0  # a masked token
+    assert record["rollout/is_ratio_max"] <= 1.25
+    assert 0.1 < record["rollout/sampler_log_prob_diff_mean"] < 0.5
+    assert not any("is_" in key or "sampler" in key for key in record if "loss/" in key)
+
+
+def test_grpo_update_without_a_correction_logs_only_the_gap(tmp_path):
+    from grpo_lab.training import loop
+
+    config, task, policy, rollouts, examples = loop_rollouts(tmp_path)
+    record = loop.grpo_update(config, task, policy, rollouts, examples)
+    assert set(GAP_METRICS) <= set(record)
+    assert not set(IS_KEYS) & set(record)
+    # No sampler log-probs: exactly today's keys, none of these.
+    config, task, policy, rollouts, examples = loop_rollouts(
+        tmp_path, with_sampler=False
+    )
+    plain = loop.grpo_update(config, task, policy, rollouts, examples)
+    assert set(plain) == set(record) - set(GAP_METRICS)
+
+
+def test_a_correction_with_a_backend_that_returned_none_is_refused(tmp_path):
+    from grpo_lab.training import loop
+
+    config, task, policy, rollouts, examples = loop_rollouts(
+        tmp_path, with_sampler=False, sampler_correction="token_truncate"
+    )
+    with pytest.raises(ValueError, match="returned no sampler log-probs"):
+        loop.grpo_update(config, task, policy, rollouts, examples)
+
+
+def test_sampler_rows_must_match_the_response_tokens():
+    from grpo_lab.rollouts.base import Rollouts
+    from grpo_lab.training import loop
+
+    rollouts = Rollouts(["1>"], ["2"], [[3, 83]], [[4, 1]], [[-0.5, None]])
+    mask = torch.tensor([[0, 1, 1]])
+    padded = loop.sampler_log_prob_batch(rollouts, mask)
+    assert padded[0, 0] == 0 and padded[0, 1] == -0.5 and padded[0, 2].isnan()
+    rollouts.sampler_log_probs = [[-0.5]]
+    with pytest.raises(ValueError, match="one value per response token"):
+        loop.sampler_log_prob_batch(rollouts, mask)

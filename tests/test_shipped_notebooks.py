@@ -40,7 +40,10 @@ def test_pyproject_lists_every_package_and_maps_the_notebooks():
     table = _setuptools_table()
     assert set(table["packages"]) == folders | {"grpo_lab.notebooks"}
     assert table["package-dir"] == {"grpo_lab.notebooks": "notebooks"}
-    assert table["package-data"] == {"grpo_lab.notebooks": ["*.ipynb"]}
+    assert table["package-data"] == {
+        "grpo_lab.notebooks": ["*.ipynb"],
+        "grpo_lab.teaching": ["rubric.toml"],  # read by `grpo-lab grade`
+    }
 
 
 def test_license_metadata():

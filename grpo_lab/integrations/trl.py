@@ -264,12 +264,84 @@ def _max_new_tokens(config: TrainConfig, num_processes: int) -> dict[str, Any]:
 def _backend(config: TrainConfig, num_processes: int) -> dict[str, Any]:
     if config.backend == "hf":
         return {"use_vllm": False}
-    # grpo_lab's vllm engine shares the policy's GPU and corrects nothing.
+    if config.backend == "mismatch":
+        raise _refuse(
+            "backend",
+            config.backend,
+            "the mismatch backend is a teaching simulator of a sampler that is not "
+            "the policy; TRL samples with transformers or vLLM: use hf or vllm",
+        )
+    # grpo_lab's vllm engine shares the policy's GPU; sampler_correction says
+    # whether TRL corrects for the mismatch.
+    return {"use_vllm": True, "vllm_mode": "colocate"}
+
+
+def _mismatch(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    if config.mismatch != "none":
+        raise _refuse(
+            "mismatch",
+            config.mismatch,
+            "a simulated sampler perturbation exists only in grpo_lab's mismatch "
+            "backend; use none",
+        )
+    return {}
+
+
+def _sampler_correction(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    """TRL's vllm_importance_sampling_*: the same four modes, the same bounds.
+
+    TRL computes sampler log-probs only with vLLM, so a correction needs the
+    vllm backend. Truncate modes read ``cap`` (TRL's clip_max, no clip_min);
+    mask modes keep ratios in [low, high] (clip_min, clip_max; low 0 is TRL's
+    None: no lower bound).
+    """
+    mode = config.sampler_correction
+    if mode == "none":
+        return {"vllm_importance_sampling_correction": False}
+    if config.backend != "vllm":
+        raise _refuse(
+            "sampler_correction",
+            mode,
+            "TRL reports the sampler's log-probs only when vLLM samples: use "
+            "backend vllm, or sampler_correction none",
+        )
+    truncate = mode.endswith("truncate")
+    low = config.sampler_correction_low
     return {
-        "use_vllm": True,
-        "vllm_mode": "colocate",
-        "vllm_importance_sampling_correction": False,
+        "vllm_importance_sampling_correction": True,
+        "vllm_importance_sampling_mode": mode,
+        "vllm_importance_sampling_clip_max": config.sampler_correction_cap
+        if truncate
+        else config.sampler_correction_high,
+        "vllm_importance_sampling_clip_min": None if truncate or low == 0 else low,
     }
+
+
+def _dynamic_sampling(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    if config.dynamic_sampling:
+        raise _refuse(
+            "dynamic_sampling",
+            True,
+            "GRPOTrainer has no dynamic sampling (it logs frac_reward_zero_std, "
+            "the share of groups it would drop); use False",
+        )
+    return {}
+
+
+def _mask_truncated(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    return {"mask_truncated_completions": config.mask_truncated_completions}
+
+
+def _overlong(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    if config.overlong_buffer is not None:
+        raise _refuse(
+            "overlong_buffer",
+            config.overlong_buffer,
+            "TRL ships the soft overlong punishment as a reward function "
+            "(trl.rewards.get_soft_overlong_punishment), not a GRPOConfig "
+            "setting; add it to train.py's reward_funcs by hand, or use None",
+        )
+    return {}
 
 
 def _task(config: TrainConfig, num_processes: int) -> dict[str, Any]:
@@ -460,11 +532,7 @@ TRANSLATIONS: dict[str, Translation] = {
     "max_new_tokens": T(
         ("max_completion_length",), _max_new_tokens, "None -> the task's"
     ),
-    "backend": T(
-        ("use_vllm", "vllm_mode", "vllm_importance_sampling_correction"),
-        _backend,
-        "vllm -> colocate, no correction",
-    ),
+    "backend": T(("use_vllm", "vllm_mode"), _backend, "vllm -> colocate"),
     "task": T(
         ("generation_kwargs",),
         _task,
@@ -474,6 +542,31 @@ TRANSLATIONS: dict[str, Translation] = {
         ("vllm_gpu_memory_utilization",), _vllm_memory, "exact"
     ),
     "rollout_max_batch_size": T((), _rollout_chunk, "none only (hf)"),
+    "mismatch": T((), _mismatch, "none only (a CPU simulator)"),
+    "mismatch_scale": T((), lambda c, n: {}, "read only by the mismatch backend"),
+    "mismatch_sync_every": T((), lambda c, n: {}, "read only by the mismatch backend"),
+    "sampler_correction": T(
+        (
+            "vllm_importance_sampling_correction",
+            "vllm_importance_sampling_mode",
+            "vllm_importance_sampling_clip_max",
+            "vllm_importance_sampling_clip_min",
+        ),
+        _sampler_correction,
+        "the same four modes; needs backend vllm; none -> correction off",
+    ),
+    "sampler_correction_cap": T((), lambda c, n: {}, "truncate: clip_max"),
+    "sampler_correction_low": T((), lambda c, n: {}, "mask: clip_min (0 -> None)"),
+    "sampler_correction_high": T((), lambda c, n: {}, "mask: clip_max"),
+    "dynamic_sampling": T((), _dynamic_sampling, "False only: TRL has none"),
+    "dynamic_sampling_max_rounds": T(
+        (), lambda c, n: {}, "read only with dynamic_sampling"
+    ),
+    "mask_truncated_completions": T(
+        ("mask_truncated_completions",), _mask_truncated, "exact"
+    ),
+    "overlong_buffer": T((), _overlong, "None only: a reward function in TRL"),
+    "overlong_penalty": T((), lambda c, n: {}, "read only with overlong_buffer"),
     "eval_every": T(
         ("eval_strategy", "eval_steps", "per_device_eval_batch_size"),
         _eval_every,

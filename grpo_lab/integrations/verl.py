@@ -443,6 +443,16 @@ NOT_TRAINING_SETTINGS = {
     "sft_lr": "warm-up only (see sft_target_accuracy)",
     "sft_eval_every": "warm-up only (see sft_target_accuracy)",
     "sft_eval_size": "warm-up only (see sft_target_accuracy)",
+    "mismatch_scale": "read only by grpo_lab's mismatch backend (mismatch must "
+    "be none)",
+    "mismatch_sync_every": "read only by the mismatch backend (see mismatch_scale)",
+    "sampler_correction_cap": "read only with sampler_correction, which must be "
+    "none to export",
+    "sampler_correction_low": "see sampler_correction_cap",
+    "sampler_correction_high": "see sampler_correction_cap",
+    "dynamic_sampling_max_rounds": "read only with dynamic_sampling, which must "
+    "be False to export",
+    "overlong_penalty": "read only with overlong_buffer, which must be None",
 }
 # report_to names and verl's trainer.logger backends (verl 0.9.1 has all four).
 TRACKERS = {
@@ -496,6 +506,32 @@ def _check_exportable(config: Any) -> None:
             "device",
             str(config.device).startswith("cuda"),
             "a CUDA device (verl trains on GPUs)",
+        ),
+        (
+            "mismatch",
+            config.mismatch == "none",
+            "'none' (the mismatch backend is grpo_lab's CPU simulator)",
+        ),
+        (
+            "sampler_correction",
+            config.sampler_correction == "none",
+            "'none' (verl's own algorithm.rollout_correction is not mapped; set it "
+            "in overrides.txt by hand)",
+        ),
+        (
+            "dynamic_sampling",
+            not config.dynamic_sampling,
+            "False (verl's algorithm.filter_groups is not mapped)",
+        ),
+        (
+            "mask_truncated_completions",
+            not config.mask_truncated_completions,
+            "False (not mapped to verl)",
+        ),
+        (
+            "overlong_buffer",
+            config.overlong_buffer is None,
+            "None (verl's overlong reward shaping is not mapped)",
         ),
     )
     for name, ok, expected in refusals:
@@ -694,6 +730,11 @@ EXPORTED_SETTINGS = {
     "dtype": "actor.fsdp_config.model_dtype",
     "autocast_dtype": "actor.fsdp_config.dtype (None: dtype)",
     "gradient_checkpointing": "actor_rollout_ref.model.enable_gradient_checkpointing",
+    "mismatch": "refused unless 'none'",
+    "sampler_correction": "refused unless 'none'",
+    "dynamic_sampling": "refused unless False",
+    "mask_truncated_completions": "refused unless False",
+    "overlong_buffer": "refused unless None",
 }
 
 
