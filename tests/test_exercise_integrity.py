@@ -37,6 +37,7 @@ DIFFERENTIABLE = {
     "check_aggregate_loss",
     "check_grpo_loss",
     "check_clip_higher_loss",
+    "check_device_token_loss",
 }
 
 
@@ -129,6 +130,7 @@ def _check(exercise: Exercise):
         "check_train_batch_slices": "loop",
         "check_cache_key": "loop",
         "check_clip_higher_loss": "family",
+        "check_device_token_loss": "scaling",
     }[exercise.check_name]
     return resolve(f"grpo_lab.teaching.checks.{module}.{exercise.check_name}")
 

@@ -23,12 +23,17 @@ import pytest
 import torch
 import yaml
 from test_trl_parity import (
+    COMPLETIONS,
     GROUP_SIZE,
     MAX_COMPLETION_LENGTH,
     PROMPTS,
     REWARDS,
+    ROW_PROMPTS,
+    encode,
+    fresh_model,
     make_trainer,
     max_deltas,
+    off_policy,
     run_grpo_lab,
     run_trl,
 )
@@ -262,22 +267,6 @@ def test_a_grpo_trainer_built_from_the_translation_trains_two_steps(
 
 # --- first-step parity through the translation ---------------------------------------
 
-# The GRPOConfig arguments that decide the first step's loss and gradients.
-LOSS_ARGUMENTS = (
-    "loss_type",
-    "importance_sampling_level",
-    "epsilon",
-    "epsilon_high",
-    "delta",
-    "sapo_temperature_pos",
-    "sapo_temperature_neg",
-    "beta",
-    "use_bias_correction_kl",
-    "entropy_coef",
-    "top_entropy_quantile",
-    "temperature",
-    "scale_rewards",
-)
 # The harness's batch: 3 prompts x 4 completions, one optimizer step over all 12.
 HARNESS = {
     "task_options": {"n_digits": 3},
@@ -356,22 +345,21 @@ PARITY_CASES = {
 }
 
 
-def translated_trainer(tokenizer, tmp_path, config: TrainConfig, rewards=REWARDS):
-    """The harness's GRPOTrainer with ``config``'s translated loss settings; the
-    class trainer_class_for(config) picks. Returns it and TRL's beta."""
+def translated_run(tokenizer, tmp_path, config: TrainConfig, rewards=REWARDS):
+    """TRL's first step of ``config``'s translated loss settings on the harness
+    (grpo_trl.trl_first_step_loss, on the class trainer_class_for picks)."""
     arguments = grpo_trl.to_trl_config(config)
     assert arguments["max_completion_length"] == MAX_COMPLETION_LENGTH
-    fields = {k: arguments[k] for k in LOSS_ARGUMENTS if k in arguments}
-    beta = fields.pop("beta")
-    trainer = make_trainer(tokenizer, tmp_path, rewards, **fields)
-    trainer_class = grpo_trl.trainer_class_for(config)
-    if trainer_class is not GRPOTrainer:
-        # The harness builds a GRPOTrainer; GrpoLabTrainer adds two attributes
-        # in its __init__ and nothing else, so they are set here.
-        trainer.__class__ = trainer_class
-        trainer.train_config = config
-        trainer._rewards_per_func = None
-    return trainer, beta
+    return grpo_trl.trl_first_step_loss(
+        config,
+        fresh_model(tokenizer),
+        tokenizer,
+        ROW_PROMPTS,
+        [encode(tokenizer, c) for c in COMPLETIONS],
+        rewards,
+        tmp_path,
+        **off_policy(),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -395,9 +383,9 @@ def advantage_difference(trl_run, config: TrainConfig) -> float:
 @pytest.mark.parametrize("name", list(PARITY_CASES))
 def test_first_step_loss_and_gradients_match_grpo_lab(tokenizer, tmp_path, name):
     config = TrainConfig.for_profile("cpu", **{**HARNESS, **PARITY_CASES[name]})
-    trainer, beta = translated_trainer(tokenizer, tmp_path, config)
-    assert (type(trainer) is GRPOTrainer) == (not name.startswith("GrpoLabTrainer"))
-    trl_run = run_trl(trainer, beta=beta)
+    trl_run = translated_run(tokenizer, tmp_path, config)
+    plain = type(trl_run.trainer) is GRPOTrainer
+    assert plain == (not name.startswith("GrpoLabTrainer"))
     advantage_delta = advantage_difference(trl_run, config)
     # The loss on TRL's advantages: they agree with grpo_lab's to float32
     # rounding (TRL's nanstd), and through GrpoLabTrainer they are grpo_lab's.
@@ -429,12 +417,11 @@ def test_on_policy_reinforce_matches_trl_with_a_ratio_of_one(
         "loss_normalization": normalization,
     }
     config = TrainConfig.for_profile("cpu", **{**HARNESS, **overrides})
-    trainer, beta = translated_trainer(tokenizer, tmp_path, config)
-    assert trainer.args.num_iterations == 1
     randn = torch.randn
     monkeypatch.setattr(torch, "randn", lambda *a, **k: randn(*a, **k) * 0)
-    trl_run = run_trl(trainer, beta=beta)
+    trl_run = translated_run(tokenizer, tmp_path, config)
     monkeypatch.undo()
+    assert trl_run.trainer.args.num_iterations == 1
     deltas = max_deltas(
         trl_run, run_grpo_lab(tokenizer, trl_run, config.update_settings())
     )
@@ -456,14 +443,11 @@ def test_the_subclass_changes_what_trl_would_compute(tokenizer, tmp_path):
         if not name.startswith("GrpoLabTrainer"):
             continue
         config = TrainConfig.for_profile("cpu", **{**HARNESS, **overrides})
-        mine, beta = translated_trainer(tokenizer, tmp_path, config)
+        ours = translated_run(tokenizer, tmp_path, config)
         plain = make_trainer(
-            tokenizer,
-            tmp_path,
-            REWARDS,
-            **{k: v for k, v in vars(mine.args).items() if k == "loss_type"},
+            tokenizer, tmp_path, REWARDS, loss_type=ours.trainer.args.loss_type
         )
-        ours, theirs = run_trl(mine, beta=beta), run_trl(plain)
+        theirs = run_trl(plain)
         difference = max(
             (ours.inputs["advantages"] - theirs.inputs["advantages"]).abs().max(),
             (sum(ours.losses) - sum(theirs.losses)).abs(),
@@ -476,9 +460,8 @@ def test_a_nan_reward_with_propagate_is_refused(tokenizer, tmp_path):
         "cpu", **{**HARNESS, "advantage_eps": 1e-6, "nan_rewards": "propagate"}
     )
     rewards = [None, *REWARDS[1:]]
-    trainer, _ = translated_trainer(tokenizer, tmp_path, config, rewards=rewards)
     with pytest.raises(RuntimeError, match="nan_rewards is 'propagate'"):
-        run_trl(trainer)
+        translated_run(tokenizer, tmp_path, config, rewards=rewards)
 
 
 @pytest.fixture(scope="module", autouse=True)

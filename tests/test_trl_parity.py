@@ -24,11 +24,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from datasets import Dataset
-from trl import GRPOConfig, GRPOTrainer
-from trl.trainer.utils import split_tensor_dict
+from trl import GRPOConfig
 
 from grpo_lab.advantages import compute_group_normalized_rewards
+from grpo_lab.integrations.trl import (
+    TrlFirstStep,
+    fixed_completions_trainer,
+    trl_first_step,
+)
 from grpo_lab.logprobs import get_response_log_probs
 from grpo_lab.masks import pad_prompt_and_response_ids
 from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2
@@ -37,6 +40,7 @@ from grpo_lab.train_step import UpdateSettings, microbatch_loss, policy_gradient
 
 PROMPTS = ["12>", "34>", "56>"]  # one length: no left padding on TRL's side
 GROUP_SIZE = 4
+ROW_PROMPTS = [p for p in PROMPTS for _ in range(GROUP_SIZE)]
 # Completion token strings (one character per token; "$" stands for <eos>).
 COMPLETIONS = [
     "21$",
@@ -76,108 +80,45 @@ def fresh_model(tokenizer):
 
 def make_trainer(tokenizer, tmp_path, rewards, **config_fields):
     """A GRPOTrainer on fixed completions and rewards, as TRL builds it."""
-    prompt_ids = {p: tokenizer.encode(p, add_special_tokens=False) for p in PROMPTS}
-
-    def rollout(prompts, trainer):
-        return {
-            "prompt_ids": [prompt_ids[p] for p in prompts],
-            "completion_ids": [encode(tokenizer, c) for c in COMPLETIONS],
-            "logprobs": [[0.0] * len(encode(tokenizer, c)) for c in COMPLETIONS],
-        }
-
-    def reward(prompts, completions, **kwargs):
-        return list(rewards)
-
-    accumulation = config_fields.pop("gradient_accumulation_steps", 1)
-    args = GRPOConfig(
-        output_dir=str(tmp_path),
-        use_cpu=True,
-        per_device_train_batch_size=len(COMPLETIONS) // accumulation,
-        gradient_accumulation_steps=accumulation,
-        num_generations=GROUP_SIZE,
-        max_completion_length=MAX_COMPLETION_LENGTH,
-        report_to=[],
-        save_strategy="no",
-        bf16=False,  # GRPOConfig's default autocasts to bfloat16, even on CPU
-        **config_fields,
+    return fixed_completions_trainer(
+        {
+            "num_generations": GROUP_SIZE,
+            "max_completion_length": MAX_COMPLETION_LENGTH,
+            **config_fields,
+        },
+        fresh_model(tokenizer),
+        tokenizer,
+        ROW_PROMPTS,
+        [encode(tokenizer, c) for c in COMPLETIONS],
+        rewards,
+        tmp_path,
     )
-    dataset = Dataset.from_dict({"prompt": PROMPTS})
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        trainer = GRPOTrainer(
-            model=fresh_model(tokenizer),
-            reward_funcs=reward,
-            args=args,
-            train_dataset=dataset,
-            processing_class=tokenizer,
-            rollout_func=rollout,
-        )
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = accumulation
-    return trainer
 
 
-def naive_scorer(trainer, captured):
-    """TRL's scorer in float64: log_softmax(logits / T) of the completion tokens."""
+def perturbed(seed: int, scale: float, flip: bool = False):
+    """current + scale x N(0, 1) noise (seeded; flipped over rows if asked)."""
 
-    def score(model, input_ids, attention_mask, logits_to_keep, **kwargs):
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
-        logits = logits[:, -logits_to_keep - 1 : -1] / trainer.temperature  # (B, C, V)
-        log_softmax = torch.log_softmax(logits, dim=-1)
-        labels = input_ids[:, -logits_to_keep:]  # (B, C)
-        log_probs = log_softmax.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
-        if log_probs.requires_grad:
-            log_probs.retain_grad()
-            captured.append(log_probs)
-        entropy = -(log_softmax.exp() * log_softmax).sum(-1)  # (B, C)
-        return log_probs, entropy, None
+    def log_probs(current, mask):
+        generator = torch.Generator().manual_seed(seed)
+        noise = torch.randn(current.shape, generator=generator, dtype=torch.float64)
+        return current + scale * (noise.flip(0) if flip else noise)
 
-    return score
+    return log_probs
 
 
-@dataclasses.dataclass
-class TrlRun:
-    inputs: dict
-    losses: list[torch.Tensor]
-    log_prob_gradients: torch.Tensor  # (B, C), TRL's layout
-    parameter_gradients: list[torch.Tensor]
-
-
-def run_trl(trainer, perturb_seed: int = 0, beta: float = 0.0) -> TrlRun:
+def run_trl(trainer, perturb_seed: int = 0, beta: float = 0.0) -> TrlFirstStep:
     """Advantages by TRL, old/reference log-probs set off the current policy,
     then TRL's loss on each accumulation microbatch, backpropagated."""
-    captured: list[torch.Tensor] = []
-    trainer._get_per_token_logps_and_entropies = naive_scorer(trainer, captured)
-    prompts = [{"prompt": p} for p in PROMPTS for _ in range(GROUP_SIZE)]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        inputs = trainer._generate_and_score_completions(prompts)
-    mask = inputs["completion_mask"].double()  # (B, C)
-    with torch.no_grad():
-        current = trainer._get_per_token_logps_and_entropies(
-            trainer.model,
-            torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1),
-            torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1),
-            inputs["completion_ids"].shape[1],
-        )[0]
-    generator = torch.Generator().manual_seed(perturb_seed)
-    noise = torch.randn(current.shape, generator=generator, dtype=torch.float64)
-    inputs["old_per_token_logps"] = (current + 0.3 * noise) * mask
-    inputs["ref_per_token_logps"] = (current - 0.2 * noise.flip(0)) * mask
-    inputs["advantages"] = inputs["advantages"].double()
-    trainer.beta = beta  # TRL only loads a reference model by name; given here
-    chunks = split_tensor_dict(inputs, trainer.current_gradient_accumulation_steps)
-    losses = []
-    for chunk in chunks:
-        loss = trainer._compute_loss(trainer.model, chunk)
-        loss.backward()
-        losses.append(loss.detach())
-    gradients = torch.cat([c.grad for c in captured], dim=0)  # (B, C)
-    parameters = [
-        torch.zeros_like(p) if p.grad is None else p.grad.clone()
-        for p in trainer.model.parameters()
-    ]
-    return TrlRun(inputs, losses, gradients, parameters)
+    return trl_first_step(trainer, ROW_PROMPTS, **off_policy(perturb_seed), beta=beta)
+
+
+def off_policy(seed: int = 0) -> dict:
+    """The old (current + 0.3 noise) and reference (current - 0.2 noise
+    flipped) log-probs of trl_first_step."""
+    return {
+        "old_log_probs": perturbed(seed, 0.3),
+        "reference_log_probs": perturbed(seed, -0.2, flip=True),
+    }
 
 
 def to_grpo_lab_layout(values: torch.Tensor, completion_mask, response_mask):
@@ -197,7 +138,7 @@ def grpo_lab_batch(tokenizer):
     return pad_prompt_and_response_ids(prompt_ids, response_ids, tokenizer.pad_token_id)
 
 
-def run_grpo_lab(tokenizer, trl_run: TrlRun, settings: UpdateSettings, steps=1):
+def run_grpo_lab(tokenizer, trl_run: TrlFirstStep, settings: UpdateSettings, steps=1):
     """The same loss by grpo_lab: parameter gradients of policy_gradient_update,
     and the gradient by each log-prob of microbatch_loss on the whole batch."""
     batch = grpo_lab_batch(tokenizer)
@@ -245,7 +186,7 @@ def run_grpo_lab(tokenizer, trl_run: TrlRun, settings: UpdateSettings, steps=1):
     return loss, whole_loss.detach(), gradient, recorder.gradients, metadata
 
 
-def max_deltas(trl_run: TrlRun, ours) -> dict[str, float]:
+def max_deltas(trl_run: TrlFirstStep, ours) -> dict[str, float]:
     loss, whole_loss, gradient, parameter_gradients, _ = ours
     trl_loss = sum(trl_run.losses)
     trl_gradient = trl_run.log_prob_gradients[trl_run.inputs["completion_mask"].bool()]

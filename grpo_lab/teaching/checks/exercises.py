@@ -44,6 +44,11 @@ PACKAGE_COUNTERPARTS: dict[str, tuple[str, ...]] = {
     "check_train_batch_slices": ("grpo_lab.training.loop.train_batch_rows",),
     "check_cache_key": ("grpo_lab.teaching.explorer.config_cache_key",),
     "check_clip_higher_loss": ("grpo_lab.losses.compute_policy_gradient_loss",),
+    "check_device_token_loss": (
+        "grpo_lab.losses.aggregate_loss_across_microbatch",
+        "grpo_lab.losses.microbatch_loss_scale",
+        "grpo_lab.teaching.checks.scaling.reference_device_token_loss",
+    ),
 }
 
 
