@@ -41,6 +41,14 @@ from grpo_lab.losses import (
 )
 from grpo_lab.masks import tokenize_prompt_and_output
 from grpo_lab.prefix_sharing import shared_prefix_length
+from grpo_lab.sampler_correction import (
+    DEFAULT_CAP,
+    DEFAULT_HIGH,
+    DEFAULT_LOW,
+    check_sampler_correction,
+    correction_weights,
+    sampler_correction_weights,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -90,6 +98,13 @@ class UpdateSettings:
     # Only tokens in this top fraction of the microbatch's entropies get the
     # policy gradient (1: every token).
     top_entropy_quantile: float = 1.0
+    # Importance-sampling correction against the sampler's own log-probs
+    # (grpo_lab.sampler_correction; TRL's vllm_importance_sampling_*): "none",
+    # token_/sequence_ truncate (at cap) or mask (outside [low, high]).
+    sampler_correction: str = "none"
+    sampler_correction_cap: float = DEFAULT_CAP
+    sampler_correction_low: float = DEFAULT_LOW
+    sampler_correction_high: float = DEFAULT_HIGH
 
     def __post_init__(self) -> None:
         check_objective_settings(
@@ -106,6 +121,12 @@ class UpdateSettings:
         check_temperature(self.temperature)
         if self.logits_chunk_size is not None:
             check_logits_chunk_size(self.logits_chunk_size)
+        check_sampler_correction(
+            self.sampler_correction,
+            self.sampler_correction_cap,
+            self.sampler_correction_low,
+            self.sampler_correction_high,
+        )
 
     @property
     def every_row_has_gradient(self) -> bool:
@@ -292,6 +313,11 @@ def policy_gradient_update(
     kl_importance_weighting: bool = False,
     entropy_coef: float = 0.0,
     top_entropy_quantile: float = 1.0,
+    sampler_log_probs: torch.Tensor | None = None,
+    sampler_correction: str = "none",
+    sampler_correction_cap: float = DEFAULT_CAP,
+    sampler_correction_low: float = DEFAULT_LOW,
+    sampler_correction_high: float = DEFAULT_HIGH,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
     """One optimizer step on a tokenized batch with precomputed advantages.
 
@@ -320,6 +346,15 @@ def policy_gradient_update(
     microbatch is still in once per distinct prompt instead of once per
     response: the same gradient, with less work.
 
+    ``sampler_log_probs`` (B, T): the rollout sampler's log-probs of the response
+    tokens. With a ``sampler_correction`` mode each token's objective is weighted
+    by :func:`grpo_lab.sampler_correction.correction_weights` of pi_trainer /
+    pi_sampler, pi_trainer being ``old_log_probs`` when given, else the current
+    log-probs detached (pi_old = pi_theta at the first update). Whenever
+    ``sampler_log_probs`` is given the metadata adds the log-prob gap
+    (``sampler_log_prob_diff_mean`` / ``_max``), and with a mode on the
+    ``is_*`` diagnostics, over the scored responses.
+
     Raises ``RuntimeError`` before ``optimizer.step`` (parameters untouched) if a
     loss, a diagnostic mean or the gradient norm is not finite. When every
     advantage is zero nothing is scored, the optimizer does not step, and the
@@ -343,8 +378,14 @@ def policy_gradient_update(
         kl_importance_weighting,
         entropy_coef,
         top_entropy_quantile,
+        sampler_correction=sampler_correction,
+        sampler_correction_cap=sampler_correction_cap,
+        sampler_correction_low=sampler_correction_low,
+        sampler_correction_high=sampler_correction_high,
     )
-    batch_size = _check_batch(batch, advantages, old_log_probs, reference_log_probs)
+    batch_size = _check_batch(
+        batch, advantages, old_log_probs, reference_log_probs, sampler_log_probs
+    )
     check_update_inputs(
         settings,
         gradient_accumulation_steps,
@@ -352,6 +393,7 @@ def policy_gradient_update(
         batch_size,
         old_log_probs,
         reference_log_probs,
+        sampler_log_probs=sampler_log_probs,
     )
     device = _device_of(model)
     optimizer.zero_grad(set_to_none=True)
@@ -362,7 +404,12 @@ def policy_gradient_update(
     if settings.scores_every_row:
         active_indices = torch.arange(batch_size, device=advantages.device)
     active = _select_rows(
-        batch, advantages, old_log_probs, reference_log_probs, active_indices
+        batch,
+        advantages,
+        old_log_probs,
+        reference_log_probs,
+        active_indices,
+        sampler_log_probs=sampler_log_probs,
     )
     # Keep the configured microbatch size; fewer active rows mean fewer microbatches.
     microbatch_size = -(-batch_size // gradient_accumulation_steps)
@@ -379,7 +426,30 @@ def policy_gradient_update(
         optimizer_step=1.0,
         active_response_count=float(active_indices.numel()),
     )
+    if sampler_log_probs is not None:
+        metadata.update(_sampler_metrics(active, accumulator, settings))
     return metadata["loss"], metadata
+
+
+def _sampler_metrics(
+    active: Mapping[str, torch.Tensor],
+    accumulator: _DiagnosticAccumulator,
+    settings: UpdateSettings,
+) -> dict[str, float]:
+    """The sampler gap and correction diagnostics of the scored rows, computed
+    once on all of them (min and max do not add up across microbatches)."""
+    trainer_log_probs = torch.cat(accumulator.trainer_log_probs)  # (A, T)
+    device = trainer_log_probs.device
+    _, metrics = sampler_correction_weights(
+        trainer_log_probs,
+        active["sampler_log_probs"].to(device),
+        active["response_mask"].to(device),
+        mode=settings.sampler_correction,
+        cap=settings.sampler_correction_cap,
+        low=settings.sampler_correction_low,
+        high=settings.sampler_correction_high,
+    )
+    return metrics
 
 
 def score_tokens(
@@ -421,11 +491,14 @@ def microbatch_loss(
 
     Per token t of a response:
 
-        loss_t = objective_t * e_t + kl_coef * w_t * KL_t - entropy_coef * H_t
+        loss_t = objective_t * e_t * s_t + kl_coef * w_t * KL_t - entropy_coef * H_t
 
     objective_t from :func:`grpo_lab.losses.compute_policy_gradient_loss`;
     e_t = 1, or the high-entropy mask when ``top_entropy_quantile`` < 1
-    (:func:`grpo_lab.losses.high_entropy_mask`); KL_t the ``kl_estimator`` of
+    (:func:`grpo_lab.losses.high_entropy_mask`); s_t = 1, or the detached
+    sampler-correction weight (:func:`grpo_lab.sampler_correction.correction_weights`
+    of pi_old / pi_sampler, pi_old = ``old_log_probs`` or the current log-probs
+    detached; on the objective only, as TRL weighs it); KL_t the ``kl_estimator`` of
     the policy against ``microbatch["reference_log_probs"]``
     (:func:`grpo_lab.kl.compute_kl_penalty`), and w_t = pi / pi_old when
     ``kl_importance_weighting`` (one ratio per response for gspo and gmpo; 1
@@ -456,6 +529,10 @@ def microbatch_loss(
         kept = high_entropy_mask(token_entropy, mask, settings.top_entropy_quantile)
         per_token_loss = per_token_loss * kept  # (b, T)
         diagnostics["entropy_mask_mean"] = _masked_mean(kept.float(), mask)
+    if settings.sampler_correction != "none":
+        per_token_loss = per_token_loss * _sampler_weights(
+            log_probs, microbatch, settings
+        )  # (b, T)
     if settings.kl_coef > 0:
         kl = compute_kl_penalty(
             log_probs, microbatch["reference_log_probs"], settings.kl_estimator
@@ -472,6 +549,25 @@ def microbatch_loss(
         settings.normalization_constant,
     )
     return loss, diagnostics
+
+
+def _sampler_weights(
+    log_probs: torch.Tensor,
+    microbatch: Mapping[str, torch.Tensor],
+    settings: UpdateSettings,
+) -> torch.Tensor:
+    """Detached weights (b, T) of pi_old / pi_sampler, truncated or masked."""
+    old_log_probs = microbatch.get("old_log_probs")
+    weights, _ = correction_weights(
+        log_probs.detach() if old_log_probs is None else old_log_probs,
+        microbatch["sampler_log_probs"],
+        microbatch["response_mask"],
+        mode=settings.sampler_correction,
+        cap=settings.sampler_correction_cap,
+        low=settings.sampler_correction_low,
+        high=settings.sampler_correction_high,
+    )
+    return weights
 
 
 def _kl_weights(
@@ -512,6 +608,8 @@ def check_update_inputs(
     batch_size: int,
     old_log_probs: torch.Tensor | None,
     reference_log_probs: torch.Tensor | None = None,
+    *,
+    sampler_log_probs: torch.Tensor | None = None,
 ) -> None:
     """What must hold before anything is scored, beyond ``settings`` themselves."""
     check_gradient_accumulation_steps(gradient_accumulation_steps, batch_size)
@@ -525,6 +623,12 @@ def check_update_inputs(
         raise ValueError(
             f"reference_log_probs must be a tensor when kl_coef > 0 "
             f"({settings.kl_coef}), got None"
+        )
+    if settings.sampler_correction != "none" and sampler_log_probs is None:
+        raise ValueError(
+            f"sampler_correction is {settings.sampler_correction!r} but "
+            "sampler_log_probs is None: the rollout backend returned no sampler "
+            "log-probs (use one that reports them, or sampler_correction='none')"
         )
 
 
@@ -570,6 +674,8 @@ def _select_rows(
     old_log_probs: torch.Tensor | None,
     reference_log_probs: torch.Tensor | None,
     indices: torch.Tensor,
+    *,
+    sampler_log_probs: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """The rows ``indices`` of every per-response tensor, keyed by name."""
     tensors = {key: batch[key] for key in BATCH_KEYS}
@@ -578,6 +684,8 @@ def _select_rows(
         tensors["old_log_probs"] = old_log_probs
     if reference_log_probs is not None:
         tensors["reference_log_probs"] = reference_log_probs
+    if sampler_log_probs is not None:
+        tensors["sampler_log_probs"] = sampler_log_probs
     return {
         key: value.index_select(0, indices.to(value.device))
         for key, value in tensors.items()
@@ -636,6 +744,11 @@ def _backward_microbatch(
         scored["log_probs"], scored["token_entropy"], microbatch, settings
     )
     loss = loss * scale
+    if "sampler_log_probs" in microbatch:
+        old_log_probs = microbatch.get("old_log_probs")
+        accumulator.trainer_log_probs.append(
+            scored["log_probs"].detach() if old_log_probs is None else old_log_probs
+        )
     entropy_sum = (scored["token_entropy"].detach() * mask).sum()
     _check_finite(loss, entropy_sum, loss_metadata)
     loss.backward()
@@ -672,6 +785,8 @@ class _DiagnosticAccumulator:
         self.sums: dict[str, torch.Tensor] = {}
         self.weights: dict[str, torch.Tensor] = {}
         self.counts: dict[str, torch.Tensor] = {}
+        # pi_old of the scored rows, in order, when sampler log-probs are given.
+        self.trainer_log_probs: list[torch.Tensor] = []
 
     def add(
         self,
@@ -809,6 +924,7 @@ def _check_batch(
     advantages: torch.Tensor,
     old_log_probs: torch.Tensor | None,
     reference_log_probs: torch.Tensor | None = None,
+    sampler_log_probs: torch.Tensor | None = None,
 ) -> int:
     """Check the (B, T) batch against (B,) advantages; return B."""
     if not isinstance(advantages, torch.Tensor):
@@ -838,6 +954,7 @@ def _check_batch(
     for name, value in (
         ("old_log_probs", old_log_probs),
         ("reference_log_probs", reference_log_probs),
+        ("sampler_log_probs", sampler_log_probs),
     ):
         if value is not None and tuple(value.shape) != shape:
             raise ValueError(

@@ -23,6 +23,7 @@ CORE = {
     "advantages",
     "losses",
     "kl",
+    "sampler_correction",
     "train_step",
 }
 FLOOR_2 = {
