@@ -34,6 +34,7 @@ import render_results  # noqa: E402
 SCRIPTS = {
     "cpu_profile", "logprob_memory", "trl_train_step", "time_to_accuracy",
     "gpu_throughput", "run_cpu", "harness", "threads", "kl_reference",
+    "mismatch_bias",
 }  # fmt: skip
 MACHINE_FIELDS = {
     "nproc", "cpu_model", "torch", "transformers", "torch_threads", "git_commit",
@@ -317,6 +318,7 @@ def test_committed_results_render_to_the_committed_results_md():
 def test_recorded_and_rerun_command_lines_still_parse():
     """Each committed result's command, and each run_cpu.py run, parses today."""
     import kl_reference  # noqa: F401
+    import mismatch_bias  # noqa: F401
     import run_cpu
     import threads  # noqa: F401
     import time_to_accuracy  # also imports cpu_profile and trl_train_step
@@ -462,3 +464,23 @@ def test_kl_reference_quick_measures_both_sides(tmp_path):
     assert (without["kl_coef"], with_kl["kl_coef"]) == (0.0, 0.04)
     assert without["kl_mean"] is None and with_kl["kl_mean"] >= 0
     assert without["time_ratio"] == 1.0 and with_kl["step_seconds"] > 0
+
+
+def test_mismatch_bias_quick_measures_every_perturbation(tmp_path):
+    import mismatch_bias
+
+    out = tmp_path / "mismatch_bias.json"
+    flags = ["--quick", "--out", str(out)]
+    mismatch_bias.main(flags)
+    result = read(out)
+    assert_records_its_run(result, "mismatch_bias", flags)
+    gaps, biases = result["tables"]
+    names = ["bf16", "top_p", "temperature", "noise", "stale"]  # stale last
+    assert [row["perturbation"] for row in gaps["rows"]] == names
+    assert [row["perturbation"] for row in biases["rows"]] == names
+    by_name = {row["perturbation"]: row for row in gaps["rows"]}
+    # bf16 rounding is a small gap; top_p's rho = 1 / mass(nucleus) <= 1.
+    assert 0 < by_name["bf16"]["diff_mean"] < 0.05
+    assert by_name["top_p"]["ratio_q0.99"] <= 1 + 1e-6
+    for row in biases["rows"]:
+        assert row["noise_floor"] > 0 and row["bias_none"] > 0

@@ -183,6 +183,32 @@ BAD_SETTINGS = [
         "rollout_max_batch_size must be None or a positive",
     ),
     ({"vllm_gpu_memory_utilization": 0.0}, "vllm_gpu_memory_utilization must be"),
+    ({"mismatch": "bf16"}, "mismatch 'bf16' needs backend 'mismatch'"),
+    ({"backend": "mismatch", "mismatch": "drift"}, "mismatch must be one of"),
+    (
+        {"backend": "mismatch", "mismatch": "top_p", "mismatch_scale": 1.5},
+        "mismatch_scale for mismatch 'top_p' is the nucleus mass",
+    ),
+    (
+        {"backend": "mismatch", "mismatch": "temperature", "mismatch_scale": 0.0},
+        "mismatch_scale for mismatch 'temperature' .* must be > 0",
+    ),
+    (
+        {"backend": "mismatch", "mismatch": "noise", "mismatch_scale": -0.1},
+        "mismatch_scale for mismatch 'noise' .* must be >= 0",
+    ),
+    (
+        {"backend": "mismatch", "mismatch": "bf16", "mismatch_scale": 0.5},
+        "mismatch_scale must be None for mismatch 'bf16'",
+    ),
+    (
+        {"backend": "mismatch", "mismatch": "stale", "mismatch_sync_every": 0},
+        "mismatch_sync_every must be a positive int",
+    ),
+    (
+        {"backend": "mismatch", "mismatch": "noise", "mismatch_sync_every": 3},
+        "mismatch_sync_every applies to mismatch 'stale' only",
+    ),
     ({"task": "reversal"}, "task must be one of"),
     (
         {"task_options": {"digits": 5}},

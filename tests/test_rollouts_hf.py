@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from grpo_lab.logprobs import get_response_log_probs
+from grpo_lab.masks import pad_prompt_and_response_ids
 from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2
 from grpo_lab.rollouts import HFRolloutBackend, make_backend
 from grpo_lab.rollouts.base import SamplingSettings
@@ -24,6 +26,88 @@ def first_token_distribution(model, prompt_ids, temperature):
     with torch.no_grad():
         logits = model(torch.tensor([prompt_ids])).logits[0, -1]  # (V,)
     return torch.softmax(logits / temperature, dim=-1)  # (V,)
+
+
+def trainer_log_probs(model, rollouts, temperature):
+    """The trainer's log-probs of every response token, flat, row-major."""
+    batch = pad_prompt_and_response_ids(
+        rollouts.prompt_token_ids, rollouts.response_token_ids, pad_token_id=0
+    )
+    with torch.no_grad():
+        scored = get_response_log_probs(
+            model, batch["input_ids"], batch["labels"], temperature=temperature
+        )["log_probs"]  # (B, T)
+    return scored[batch["response_mask"].bool()]  # (N,)
+
+
+def flat_sampler_log_probs(rollouts):
+    for ids, values in zip(rollouts.response_token_ids, rollouts.sampler_log_probs):
+        assert len(values) == len(ids)  # one per kept token, EOS included
+    return torch.tensor([v for row in rollouts.sampler_log_probs for v in row])
+
+
+@pytest.fixture(scope="module")
+def sharp_model(tokenizer):
+    """Peaked next-token distributions, and an EOS that gets sampled sometimes."""
+    model = build_tiny_qwen2(tokenizer, hidden_size=32, num_layers=2, seed=3)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(4.0)
+        prompt = torch.tensor([tokenizer.encode("12345>7>")])
+        hidden = model(prompt, output_hidden_states=True).hidden_states[-1][0]
+        direction = hidden.mean(0)  # (H,)
+        # An untied head whose EOS row gives a typical state a logit of ~1.5.
+        head = model.model.embed_tokens.weight.clone()  # (V, H)
+        head[tokenizer.eos_token_id] = 1.5 * direction / direction.norm() ** 2
+        model.lm_head.weight = torch.nn.Parameter(head)
+    return model
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampler_log_probs_equal_the_trainers_at_the_sampling_temperature(
+    sharp_model, tokenizer, temperature
+):
+    rollouts = HFRolloutBackend(sharp_model, tokenizer).generate(
+        ["12345>", "7>", ">"], 4, SamplingSettings(temperature, 1.0, 10, seed=5)
+    )
+    assert any(tokenizer.eos_token_id in ids for ids in rollouts.response_token_ids)
+    sampler = flat_sampler_log_probs(rollouts)  # (N,)
+    torch.testing.assert_close(
+        sampler,
+        trainer_log_probs(sharp_model, rollouts, temperature),
+        atol=1e-5,
+        rtol=0,
+    )
+    if temperature != 1.0:
+        # Scored at temperature 1 instead, the numbers differ: the scores used
+        # really are the tempered ones.
+        at_one = trainer_log_probs(sharp_model, rollouts, 1.0)
+        assert (sampler - at_one).abs().max() > 1e-2
+
+
+def test_top_p_sampler_log_probs_are_the_renormalised_nucleus(sharp_model, tokenizer):
+    top_p = 0.6
+    rollouts = HFRolloutBackend(sharp_model, tokenizer).generate(
+        ["12345>", "7>"], 8, SamplingSettings(1.0, top_p, 8, seed=2)
+    )
+    sampler = flat_sampler_log_probs(rollouts)  # (N,)
+    full = trainer_log_probs(sharp_model, rollouts, 1.0)  # (N,)
+    # Inside the nucleus, p_sampler = p / mass(nucleus) >= p, and mass >= top_p.
+    assert bool((sampler >= full - 1e-6).all())
+    assert bool((sampler - full <= -torch.log(torch.tensor(top_p)) + 1e-5).all())
+    assert (sampler - full).max() > 1e-2
+
+
+def test_stop_string_cut_keeps_one_log_prob_per_kept_token(model, tokenizer):
+    rollouts = HFRolloutBackend(model, tokenizer).generate(
+        ["12345>"], 32, SamplingSettings(max_new_tokens=30, stop_strings=("a",), seed=0)
+    )
+    assert any(text.endswith("a") for text in rollouts.responses)
+    torch.testing.assert_close(
+        flat_sampler_log_probs(rollouts),
+        trainer_log_probs(model, rollouts, 1.0),
+        atol=1e-5,
+        rtol=0,
+    )
 
 
 def test_returns_prompt_major_groups_with_exact_ids(model, tokenizer):

@@ -2,7 +2,9 @@
 
 ``hf`` samples with the live model's ``generate`` (any device, exact policy
 distribution); ``vllm`` serves a copy of the weights with vLLM on a GPU and is
-imported only when asked for. Taught in ``notebooks/`` on rollouts.
+imported only when asked for; ``mismatch`` samples from a controlled
+perturbation of the policy, to study sampler/trainer mismatch on any device.
+Taught in ``notebooks/`` on rollouts.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_lab.rollouts.base import RolloutBackend, Rollouts, SamplingSettings
 from grpo_lab.rollouts.hf import HFRolloutBackend
+from grpo_lab.rollouts.mismatch import MismatchRolloutBackend
 
-BACKENDS = ("hf", "vllm")
+BACKENDS = ("hf", "vllm", "mismatch")
 
 
 def make_backend(
@@ -25,14 +28,18 @@ def make_backend(
     model_name_or_path: str | None = None,
     **options: Any,
 ) -> RolloutBackend:
-    """The rollout backend called ``name`` ("hf" or "vllm").
+    """The rollout backend called ``name`` ("hf", "vllm" or "mismatch").
 
     ``hf`` wraps ``model`` and ``tokenizer`` (``options``: ``max_batch_size``).
+    ``mismatch`` wraps them too (``options``: ``mismatch``, ``scale``,
+    ``sync_every``; see ``MismatchRolloutBackend``).
     ``vllm`` loads ``model_name_or_path`` into a vLLM engine (``options`` go to
     ``VLLMRolloutBackend``); ``sync(model)`` then copies the policy's weights in.
     """
     if name == "hf":
         return HFRolloutBackend(model, tokenizer, **options)
+    if name == "mismatch":
+        return MismatchRolloutBackend(model, tokenizer, **options)
     if name == "vllm":
         return _make_vllm_backend(model_name_or_path, **options)
     raise ValueError(f"name must be one of {BACKENDS}, got {name!r}")
@@ -60,6 +67,7 @@ def _make_vllm_backend(model_name_or_path: str | None, **options: Any):
 __all__ = [
     "BACKENDS",
     "HFRolloutBackend",
+    "MismatchRolloutBackend",
     "RolloutBackend",
     "Rollouts",
     "SamplingSettings",

@@ -4,6 +4,9 @@ Sampling follows softmax(logits / T) restricted to the top-p nucleus and nothing
 else: no top-k, no repetition penalty, none of the generation defaults a hub
 checkpoint ships. The token ids are returned exactly as sampled, so training
 scores the very tokens that were drawn (no decode/re-encode round trip).
+Each sampled token also comes with the log-prob the sampler gave it, read off
+the scores ``generate`` sampled from (after temperature and top-p), so no
+second forward pass is needed.
 Taught in ``notebooks/`` on rollouts and the training loop.
 """
 
@@ -23,7 +26,9 @@ class HFRolloutBackend:
     """``generate(prompts, group_size, sampling) -> Rollouts`` with ``model.generate``.
 
     The backend samples from the live policy module, so ``sync`` has nothing to do.
-    ``max_batch_size`` bounds how many sequences are generated at once (None: all).
+    ``max_batch_size`` bounds how many sequences are generated at once (None: all);
+    it also bounds the processed scores kept until the sampler's log-probs are
+    read off them (rows x new tokens x vocabulary float32 values).
     ``share_prompt_prefix`` runs each distinct prompt once (all but its last
     token) and hands ``generate`` a copy of that key/value cache per response,
     instead of running the prompt G times: the same samples, with less work.
@@ -69,21 +74,26 @@ class HFRolloutBackend:
         prompt_ids = [list(ids) for ids in encoded for _ in range(group_size)]
         chunk = self.max_batch_size or len(prompt_ids)
         response_ids: list[list[int]] = []
+        log_probs: list[list[float]] = []
         with _seeded_rng(sampling.seed, _device_of(self.model)):
             for start in range(0, len(prompt_ids), chunk):
-                response_ids += self._generate_chunk(
+                ids, values = self._generate_chunk(
                     prompt_ids[start : start + chunk], sampling
                 )
+                response_ids += ids
+                log_probs += values
         responses = []
         for index, ids in enumerate(response_ids):
             ids, text = self._cut_at_stop_string(ids, sampling.stop_strings)
             response_ids[index] = ids
+            log_probs[index] = log_probs[index][: len(ids)]
             responses.append(text)
         return Rollouts(
             prompts=repeated_prompts,
             responses=responses,
             prompt_token_ids=prompt_ids,
             response_token_ids=response_ids,
+            sampler_log_probs=log_probs,
         )
 
     def sync(self, policy: torch.nn.Module) -> None:
@@ -91,7 +101,8 @@ class HFRolloutBackend:
 
     def _generate_chunk(
         self, prompt_ids: list[list[int]], sampling: SamplingSettings
-    ) -> list[list[int]]:
+    ) -> tuple[list[list[int]], list[list[float]]]:
+        """Sampled ids (cut after EOS) and the sampler's log-prob of each."""
         device = _device_of(self.model)
         input_ids, attention_mask = _left_pad(prompt_ids, self.tokenizer.pad_token_id)
         was_training = self.model.training
@@ -104,7 +115,7 @@ class HFRolloutBackend:
                     if self.share_prompt_prefix
                     else {}
                 )
-                sequences = self.model.generate(
+                output = self.model.generate(
                     input_ids=input_ids,  # (b, P)
                     attention_mask=attention_mask,  # (b, P)
                     generation_config=_generation_config(self.model, sampling),
@@ -114,9 +125,12 @@ class HFRolloutBackend:
                 )
         finally:
             self.model.train(was_training)
-        generated = sequences[:, input_ids.shape[1] :].tolist()  # (b, N)
+        generated = output.sequences[:, input_ids.shape[1] :]  # (b, N)
+        log_probs = sampled_token_log_probs(output.scores, generated)  # (b, N)
         eos_ids = _eos_token_ids(self.model, self.tokenizer)
-        return [_cut_after_eos(row, eos_ids) for row in generated]
+        ids = [_cut_after_eos(row, eos_ids) for row in generated.tolist()]
+        values = [row[: len(kept)] for row, kept in zip(log_probs.tolist(), ids)]
+        return ids, values
 
     def _cut_at_stop_string(
         self, ids: list[int], stop_strings: tuple[str, ...]
@@ -149,6 +163,31 @@ class HFRolloutBackend:
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def sampled_token_log_probs(
+    scores: tuple[torch.Tensor, ...], tokens: torch.Tensor
+) -> torch.Tensor:
+    """log softmax(scores_t)[y_t] for each step t: the sampler's own log-probs.
+
+    ``scores`` are ``generate``'s processed scores, one (b, V) tensor per step:
+    logits / temperature with tokens outside the top-p nucleus at -inf, so the
+    result is the log-prob inside the renormalised nucleus, the distribution
+    the token was drawn from. Greedy scores are the raw logits (log-probs at
+    temperature 1). Positions after EOS hold padding; callers cut them.
+    """
+    if len(scores) != tokens.shape[1]:
+        raise ValueError(
+            f"scores must have one entry per generated token ({tokens.shape[1]}), "
+            f"got {len(scores)}"
+        )
+    columns = [
+        torch.log_softmax(step.float(), dim=-1).gather(1, tokens[:, t, None])
+        for t, step in enumerate(scores)
+    ]  # N x (b, 1)
+    if not columns:
+        return tokens.new_zeros(tokens.shape, dtype=torch.float32)
+    return torch.cat(columns, dim=1).cpu()  # (b, N)
 
 
 def _device_of(model: torch.nn.Module) -> torch.device:
@@ -263,6 +302,9 @@ def _generation_config(
         "renormalize_logits": False,
         "num_beams": 1,
         "use_cache": True,
+        # The processed scores give the sampler's log-probs; ids are unchanged.
+        "output_scores": True,
+        "return_dict_in_generate": True,
         "eos_token_id": model.generation_config.eos_token_id,
         "pad_token_id": model.generation_config.pad_token_id,
     }

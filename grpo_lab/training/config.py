@@ -52,6 +52,7 @@ from grpo_lab.losses import (
 )
 from grpo_lab.rollouts import BACKENDS
 from grpo_lab.rollouts.base import check_sampling_settings
+from grpo_lab.rollouts.mismatch import PERTURBATIONS, check_mismatch_settings
 from grpo_lab.tasks import check_task_name_and_options, get_task
 from grpo_lab.train_step import (
     UpdateSettings,
@@ -75,6 +76,7 @@ SECTIONS = (
     "optimizer",
     "advantages and loss",
     "sampling",
+    "sampler mismatch",
     "evaluation and checkpoints",
     "warm-up",
     "device and memory",
@@ -334,7 +336,8 @@ class TrainConfig:
     backend: str = setting(
         "hf",
         "sampling",
-        "Rollout backend: hf (generate on the policy) or vllm (GPU engine).",
+        "Rollout backend: hf (generate on the policy), vllm (GPU engine) or "
+        "mismatch (a deliberately perturbed sampler, see 'sampler mismatch').",
         BACKENDS,
     )
     rollout_max_batch_size: int | None = setting(
@@ -350,6 +353,27 @@ class TrainConfig:
         "sampling",
         "Run each prompt once per group, not once per response, when sampling "
         "(hf backend) and scoring (without gradient checkpointing).",
+    )
+    # --- sampler mismatch ------------------------------------------------------
+    mismatch: str = setting(
+        "none",
+        "sampler mismatch",
+        "Perturbation the mismatch backend samples from (needs backend mismatch): "
+        "bf16 logits, top_p nucleus, temperature at sampling only, stale weights, "
+        "or Gaussian logit noise; none samples the policy itself.",
+        PERTURBATIONS,
+    )
+    mismatch_scale: float | None = setting(
+        None,
+        "sampler mismatch",
+        "Size of the perturbation: top_p's nucleus mass, temperature's sampling "
+        "temperature, noise's standard deviation (None: 0.9, 0.7, 0.5).",
+    )
+    mismatch_sync_every: int = setting(
+        1,
+        "sampler mismatch",
+        "stale only: the sampler's weights are refreshed on every k-th sync (1: "
+        "every step, no staleness).",
     )
     # --- evaluation and checkpoints ---------------------------------------------
     eval_every: int = setting(
@@ -696,6 +720,12 @@ def validate_config(config: TrainConfig) -> None:
     _check_numbers(config)
     _check_objective(config)
     _check_sampling(config)
+    check_mismatch_settings(
+        config.mismatch,
+        config.mismatch_scale,
+        config.mismatch_sync_every,
+        backend=config.backend,
+    )
     _check_device(config)
     check_task_name_and_options(config.task, config.task_options)
     check_report_to(config.report_to)

@@ -285,7 +285,17 @@ def build_policy(config: TrainConfig) -> Policy:
 def build_backend(
     config: TrainConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
 ) -> RolloutBackend:
-    """The hf backend wraps the live model; vllm loads its own copy, then syncs."""
+    """hf and mismatch wrap the live model; vllm loads its own copy, then syncs."""
+    if config.backend == "mismatch":
+        return make_backend(
+            "mismatch",
+            model,
+            tokenizer,
+            mismatch=config.mismatch,
+            scale=config.mismatch_scale,
+            sync_every=config.mismatch_sync_every,
+            max_batch_size=config.rollout_max_batch_size,
+        )
     if config.backend == "hf":
         return make_backend(
             "hf",
