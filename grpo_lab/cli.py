@@ -8,6 +8,7 @@
     grpo-lab student-notebooks OUT_DIR [--source notebooks]
     grpo-lab notebooks DIR [--force]                      # copy the course notebooks
     grpo-lab doctor RUN_DIR [--json]                      # name a run's problems
+    grpo-lab export trl|verl --profile gpu --out DIR      # a launch folder for TRL/verl
 
 Every ``train`` flag is generated from a ``TrainConfig`` field, so the command
 line and ``TrainConfig.for_profile(profile, **overrides)`` are the same thing.
@@ -27,6 +28,7 @@ import contextlib
 import dataclasses
 import difflib
 import errno
+import importlib
 import importlib.util
 import json
 import sys
@@ -156,6 +158,24 @@ def build_parser() -> argparse.ArgumentParser:
     doctor_parser.add_argument(
         "--json", action="store_true", help="print the findings as JSON"
     )
+    export_parser = commands.add_parser(
+        "export",
+        parents=[common],
+        help="write a launch folder that trains this config on TRL or verl",
+        description="Translate a config (profile + file + flags, as for train) "
+        "into a launch folder for TRL's GRPOTrainer or verl; a setting the other "
+        "library cannot run is refused by name.",
+    )
+    export_parser.add_argument("target", choices=("trl", "verl"))
+    export_parser.add_argument(
+        "--out", metavar="DIR", dest="out_dir", required=True, help="a new folder"
+    )
+    export_parser.add_argument(
+        "--config", metavar="FILE", dest="config_file", default=None,
+        help="a YAML or JSON file of TrainConfig fields; flags override it",
+    )  # fmt: skip
+    export_parser.set_defaults(resume_dir=None)
+    add_config_arguments(export_parser, exclude=("resume",))
     return parser
 
 
@@ -539,6 +559,30 @@ def run_doctor(arguments: argparse.Namespace) -> int:
     return 0
 
 
+def run_export(arguments: argparse.Namespace) -> int:
+    """Write the launch folder of ``grpo-lab export trl|verl``."""
+    config = train_config(arguments)
+    out_dir = Path(arguments.out_dir)
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise UserError(f"{out_dir} is not an empty folder", "give --out a new folder")
+    module = f"grpo_lab.integrations.{arguments.target}"
+    needs = {"trl": "trl", "verl": module}[arguments.target]
+    if importlib.util.find_spec(needs) is None:
+        raise UserError(
+            f"{needs} is not installed",
+            "pip install trl==1.16.0"
+            if arguments.target == "trl"
+            else "this grpo_lab has no verl export; use a newer grpo_lab",
+        )
+    writer = importlib.import_module(module).write_launch_folder
+    try:
+        written = writer(config, out_dir)
+    except ValueError as error:
+        raise UserError(str(error), "see grpo-lab export --help") from error
+    print(f"wrote {len(written)} files to {out_dir}; see {out_dir / 'README.md'}")
+    return 0
+
+
 COMMANDS = {
     "train": run_train,
     "plot": run_plot,
@@ -546,6 +590,7 @@ COMMANDS = {
     "student-notebooks": run_student_notebooks,
     "notebooks": run_notebooks,
     "doctor": run_doctor,
+    "export": run_export,
 }
 
 

@@ -75,9 +75,22 @@ def test_greedy_check(tiny_model_and_tokenizer, capsys):
 # --- 01: response mask and shift ---------------------------------------------
 
 
+def mask_reference(prompt_ids, response_ids, pad_token_id):
+    sequences = [p + r for p, r in zip(prompt_ids, response_ids)]
+    masks = [[0] * len(p) + [1] * len(r) for p, r in zip(prompt_ids, response_ids)]
+    longest = max(len(s) for s in sequences)
+    tokens = torch.tensor([s + [pad_token_id] * (longest - len(s)) for s in sequences])
+    full_mask = torch.tensor([m + [0] * (longest - len(m)) for m in masks])
+    return {
+        "input_ids": tokens[:, :-1],
+        "labels": tokens[:, 1:],
+        "response_mask": full_mask[:, 1:],
+    }
+
+
 def mask_without_shift(prompt_ids, response_ids, pad_token_id):
     # The mask over input_ids instead of labels: one position too late.
-    batch = pad_prompt_and_response_ids(prompt_ids, response_ids, pad_token_id)
+    batch = mask_reference(prompt_ids, response_ids, pad_token_id)
     full = [[0] * len(p) + [1] * len(r) for p, r in zip(prompt_ids, response_ids)]
     longest = max(len(m) for m in full)
     mask = torch.tensor([m + [0] * (longest - len(m)) for m in full])
@@ -85,17 +98,21 @@ def mask_without_shift(prompt_ids, response_ids, pad_token_id):
 
 
 def labels_not_shifted(prompt_ids, response_ids, pad_token_id):
-    batch = pad_prompt_and_response_ids(prompt_ids, response_ids, pad_token_id)
+    batch = mask_reference(prompt_ids, response_ids, pad_token_id)
     return {**batch, "labels": batch["input_ids"]}
 
 
 def mask_from_padding(prompt_ids, response_ids, pad_token_id):
-    batch = pad_prompt_and_response_ids(prompt_ids, response_ids, pad_token_id)
+    batch = mask_reference(prompt_ids, response_ids, pad_token_id)
     return {**batch, "response_mask": (batch["labels"] != pad_token_id).long()}
 
 
 def test_mask_check(capsys):
-    assert_accepts(check_response_mask, pad_prompt_and_response_ids, capsys)
+    assert_accepts(check_response_mask, mask_reference, capsys)
+    assert torch.equal(
+        mask_reference([[5, 6]], [[7, 1]], 0)["response_mask"],
+        pad_prompt_and_response_ids([[5, 6]], [[7, 1]], 0)["response_mask"],
+    )
     for wrong in (mask_without_shift, labels_not_shifted, mask_from_padding):
         assert_rejects(check_response_mask, wrong)
     assert_not_attempted(check_response_mask, capsys)
@@ -103,7 +120,7 @@ def test_mask_check(capsys):
 
 def test_mask_check_rejects_a_missing_key():
     def no_mask(prompt_ids, response_ids, pad_token_id):
-        batch = pad_prompt_and_response_ids(prompt_ids, response_ids, pad_token_id)
+        batch = mask_reference(prompt_ids, response_ids, pad_token_id)
         return {"input_ids": batch["input_ids"], "labels": batch["labels"]}
 
     with pytest.raises(ExerciseFailed, match="response_mask"):
@@ -114,7 +131,8 @@ def test_mask_check_rejects_a_missing_key():
 
 
 def log_probs_reference(logits, labels):
-    return reference_token_log_probs(logits, labels)
+    gathered = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    return gathered - torch.logsumexp(logits, dim=-1)
 
 
 def log_probs_unnormalized(logits, labels):
@@ -128,12 +146,28 @@ def log_probs_via_exp(logits, labels):
 
 
 def log_probs_off_by_one(logits, labels):
-    return reference_token_log_probs(logits, labels.roll(1, dims=1))
+    return log_probs_reference(logits, labels.roll(1, dims=1))
+
+
+def log_probs_detached(logits, labels):
+    return log_probs_reference(logits.detach(), labels)
+
+
+def log_probs_half_gradient(logits, labels):
+    # The right value, half the gradient: only a gradient check sees it.
+    value = log_probs_reference(logits, labels)
+    return 0.5 * value + 0.5 * value.detach()
 
 
 def test_log_prob_check(capsys):
     assert_accepts(check_token_log_probs, log_probs_reference, capsys)
-    for wrong in (log_probs_unnormalized, log_probs_via_exp, log_probs_off_by_one):
+    for wrong in (
+        log_probs_unnormalized,
+        log_probs_via_exp,
+        log_probs_off_by_one,
+        log_probs_detached,
+        log_probs_half_gradient,
+    ):
         assert_rejects(check_token_log_probs, wrong)
     assert_not_attempted(check_token_log_probs, capsys)
 
@@ -145,12 +179,21 @@ def test_reference_log_probs_match_log_softmax():
     assert torch.allclose(reference_token_log_probs(logits, labels), naive, atol=1e-6)
 
 
+def entropy_reference(logits):
+    probabilities = torch.softmax(logits, -1)
+    return torch.logsumexp(logits, -1) - (probabilities * logits).sum(-1)
+
+
+def entropy_detached(logits):
+    return entropy_reference(logits).detach()
+
+
 def entropy_without_sign(logits):
     return (torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
 
 
 def entropy_in_bits(logits):
-    return compute_entropy(logits) / torch.log(torch.tensor(2.0))
+    return entropy_reference(logits) / torch.log(torch.tensor(2.0))
 
 
 def entropy_naive_log(logits):
@@ -159,8 +202,15 @@ def entropy_naive_log(logits):
 
 
 def test_entropy_check(capsys):
-    assert_accepts(check_token_entropy, compute_entropy, capsys)
-    for wrong in (entropy_without_sign, entropy_in_bits, entropy_naive_log):
+    assert_accepts(check_token_entropy, entropy_reference, capsys)
+    logits = torch.randn(3, 5, generator=torch.Generator().manual_seed(2))
+    assert torch.allclose(entropy_reference(logits), compute_entropy(logits))
+    for wrong in (
+        entropy_without_sign,
+        entropy_in_bits,
+        entropy_naive_log,
+        entropy_detached,
+    ):
         assert_rejects(check_token_entropy, wrong)
     assert_not_attempted(check_token_entropy, capsys)
 
@@ -169,9 +219,9 @@ def test_entropy_check(capsys):
 
 
 def advantages_reference(raw_rewards, group_size, advantage_eps):
-    return compute_group_normalized_rewards(
-        raw_rewards, group_size, "mean", advantage_eps, "std"
-    )[0]
+    grouped = raw_rewards.reshape(-1, group_size)  # (groups, G)
+    centered = grouped - grouped.mean(1, keepdim=True)
+    return (centered / (grouped.std(1, keepdim=True) + advantage_eps)).flatten()
 
 
 def advantages_population_std(raw_rewards, group_size, advantage_eps):
@@ -204,6 +254,9 @@ def advantages_transposed_groups(raw_rewards, group_size, advantage_eps):
 
 def test_advantage_check(capsys):
     assert_accepts(check_group_normalized_advantages, advantages_reference, capsys)
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])
+    package, _ = compute_group_normalized_rewards(rewards, 3, "mean", 1e-6, "std")
+    assert torch.allclose(advantages_reference(rewards, 3, 1e-6), package)
     for wrong in (
         advantages_population_std,
         advantages_batch_mean,
@@ -218,9 +271,10 @@ def test_advantage_check(capsys):
 
 
 def clipped_reference(advantages, policy_log_probs, old_log_probs, cliprange):
-    return compute_policy_gradient_loss(
-        advantages, policy_log_probs, "grpo", old_log_probs, cliprange
-    )[0]
+    a, ratio, clipped = _ratio_and_bounds(
+        advantages, policy_log_probs, old_log_probs, cliprange
+    )
+    return -torch.minimum(a * ratio, a * clipped)
 
 
 def _ratio_and_bounds(advantages, policy_log_probs, old_log_probs, cliprange):
@@ -266,6 +320,10 @@ def clipped_only_clipped_term(advantages, policy_log_probs, old_log_probs, clipr
 
 def test_clipped_loss_check(capsys):
     assert_accepts(check_clipped_loss, clipped_reference, capsys)
+    advantages, old = torch.tensor([1.0, -1.0]), torch.full((2, 3), -1.0)
+    policy = old + torch.tensor([[0.5, 0.0, -0.5]] * 2)
+    package, _ = compute_policy_gradient_loss(advantages, policy, "grpo", old, 0.2)
+    assert torch.allclose(clipped_reference(advantages, policy, old, 0.2), package)
     for wrong in (
         clipped_with_max,
         clipped_log_ratio,
@@ -300,7 +358,12 @@ def ratio_ignores_mask(policy_log_probs, old_log_probs, response_mask):
 
 def test_sequence_ratio_check(capsys):
     assert_accepts(check_sequence_ratio, ratio_geometric, capsys)
-    for wrong in (ratio_arithmetic, ratio_product, ratio_ignores_mask):
+    for wrong in (
+        ratio_arithmetic,
+        ratio_product,
+        ratio_ignores_mask,
+        lambda p, o, m: ratio_geometric(p.detach(), o, m),  # detached ratio
+    ):
         assert_rejects(check_sequence_ratio, wrong)
     assert_not_attempted(check_sequence_ratio, capsys)
 
@@ -320,3 +383,32 @@ def test_a_student_exception_other_than_stub_propagates():
 
     with pytest.raises(TypeError, match="typo"):
         check_sequence_ratio(broken)
+
+
+def test_the_package_function_is_refused_with_its_name():
+    with pytest.raises(ExerciseFailed) as failure:
+        check_response_mask(pad_prompt_and_response_ids)
+    assert str(failure.value).startswith(
+        "write it yourself: this check compares against "
+        "grpo_lab.masks.pad_prompt_and_response_ids"
+    )
+
+    def aliased(prompt_ids, response_ids, pad_token_id):
+        return build(prompt_ids, response_ids, pad_token_id)
+
+    build = pad_prompt_and_response_ids  # a closure under another name
+    with pytest.raises(ExerciseFailed, match="write it yourself"):
+        check_response_mask(aliased)
+
+
+def test_a_helper_beside_the_answer_that_calls_the_package_is_refused():
+    with pytest.raises(ExerciseFailed, match="compute_entropy"):
+        check_token_entropy(entropy_via_helper)
+
+
+def _helper_calling_the_package(logits):
+    return compute_entropy(logits)
+
+
+def entropy_via_helper(logits):
+    return _helper_calling_the_package(logits)

@@ -9,9 +9,10 @@ import json
 import pytest
 import torch
 
+from grpo_lab.logprobs import get_response_log_probs
 from grpo_lab.losses import aggregate_loss_across_microbatch
 from grpo_lab.masks import masked_mean, masked_normalize
-from grpo_lab.teaching.checks.aggregation import check_aggregate_loss
+from grpo_lab.teaching.checks.aggregation import check_aggregate_loss, check_grpo_loss
 from grpo_lab.teaching.checks.family import check_clip_higher_loss
 from grpo_lab.teaching.checks.framework import ExerciseFailed
 from grpo_lab.teaching.checks.loop import (
@@ -22,6 +23,7 @@ from grpo_lab.teaching.checks.loop import (
 from grpo_lab.teaching.checks.train_step import (
     check_active_rows,
     check_microbatch_loss_scale,
+    check_microbatch_train_step,
 )
 from grpo_lab.teaching.explorer import config_cache_key
 from grpo_lab.training.config import TrainConfig
@@ -33,6 +35,8 @@ def stub(*args, **kwargs):
 
 ALL_CHECKS = [
     check_aggregate_loss,
+    check_grpo_loss,
+    check_microbatch_train_step,
     check_microbatch_loss_scale,
     check_active_rows,
     check_needs_old_log_probs,
@@ -51,16 +55,28 @@ def test_a_stub_is_not_attempted(check, capsys):
 # --- 06: aggregation ---------------------------------------------------------------
 
 
-def test_aggregate_accepts_the_package_and_masked_helpers(capsys):
-    assert check_aggregate_loss(aggregate_loss_across_microbatch) is True
+def aggregate_with_helpers(loss, mask, normalization, constant=None):
+    if normalization == "sequence":
+        return masked_mean(loss, mask, dim=1).mean()
+    if normalization == "token":
+        return masked_mean(loss, mask)
+    return masked_normalize(loss, mask, constant)
+
+
+def test_aggregate_accepts_masked_helpers_and_refuses_the_package(capsys):
+    assert check_aggregate_loss(aggregate_with_helpers) is True
     assert "correct" in capsys.readouterr().out
+    with pytest.raises(ExerciseFailed, match="write it yourself: this check compares"):
+        check_aggregate_loss(aggregate_loss_across_microbatch)
 
-    def with_helpers(loss, mask, normalization, constant=None):
-        if normalization == "sequence":
-            return masked_mean(loss, mask, dim=1).mean()
-        return masked_normalize(loss, mask, constant)
 
-    assert check_aggregate_loss(with_helpers) is True
+def test_aggregate_compares_each_tokens_weight():
+    def right_value_wrong_weights(loss, mask, normalization, constant=None):
+        value = aggregate_with_helpers(loss, mask, normalization, constant)
+        return value.detach() + 0.0 * loss.sum()  # a gradient, but all zero
+
+    with pytest.raises(ExerciseFailed, match=r"gradient w\.r\.t\. per_token_loss"):
+        check_aggregate_loss(right_value_wrong_weights)
 
 
 def token_mean_for_sequence(loss, mask, normalization, constant=None):
@@ -105,6 +121,146 @@ def test_aggregate_counter_example_names_expected_value():
     with pytest.raises(ExerciseFailed) as failure:
         check_aggregate_loss(token_mean_for_sequence)
     assert "expected 1.5" in str(failure.value) and "1.25" in str(failure.value)
+
+
+# --- 06b: the scalar GRPO loss ------------------------------------------------------
+
+
+def grpo_loss_reference(policy, old, advantages, mask, eps, normalization, c=None):
+    ratio = torch.exp(policy - old)  # (B, T)
+    a = advantages.unsqueeze(-1)  # (B, 1)
+    per_token = -torch.minimum(ratio * a, ratio.clamp(1 - eps, 1 + eps) * a)
+    return aggregate_with_helpers(per_token, mask, normalization, c)
+
+
+def test_grpo_loss_accepts_the_reference(capsys):
+    assert check_grpo_loss(grpo_loss_reference) is True
+    assert "correct" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("wrong", "message"),
+    [
+        (
+            lambda p, o, a, m, eps, n, c=None: grpo_loss_reference(
+                p, o, a, m, float("inf"), n, c
+            ),
+            "the clip is left out",
+        ),
+        (
+            lambda p, o, a, m, eps, n, c=None: grpo_loss_reference(
+                p, o, a, torch.ones_like(m), eps, n, c
+            ),
+            "response_mask is not",
+        ),
+        (
+            lambda p, o, a, m, eps, n, c=None: (
+                -grpo_loss_reference(p, o, a, m, eps, n, c)
+            ),
+            "sign is flipped",
+        ),
+        (
+            lambda p, o, a, m, eps, n, c=None: grpo_loss_reference(
+                p, o, a, m, eps, "token" if n == "sequence" else n, c
+            ),
+            "token mean is taken instead",
+        ),
+        (
+            lambda p, o, a, m, eps, n, c=None: grpo_loss_reference(
+                p.detach(), o, a, m, eps, n, c
+            ),
+            "carries no gradient",
+        ),
+        (
+            lambda p, o, a, m, eps, n, c=None: grpo_loss_reference(
+                p, o, a.abs(), m, eps, n, c
+            ),
+            "expected",
+        ),
+    ],
+    ids=["no_clip", "no_mask", "sign", "token_mean", "detached", "abs_advantage"],
+)
+def test_grpo_loss_names_the_classic_mistakes(wrong, message):
+    with pytest.raises(ExerciseFailed, match=message) as failure:
+        check_grpo_loss(wrong)
+    assert "For token ratios=" in str(failure.value)
+
+
+# --- 07c: the microbatch train step ---------------------------------------------------
+
+
+def make_train_step(
+    scale="share", step_each=False, clip_each=False, zero_each=False, clip=True
+):
+    def train_step(model, optimizer, batch, advantages, steps, max_grad_norm):
+        optimizer.zero_grad(set_to_none=True)
+        batch_size = advantages.shape[0]
+        microbatches = torch.arange(batch_size).split(-(-batch_size // steps))
+        for rows in microbatches:
+            if zero_each:
+                optimizer.zero_grad()
+            log_probs = get_response_log_probs(
+                model, batch["input_ids"][rows], batch["labels"][rows]
+            )["log_probs"]  # (b, T)
+            per_token = -advantages[rows].unsqueeze(-1) * log_probs
+            loss = masked_mean(per_token, batch["response_mask"][rows], dim=1).mean()
+            factor = {"share": len(rows) / batch_size, "none": 1.0}.get(
+                scale, 1 / len(microbatches)
+            )
+            (loss * factor).backward()
+            if clip_each and max_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+            if step_each:
+                optimizer.step()
+        if clip and max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        if not step_each:
+            optimizer.step()
+
+    return train_step
+
+
+def test_train_step_accepts_the_reference(capsys):
+    assert check_microbatch_train_step(make_train_step()) is True
+    assert "correct" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"scale": "none"}, "no scale: each microbatch's mean loss"),
+        ({"scale": "one_over_k"}, "scaled by 1/K = 1/2 instead of its share"),
+        ({"step_each": True}, "optimizer.step\\(\\) was called 2 times"),
+        ({"clip_each": True}, "clipped before every microbatch"),
+        ({"zero_each": True}, "zero the gradients once, before the loop"),
+        ({"clip": False}, "clip the accumulated gradient once"),
+    ],
+    ids=["no_scale", "one_over_k", "step_each", "clip_each", "zero_each", "no_clip"],
+)
+def test_train_step_names_the_classic_mistakes(options, message):
+    with pytest.raises(ExerciseFailed, match=message):
+        check_microbatch_train_step(make_train_step(**options))
+
+
+def test_train_step_refuses_a_loss_without_gradient():
+    def scored_without_gradient(model, optimizer, batch, advantages, steps, norm):
+        with torch.no_grad():
+            make_train_step()(model, optimizer, batch, advantages, steps, norm)
+
+    with pytest.raises(ExerciseFailed, match="carries no gradient to the model"):
+        check_microbatch_train_step(scored_without_gradient)
+
+
+def test_train_step_refuses_the_package_step():
+    from grpo_lab.train_step import policy_gradient_update
+
+    def wrapper(model, optimizer, batch, advantages, steps, max_grad_norm):
+        return policy_gradient_update(
+            model, optimizer, steps, max_grad_norm, batch, advantages
+        )
+
+    with pytest.raises(ExerciseFailed, match="policy_gradient_update"):
+        check_microbatch_train_step(wrapper)
 
 
 # --- 07: microbatch scale and active rows --------------------------------------------
@@ -226,7 +382,7 @@ def reference_key(config):
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def test_cache_key_accepts_the_reference_and_the_package_key():
+def test_cache_key_accepts_the_reference_and_refuses_the_package_key():
     assert check_cache_key(reference_key) is True
     # The package's own key, applied to a real config with these values.
     # (an off-policy noclip run, so every variant the check makes is valid: with
@@ -238,7 +394,8 @@ def test_cache_key_accepts_the_reference_and_the_package_key():
     def package_key(values):
         return config_cache_key(TrainConfig.from_dict({**config.to_dict(), **values}))
 
-    assert check_cache_key(package_key) is True
+    with pytest.raises(ExerciseFailed, match=r"grpo_lab\.teaching\.explorer"):
+        check_cache_key(package_key)
 
 
 @pytest.mark.parametrize(

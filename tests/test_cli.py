@@ -145,6 +145,7 @@ def test_a_resume_with_allowed_flags_is_recorded(finished_run, tmp_path, capsys)
 # {tmp}: the test's folder; {run}: a finished run; {corrupt}: that run with every
 # checkpoint overwritten; {bare}: that run without checkpoints; {locked}: that run,
 # locked by another process ({pid}); {full}: torch.save fails as on a full disk.
+EXPORT = ["export", "trl", "--profile", "gpu", "--out", "{tmp}/export"]
 BAD_INVOCATIONS = {
     "unknown task": ([*TINY, "--task", "nosuch", *NEW], "task must be one of"),
     "unknown task option": (
@@ -273,6 +274,20 @@ BAD_INVOCATIONS = {
         "could not write checkpoint {full}/checkpoints/step_000001.pt: RuntimeError: "
         "[enforce fail at inline_container.cc",
     ),
+    # grpo-lab export (argv starts with "export"): a setting TRL lacks, the cpu
+    # profile's supervised warm-up, a folder that already holds files.
+    "export of an objective TRL lacks": (
+        [*EXPORT, "--importance-reweighting-method", "gmpo"],
+        "importance_reweighting_method 'gmpo' cannot run on TRL's GRPOTrainer",
+    ),
+    "export of a warm-up": (
+        ["export", "trl", "--profile", "cpu", "--out", "{tmp}/export"],
+        "sft_max_steps 400 cannot run on TRL's GRPOTrainer",
+    ),
+    "export into a folder holding files": (
+        [*EXPORT[:-1], "{run}"],
+        "is not an empty folder",
+    ),
 }
 
 
@@ -326,11 +341,12 @@ def test_a_bad_invocation_prints_one_line_and_exits_2(
             places["pid"] = str(holder)
         if "{full}" in argv:
             monkeypatch.setattr(torch, "save", full_disk_save)
-        code = cli.main(["train", *(fill(a, places) for a in argv)])
+        command = argv if argv[0] == "export" else ["train", *argv]
+        code = cli.main([fill(a, places) for a in command])
     error = capsys.readouterr().err
     lines = [line for line in error.splitlines() if ": warning: " not in line]
     assert code == 2 and "Traceback" not in error
-    assert len(lines) == 1 and lines[0].startswith("grpo-lab train: "), error
+    assert len(lines) == 1 and lines[0].startswith(f"grpo-lab {command[0]}: "), error
     assert fill(expected, places) in lines[0]
     assert lines[0].endswith(")")  # "... (how to fix it)"
 

@@ -2,8 +2,8 @@
 
 Floor 1 (the core) imports torch, the standard library and itself; floor 2
 (training, rollouts, tasks, rewards, models) imports floors 1-2; floor 3
-(teaching) imports floors 1-3; the command line sits on top. Imports under
-``if TYPE_CHECKING:`` are for annotations only and do not count.
+(teaching, integrations) imports floors 1-3; the command line sits on top.
+Imports under ``if TYPE_CHECKING:`` are for annotations only and do not count.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ FLOOR_2 = {
     "errors",
     "grading_worker",
 }
-FLOOR_3 = {"teaching"}
+FLOOR_3 = {"teaching", "integrations"}
 FLOOR_4 = {"cli", "hub", "__init__"}
 
 

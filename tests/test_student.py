@@ -13,6 +13,8 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_outp
 
 from grpo_lab.teaching.student import (
     STUB,
+    WALK_THROUGH_TAG,
+    is_walk_through,
     strip_solutions,
     student_notebook,
     write_student_notebooks,
@@ -82,6 +84,40 @@ def test_student_notebook_strips_code_and_outputs_but_not_markdown():
     assert STUB in copy.cells[1].source and "z = y * 2" not in copy.cells[1].source
     assert copy.cells[1].outputs == [] and copy.cells[1].execution_count is None
     assert "z = y * 2" in original.cells[1].source  # the source is not mutated
+
+
+def test_walk_through_cells_are_left_out_of_the_student_copy():
+    original = _solved_notebook()
+    shown = new_code_cell("print(inspect.getsource(f))")
+    shown.metadata["tags"] = [WALK_THROUGH_TAG]
+    intro = new_markdown_cell("Walk-through: the package's version")
+    intro.metadata["tags"] = ["other", WALK_THROUGH_TAG]
+    kept = new_code_cell("x = 1")
+    kept.metadata["tags"] = ["parameters"]
+    original.cells += [intro, shown, kept]
+    copy = student_notebook(original, "demo.ipynb")
+    assert [cell.source for cell in copy.cells[2:]] == ["x = 1"]
+    assert len(copy.cells) == 3 and STUB in copy.cells[1].source
+    assert len(original.cells) == 5  # the original keeps them
+    assert is_walk_through(shown) and not is_walk_through(kept)
+
+
+def test_a_walk_through_error_names_the_cell_of_the_original():
+    notebook = new_notebook(cells=[new_markdown_cell("a")])
+    notebook.cells[0].metadata["tags"] = [WALK_THROUGH_TAG]
+    notebook.cells.append(new_code_cell("### BEGIN SOLUTION"))
+    with pytest.raises(ValueError, match=r"demo\.ipynb, cell 1"):
+        student_notebook(notebook, "demo.ipynb")
+
+
+def test_course_notebooks_have_walk_throughs_and_copies_have_none():
+    tagged = 0
+    for path in sorted(NOTEBOOK_DIR.glob("*.ipynb")):
+        notebook = nbformat.read(path, as_version=4)
+        tagged += sum(is_walk_through(cell) for cell in notebook.cells)
+        copy = student_notebook(notebook, path.name)
+        assert not any(is_walk_through(cell) for cell in copy.cells), path.name
+    assert tagged >= 8
 
 
 def test_write_student_notebooks(tmp_path):

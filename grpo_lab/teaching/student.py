@@ -3,7 +3,9 @@
 Every line from ``### BEGIN SOLUTION`` to ``### END SOLUTION`` (markers
 included) becomes one ``raise NotImplementedError()`` at the indentation of the
 BEGIN marker; the code before and after the markers stays. The check cell that
-follows then reports "not attempted yet". Used by ``grpo-lab student-notebooks``.
+follows then reports "not attempted yet". Cells tagged ``walk-through`` (they
+show the package function an exercise asks for, after its check) are left out
+of the student copy. Used by ``grpo-lab student-notebooks``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import nbformat
 BEGIN_MARKER = "### BEGIN SOLUTION"
 END_MARKER = "### END SOLUTION"
 STUB = "raise NotImplementedError()"
+WALK_THROUGH_TAG = "walk-through"
 
 
 def strip_solutions(source: str, where: str = "cell") -> str:
@@ -56,15 +59,26 @@ def strip_solutions(source: str, where: str = "cell") -> str:
 def student_notebook(
     notebook: nbformat.NotebookNode, name: str
 ) -> nbformat.NotebookNode:
-    """A copy of ``notebook`` with solutions stubbed and every output cleared."""
+    """A copy of ``notebook`` with solutions stubbed, walk-through cells left out
+    and every output cleared. Error messages count cells as in ``notebook``."""
     copy = nbformat.from_dict(notebook)
+    kept = []
     for index, cell in enumerate(copy.cells):
+        if is_walk_through(cell):
+            continue
+        kept.append(cell)
         if cell.cell_type != "code":
             continue
         cell.source = strip_solutions(cell.source, f"{name}, cell {index}")
         cell.outputs = []
         cell.execution_count = None
+    copy.cells = kept
     return copy
+
+
+def is_walk_through(cell: nbformat.NotebookNode) -> bool:
+    """Whether ``cell`` carries the ``walk-through`` tag in its metadata."""
+    return WALK_THROUGH_TAG in cell.get("metadata", {}).get("tags", [])
 
 
 def write_student_notebooks(source_dir: str | Path, out_dir: str | Path) -> list[Path]:

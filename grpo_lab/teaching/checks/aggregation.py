@@ -1,8 +1,16 @@
 """Checks for ``notebooks/06_loss_aggregation.ipynb``.
 
-The exercise: reduce a (B, T) per-token loss to one scalar, either by the
+Exercise 1: reduce a (B, T) per-token loss to one scalar, either by the
 per-response mean (GRPO, "sequence") or by one constant divisor (Dr. GRPO,
-"constant"). The reference is :func:`grpo_lab.losses.aggregate_loss_across_microbatch`.
+"constant"). The reference is
+:func:`grpo_lab.losses.aggregate_loss_across_microbatch`.
+
+Exercise 2: the whole scalar GRPO loss of a batch, from log-probs to the
+aggregated clipped surrogate. The reference is the train step's own pieces:
+:func:`grpo_lab.losses.compute_policy_gradient_loss` (``"grpo"``) reduced by
+:func:`grpo_lab.losses.aggregate_loss_across_microbatch`.
+
+Both are trained through, so values and gradients are compared.
 """
 
 from __future__ import annotations
@@ -11,8 +19,15 @@ from collections.abc import Callable
 
 import torch
 
-from grpo_lab.losses import aggregate_loss_across_microbatch
-from grpo_lab.teaching.checks.framework import assert_close, exercise_check
+from grpo_lab.losses import (
+    aggregate_loss_across_microbatch,
+    compute_policy_gradient_loss,
+)
+from grpo_lab.teaching.checks.framework import (
+    ExerciseFailed,
+    assert_value_and_gradient,
+    exercise_check,
+)
 
 
 def _cases() -> list[tuple[torch.Tensor, torch.Tensor, str, int | None]]:
@@ -38,10 +53,142 @@ def _describe(loss, mask, normalization, constant) -> str:
     )
 
 
-@exercise_check("Exercise 06 (sequence vs constant aggregation)")
+@exercise_check("Exercise 06a (sequence vs constant aggregation)")
 def check_aggregate_loss(student_fn: Callable[..., torch.Tensor]) -> None:
-    """``student_fn(per_token_loss, response_mask, loss_normalization, constant)``."""
+    """``student_fn(per_token_loss, response_mask, loss_normalization, constant)``;
+    its gradient w.r.t. ``per_token_loss`` (each token's weight) must match too."""
     for loss, mask, normalization, constant in _cases():
-        expected = aggregate_loss_across_microbatch(loss, mask, normalization, constant)
-        received = student_fn(loss.clone(), mask.clone(), normalization, constant)
-        assert_close(received, expected, _describe(loss, mask, normalization, constant))
+        reference_loss = loss.clone().requires_grad_(True)
+        expected = aggregate_loss_across_microbatch(
+            reference_loss, mask, normalization, constant
+        )
+        student_loss = loss.clone().requires_grad_(True)
+        received = student_fn(student_loss, mask.clone(), normalization, constant)
+        assert_value_and_gradient(
+            received,
+            expected,
+            student_loss,
+            reference_loss,
+            _describe(loss, mask, normalization, constant),
+            "per_token_loss",
+        )
+
+
+GrpoLoss = Callable[..., torch.Tensor]
+
+
+def reference_grpo_loss(
+    policy_log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    cliprange: float,
+    loss_normalization: str,
+    normalization_constant: int | None = None,
+) -> torch.Tensor:
+    """The package's scalar GRPO loss: clipped per-token loss, then aggregated."""
+    per_token_loss, _ = compute_policy_gradient_loss(
+        advantages, policy_log_probs, "grpo", old_log_probs, cliprange, response_mask
+    )  # (B, T)
+    return aggregate_loss_across_microbatch(
+        per_token_loss, response_mask, loss_normalization, normalization_constant
+    )
+
+
+def _grpo_cases() -> list[tuple[torch.Tensor, ...]]:
+    # Three responses of 1, 4 and 2 tokens after a 1-token prompt column. Log
+    # ratios from -0.69 to 0.47 (ratios 0.5 to 1.6, inside and outside
+    # [0.8, 1.2]); advantages of both signs. Padding holds log-prob 0 (ratio up
+    # to e^2.5), which must not count.
+    generator = torch.Generator().manual_seed(3)
+    old = -torch.rand(3, 6, generator=generator) * 2 - 0.5  # (B, T)
+    log_ratio = torch.tensor(
+        [
+            [0.0, 0.47, 0.0, 0.0, 0.0, 0.0],
+            [0.0, -0.69, 0.1, 0.3, -0.15, 0.0],
+            [0.0, 0.05, -0.4, 0.0, 0.0, 0.0],
+        ]
+    )  # (B, T)
+    mask = torch.tensor(
+        [[0, 1, 0, 0, 0, 0], [0, 1, 1, 1, 1, 0], [0, 1, 1, 0, 0, 0]]
+    )  # (B, T)
+    padding = torch.zeros_like(mask, dtype=torch.bool)
+    padding[:, 1:] = mask[:, 1:] == 0
+    policy = torch.where(padding, 0.0, old + log_ratio)  # (B, T)
+    advantages = torch.tensor([1.0, -0.5, 2.0])  # (B,)
+    return [(policy, old, advantages, mask)]
+
+
+# (loss_normalization, normalization_constant, cliprange)
+_SETTINGS = (("sequence", None, 0.2), ("constant", 12, 0.2), ("token", None, 0.1))
+
+
+@exercise_check("Exercise 06b (the scalar GRPO loss)")
+def check_grpo_loss(student_fn: GrpoLoss) -> None:
+    """``student_fn(policy_log_probs, old_log_probs, advantages, response_mask,
+    cliprange, loss_normalization, normalization_constant)`` -> scalar; its
+    gradient w.r.t. ``policy_log_probs`` must match too."""
+    for policy, old, advantages, mask in _grpo_cases():
+        for normalization, constant, cliprange in _SETTINGS:
+            settings = (cliprange, normalization, constant)
+            reference_input = policy.clone().requires_grad_(True)
+            expected = reference_grpo_loss(
+                reference_input, old, advantages, mask, *settings
+            )
+            student_input = policy.clone().requires_grad_(True)
+            received = student_fn(
+                student_input, old.clone(), advantages.clone(), mask.clone(), *settings
+            )
+            ratios = (policy - old).exp().round(decimals=3)  # (B, T)
+            inputs = (
+                f"token ratios={ratios.tolist()}, advantages={advantages.tolist()}, "
+                f"response_mask={mask.tolist()}, cliprange={cliprange}, "
+                f"loss_normalization={normalization!r}, "
+                f"normalization_constant={constant}"
+            )
+            _name_a_classic_mistake(
+                received, expected, (policy, old, advantages, mask), settings, inputs
+            )
+            assert_value_and_gradient(
+                received, expected, student_input, reference_input, inputs
+            )
+
+
+def _name_a_classic_mistake(
+    received: object,
+    expected: torch.Tensor,
+    tensors: tuple[torch.Tensor, ...],
+    settings: tuple[float, str, int | None],
+    inputs: str,
+) -> None:
+    """Raise naming the mistake when ``received`` is exactly a classic wrong value."""
+    if not isinstance(received, torch.Tensor) or received.shape != expected.shape:
+        return  # assert_close reports the type or shape
+    value = received.detach()
+    if torch.allclose(value, expected.detach(), atol=1e-5):
+        return
+    policy, old, advantages, mask = tensors
+    cliprange, normalization, constant = settings
+    ones = torch.ones_like(mask)
+    mistakes = {
+        "the clip is left out": reference_grpo_loss(
+            policy, old, advantages, mask, float("inf"), normalization, constant
+        ),
+        "padding and prompt positions are counted (the response_mask is not "
+        "applied)": reference_grpo_loss(
+            policy, old, advantages, ones, cliprange, normalization, constant
+        ),
+        "the advantage's sign is flipped (the loss is minus the objective)": (
+            -reference_grpo_loss(policy, old, advantages, mask, *settings)
+        ),
+    }
+    if normalization == "sequence":
+        mistakes["the batch's token mean is taken instead of the per-response mean"] = (
+            reference_grpo_loss(policy, old, advantages, mask, cliprange, "token")
+        )
+    for mistake, wrong in mistakes.items():
+        if torch.allclose(value, wrong.detach(), atol=1e-6):
+            raise ExerciseFailed(
+                f"For {inputs}:\n  expected {expected.item():.6f}\n  got      "
+                f"{value.item():.6f}, the value you get when {mistake}"
+            )

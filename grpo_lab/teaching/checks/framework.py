@@ -10,10 +10,15 @@ value and the value received.
 from __future__ import annotations
 
 import functools
+import importlib
+import inspect
+import re
 from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from grpo_lab.teaching.checks.exercises import PACKAGE_COUNTERPARTS
 
 
 class ExerciseFailed(AssertionError):
@@ -21,11 +26,24 @@ class ExerciseFailed(AssertionError):
 
 
 def exercise_check(title: str) -> Callable[[Callable[..., None]], Callable[..., bool]]:
-    """Decorate ``checker(student_fn, ...)``, which raises ExerciseFailed or returns."""
+    """Decorate ``checker(student_fn, ...)``, which raises ExerciseFailed or returns.
+
+    Before the checker runs, a student function that is or calls the package
+    function the check compares against is refused
+    (:func:`refuse_package_function`); the checker's name must be a row of
+    PACKAGE_COUNTERPARTS.
+    """
 
     def decorate(checker: Callable[..., None]) -> Callable[..., bool]:
+        if checker.__name__ not in PACKAGE_COUNTERPARTS:
+            raise ValueError(
+                f"checker must be listed in PACKAGE_COUNTERPARTS, got "
+                f"{checker.__name__!r}"
+            )
+
         @functools.wraps(checker)
         def run(student_fn: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
+            refuse_package_function(student_fn, checker.__name__)
             try:
                 checker(student_fn, *args, **kwargs)
             except NotImplementedError:
@@ -72,27 +90,163 @@ def assert_close(
     raise ExerciseFailed(f"For {inputs}:\n  expected {expected}\n  got      {received}")
 
 
-def assert_loss_and_gradient(
+def resolve(path: str) -> Any:
+    """The object a dotted path names: a module attribute, or a class's."""
+    parts = path.split(".")
+    for split in range(len(parts) - 1, 0, -1):
+        try:
+            found: Any = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        for name in parts[split:]:
+            found = (
+                inspect.getattr_static(found, name)
+                if inspect.isclass(found)
+                else getattr(found, name)
+            )
+        return found
+    raise ValueError(f"path must name an importable object, got {path!r}")
+
+
+def refuse_package_function(student_fn: Callable[..., Any], check_name: str) -> None:
+    """Raise ExerciseFailed when ``student_fn`` is, wraps or calls the package
+    function ``check_name`` compares against (the PACKAGE_COUNTERPARTS table).
+
+    Looked at: the object itself and what it wraps (functools.partial,
+    ``__wrapped__``, bound methods, a callable object's ``__call__``); the names
+    its code reads (globals, attributes, closure variables, nested code); the
+    values its globals and closure cells hold under those names; and a call
+    by name in its source. Plain functions it calls that live beside it (same
+    module) are followed too.
+    """
+    paths = PACKAGE_COUNTERPARTS[check_name]
+    targets = [(path, resolve(path)) for path in paths]
+    used = _counterpart_used(student_fn, targets, seen=set())
+    if used is not None:
+        name = getattr(student_fn, "__name__", type(student_fn).__name__)
+        raise ExerciseFailed(
+            f"write it yourself: this check compares against {used}, and "
+            f"{name} is that function or calls it"
+        )
+
+
+def _unwrapped(fn: Any) -> list[Any]:
+    chain = [fn]
+    while True:
+        inner = (
+            fn.func
+            if isinstance(fn, functools.partial)
+            else getattr(fn, "__wrapped__", None) or getattr(fn, "__func__", None)
+        )
+        if inner is None and not inspect.isroutine(fn) and callable(fn):
+            call = inspect.getattr_static(type(fn), "__call__", None)
+            inner = call if inspect.isfunction(call) else None
+        if inner is None or any(inner is known for known in chain):
+            return chain
+        chain.append(inner)
+        fn = inner
+
+
+def _counterpart_used(
+    fn: Any, targets: list[tuple[str, Any]], seen: set[int]
+) -> str | None:
+    for candidate in _unwrapped(fn):
+        if id(candidate) in seen:
+            continue
+        seen.add(id(candidate))
+        for path, target in targets:
+            if candidate is target or candidate is getattr(target, "fget", None):
+                return path
+        code = getattr(candidate, "__code__", None)
+        if code is None:
+            continue
+        names = _code_names(code)
+        source_calls = _source_mentions(candidate, [p for p, _ in targets])
+        for path, _ in targets:
+            if path.rsplit(".", 1)[1] in names or path in source_calls:
+                return path
+        for value in _referenced_values(candidate, names):
+            for path, target in targets:
+                if value is target or value is getattr(target, "fget", target):
+                    return path
+            beside = inspect.isfunction(value) and (
+                value.__module__ == candidate.__module__
+            )
+            if beside and (found := _counterpart_used(value, targets, seen)):
+                return found
+    return None
+
+
+def _code_names(code: Any) -> set[str]:
+    names = set(code.co_names) | set(code.co_freevars)
+    for constant in code.co_consts:
+        if inspect.iscode(constant):
+            names |= _code_names(constant)
+    return names
+
+
+def _referenced_values(fn: Any, names: set[str]) -> list[Any]:
+    values = [fn.__globals__[name] for name in names if name in fn.__globals__]
+    for cell in fn.__closure__ or ():
+        try:
+            values.append(cell.cell_contents)
+        except ValueError:  # an empty cell
+            continue
+    return values
+
+
+def _source_mentions(fn: Any, paths: list[str]) -> set[str]:
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        return set()
+    found = set()
+    for path in paths:
+        name = re.escape(path.rsplit(".", 1)[1])
+        if re.search(rf"(?<!def )\b{name}\s*\(|\.{name}\b", source):
+            found.add(path)
+    return found
+
+
+def assert_value_and_gradient(
     received: Any,
     expected: torch.Tensor,
     student_input: torch.Tensor,
     reference_input: torch.Tensor,
     inputs: str,
+    wrt: str = "policy_log_probs",
     atol: float = 1e-5,
 ) -> None:
-    """A per-token loss equal to ``expected``, whose summed gradient w.r.t.
-    ``student_input`` equals the reference's w.r.t. ``reference_input`` (whose
-    backward has already run). A detached loss fails with its own message."""
+    """``received`` equals ``expected`` and so does its gradient w.r.t.
+    ``student_input``, against the reference's autograd gradient w.r.t.
+    ``reference_input``.
+
+    Both are backpropagated from the same fixed weighting of their entries (a
+    plain sum could hide a wrong sign pattern). A result without a gradient
+    (computed under no_grad, or detached) fails with its own message.
+    """
     assert_close(received, expected.detach(), inputs, atol=atol)
     if not received.requires_grad:
         raise ExerciseFailed(
-            f"For {inputs}: the loss carries no gradient to policy_log_probs "
-            "(was something detached?)"
+            f"For {inputs}: the result carries no gradient to {wrt} (was "
+            "something detached, or computed under torch.no_grad()?)"
         )
-    received.sum().backward()
+    weights = _backward_weights(expected.shape)
+    (expected * weights).sum().backward()
+    (received * weights).sum().backward()
+    if student_input.grad is None:
+        raise ExerciseFailed(
+            f"For {inputs}: the result's gradient does not reach {wrt} (was "
+            "something detached?)"
+        )
     assert_close(
         student_input.grad,
         reference_input.grad,
-        f"{inputs} (gradient of the summed loss w.r.t. policy_log_probs)",
+        f"{inputs} (gradient w.r.t. {wrt})",
         atol=atol,
     )
+
+
+def _backward_weights(shape: torch.Size) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(0)
+    return 0.5 + torch.rand(shape, generator=generator)  # in [0.5, 1.5)

@@ -4,7 +4,9 @@ The exercise: GSPO's sequence-level ratio, the geometric mean of the token
 ratios over the response, s_i = exp(mean_{t in o_i} (log pi - log pi_old)).
 The reference is :func:`grpo_lab.losses.compute_policy_gradient_loss` with
 ``importance_reweighting_method="gspo"``: with advantage 1 and an infinite
-clip range its per-token loss is -s_i on every token of response i.
+clip range its per-token loss is -s_i on every token of response i. The
+ratio is trained through, so its gradient with respect to ``policy_log_probs``
+is compared too: a detached ratio fails.
 """
 
 from __future__ import annotations
@@ -14,7 +16,10 @@ from collections.abc import Callable
 import torch
 
 from grpo_lab.losses import compute_policy_gradient_loss
-from grpo_lab.teaching.checks.framework import assert_close, exercise_check
+from grpo_lab.teaching.checks.framework import (
+    assert_value_and_gradient,
+    exercise_check,
+)
 
 
 def reference_sequence_ratio(
@@ -22,7 +27,7 @@ def reference_sequence_ratio(
     old_log_probs: torch.Tensor,
     response_mask: torch.Tensor,
 ) -> torch.Tensor:
-    """s_i read off the package's GSPO loss. (B, T) x 3 -> (B,)."""
+    """s_i read off the package's GSPO loss, with its gradient. (B, T) x 3 -> (B,)."""
     advantages = torch.ones(policy_log_probs.shape[0])  # (B,)
     per_token_loss, _ = compute_policy_gradient_loss(
         advantages,
@@ -32,7 +37,7 @@ def reference_sequence_ratio(
         float("inf"),
         response_mask,
     )
-    return -per_token_loss[:, 0].detach()  # (B,)
+    return -per_token_loss[:, 0]  # (B,)
 
 
 def _ratio_cases() -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
@@ -56,15 +61,19 @@ def check_sequence_ratio(
 ) -> None:
     """``student_fn(policy_log_probs, old_log_probs, response_mask)`` -> (B,)."""
     for policy_log_probs, old_log_probs, response_mask in _ratio_cases():
+        reference_input = policy_log_probs.clone().requires_grad_(True)
         expected = reference_sequence_ratio(
-            policy_log_probs, old_log_probs, response_mask
+            reference_input, old_log_probs, response_mask
         )
+        student_input = policy_log_probs.clone().requires_grad_(True)
         received = student_fn(
-            policy_log_probs.clone(), old_log_probs.clone(), response_mask.clone()
+            student_input, old_log_probs.clone(), response_mask.clone()
         )
         token_ratios = (policy_log_probs - old_log_probs).exp().round(decimals=3)
         inputs = (
             f"token ratios={token_ratios.tolist()}, "
             f"response_mask={response_mask.tolist()}"
         )
-        assert_close(received, expected, inputs, atol=1e-5)
+        assert_value_and_gradient(
+            received, expected, student_input, reference_input, inputs
+        )

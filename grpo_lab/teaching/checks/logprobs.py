@@ -3,7 +3,8 @@
 Exercises: per-token log-probabilities from logits (gather minus logsumexp) and
 per-token entropy. The references are the package functions
 :func:`grpo_lab.logprobs.get_response_log_probs` (run on fixed logits) and
-:func:`grpo_lab.logprobs.compute_entropy`.
+:func:`grpo_lab.logprobs.compute_entropy`; values and gradients with respect to
+the logits are compared (both quantities are trained through).
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ from types import SimpleNamespace
 import torch
 
 from grpo_lab.logprobs import compute_entropy, get_response_log_probs
-from grpo_lab.teaching.checks.framework import assert_close, exercise_check
+from grpo_lab.teaching.checks.framework import (
+    assert_value_and_gradient,
+    exercise_check,
+)
 
 
 class _FixedLogits(torch.nn.Module):
@@ -60,17 +64,22 @@ def check_token_log_probs(
 ) -> None:
     """``student_fn(logits (B, T, V), labels (B, T))`` -> log-probs (B, T)."""
     for name, logits, labels in _logit_cases():
-        expected = reference_token_log_probs(logits, labels)
-        received = student_fn(logits.clone(), labels.clone())
+        reference_logits = logits.clone().requires_grad_(True)
+        expected = reference_token_log_probs(reference_logits, labels)
+        student_logits = logits.clone().requires_grad_(True)
+        received = student_fn(student_logits, labels.clone())
         inputs = f"{name}, logits={logits.tolist()}, labels={labels.tolist()}"
-        assert_close(received, expected, inputs, atol=1e-4)
+        assert_value_and_gradient(
+            received, expected, student_logits, reference_logits, inputs, "logits", 1e-4
+        )
 
 
 @exercise_check("Per-token entropy")
 def check_token_entropy(
     student_fn: Callable[[torch.Tensor], torch.Tensor],
 ) -> None:
-    """``student_fn(logits (..., V))`` -> entropy in nats (...)."""
+    """``student_fn(logits (..., V))`` -> entropy in nats (...), with its
+    gradient (an entropy bonus trains through it)."""
     generator = torch.Generator().manual_seed(1)
     cases = [
         ("uniform logits over 4 tokens (entropy log 4)", torch.zeros(2, 4)),
@@ -79,6 +88,16 @@ def check_token_entropy(
         ("logits around 1000 (overflow test)", torch.tensor([[1000.0, 999.0]])),
     ]
     for name, logits in cases:
-        expected = compute_entropy(logits)
-        received = student_fn(logits.clone())
-        assert_close(received, expected, f"{name}, logits={logits.tolist()}", atol=1e-4)
+        reference_logits = logits.clone().requires_grad_(True)
+        expected = compute_entropy(reference_logits)
+        student_logits = logits.clone().requires_grad_(True)
+        received = student_fn(student_logits)
+        assert_value_and_gradient(
+            received,
+            expected,
+            student_logits,
+            reference_logits,
+            f"{name}, logits={logits.tolist()}",
+            "logits",
+            1e-4,
+        )

@@ -6,19 +6,34 @@ accumulated over all microbatches equal the gradient of the whole batch, as
 
 Exercise 2: which responses need a forward and backward pass at all (the ones
 whose advantage is not exactly zero).
+
+Exercise 3: the whole microbatch step with gradient accumulation, against
+:func:`grpo_lab.train_step.policy_gradient_update` on a copy of a tiny model.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
+from grpo_lab.logprobs import get_response_log_probs
+from grpo_lab.losses import (
+    aggregate_loss_across_microbatch,
+    compute_policy_gradient_loss,
+)
+from grpo_lab.masks import tokenize_prompt_and_output
+from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2
 from grpo_lab.teaching.checks.framework import (
     ExerciseFailed,
     assert_close,
     exercise_check,
 )
+from grpo_lab.teaching.gradient_recorder import GradientRecorder
+from grpo_lab.train_step import policy_gradient_update
 
 
 def _reference_scale(
@@ -73,3 +88,223 @@ def check_active_rows(student_fn: Callable[[torch.Tensor], torch.Tensor]) -> Non
         assert_close(
             received.flatten(), expected, f"advantages={advantages.tolist()}", atol=0
         )
+
+
+TrainStep = Callable[..., Any]
+
+# (responses used, gradient_accumulation_steps, clip the gradient?)
+_STEP_CASES = ((4, 2, False), (3, 2, False), (4, 1, False), (4, 2, True))
+
+
+@exercise_check("Exercise 07c (a microbatch train step)")
+def check_microbatch_train_step(student_fn: TrainStep) -> None:
+    """``student_fn(model, optimizer, batch, advantages,
+    gradient_accumulation_steps, max_grad_norm)``: one on-policy step
+    (per-token loss -A_i log pi, per-response mean) accumulated over
+    microbatches of ceil(B / steps) rows, then one ``optimizer.step()``.
+
+    The check hands it a tiny model and plain SGD (lr 1), and compares the
+    gradient after the last backward (before any clip) and the parameters after
+    the step with :func:`grpo_lab.train_step.policy_gradient_update` on a copy.
+    """
+    model, full_batch, full_advantages = _tiny_step_problem()
+    for rows, steps, clips in _STEP_CASES:
+        batch = {key: value[:rows] for key, value in full_batch.items()}
+        advantages = full_advantages[:rows]  # (B,)
+        unclipped = _reference_step(model, batch, advantages, steps, None)[0]
+        max_grad_norm = float(unclipped.norm()) / 4 if clips else None
+        inputs = (
+            f"a tiny model, B={rows} responses of lengths "
+            f"{batch['response_mask'].sum(dim=1).tolist()}, advantages="
+            f"{advantages.tolist()}, gradient_accumulation_steps={steps}, "
+            f"max_grad_norm={max_grad_norm}"
+        )
+        _, expected_parameters = _reference_step(
+            model, batch, advantages, steps, max_grad_norm
+        )
+        student_model = copy.deepcopy(model)
+        optimizer = GradientRecorder(student_model.parameters(), lr=1.0)
+        with _LastGradient(student_model) as last:
+            _run_step(
+                student_fn,
+                (student_model, optimizer, batch, advantages, steps, max_grad_norm),
+            )
+        _check_step_count(optimizer.steps, inputs)
+        _check_accumulated_gradient(
+            last.gradient(), model, batch, advantages, steps, clips, inputs
+        )
+        received = torch.cat([p.detach().flatten() for p in student_model.parameters()])
+        if not torch.allclose(received, expected_parameters, atol=1e-6, rtol=1e-4):
+            hint = (
+                "clip the accumulated gradient once, after the last backward and "
+                "before optimizer.step(): torch.nn.utils.clip_grad_norm_("
+                "model.parameters(), max_grad_norm)"
+                if clips
+                else "the optimizer must step on the accumulated gradient as it is"
+            )
+            raise ExerciseFailed(
+                f"For {inputs}: the gradient before clipping is right, but the "
+                f"parameters after the step are not (largest difference "
+                f"{(received - expected_parameters).abs().max():.2e}); {hint}"
+            )
+
+
+def _run_step(student_fn: TrainStep, arguments: tuple[Any, ...]) -> None:
+    """Run the student's step; a loss without a gradient gets its own message."""
+    try:
+        student_fn(*arguments)
+    except RuntimeError as error:
+        if "does not require grad" not in str(error):
+            raise
+        raise ExerciseFailed(
+            "backward() found a loss that carries no gradient to the model (were "
+            "the log-probs computed under torch.no_grad(), or detached?)"
+        ) from error
+
+
+def _tiny_step_problem() -> tuple[torch.nn.Module, dict[str, torch.Tensor], Any]:
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_qwen2(
+        tokenizer, hidden_size=16, num_layers=1, intermediate_size=32, seed=0
+    )
+    prompts = ["12>", "345>", "67>", "8>"]
+    responses = ["21", "5431", "7", "888"]
+    batch = tokenize_prompt_and_output(prompts, responses, tokenizer)
+    advantages = torch.tensor([1.0, -0.5, 0.0, 1.5])  # (B,): one zero advantage
+    return model, batch, advantages
+
+
+def _reference_step(
+    model: torch.nn.Module,
+    batch: dict[str, torch.Tensor],
+    advantages: torch.Tensor,
+    steps: int,
+    max_grad_norm: float | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The package's step on a copy: (gradient it steps on, parameters after)."""
+    reference = copy.deepcopy(model)
+    recorder = GradientRecorder(reference.parameters(), lr=1.0)
+    policy_gradient_update(reference, recorder, steps, max_grad_norm, batch, advantages)
+    parameters = torch.cat([p.detach().flatten() for p in reference.parameters()])
+    return recorder.gradient, parameters
+
+
+class _LastGradient:
+    """Keeps each parameter's .grad as it stands after every backward, before
+    anything (a clip, a step) changes it in place."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.parameters = list(model.parameters())
+        self.latest: dict[int, torch.Tensor] = {}
+        self.handles: list[Any] = []
+
+    def __enter__(self) -> _LastGradient:
+        for index, parameter in enumerate(self.parameters):
+            self.handles.append(
+                parameter.register_post_accumulate_grad_hook(
+                    functools.partial(self._keep, index)
+                )
+            )
+        return self
+
+    def _keep(self, index: int, parameter: torch.Tensor) -> None:
+        self.latest[index] = parameter.grad.detach().clone()
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+    def gradient(self) -> torch.Tensor:
+        return torch.cat(
+            [
+                self.latest.get(index, torch.zeros_like(p)).flatten()
+                for index, p in enumerate(self.parameters)
+            ]
+        )
+
+
+def _check_step_count(steps_taken: int, inputs: str) -> None:
+    if steps_taken == 1:
+        return
+    if steps_taken == 0:
+        raise ExerciseFailed(f"For {inputs}: optimizer.step() was never called")
+    raise ExerciseFailed(
+        f"For {inputs}: optimizer.step() was called {steps_taken} times; step once, "
+        "after every microbatch's backward has added its gradient (stepping per "
+        "microbatch is K small updates, not one batch update)"
+    )
+
+
+def _check_accumulated_gradient(
+    received: torch.Tensor,
+    model: torch.nn.Module,
+    batch: dict[str, torch.Tensor],
+    advantages: torch.Tensor,
+    steps: int,
+    clips: bool,
+    inputs: str,
+) -> None:
+    """The gradient after the last backward against the full batch's, naming
+    the classic accumulation mistakes."""
+    pieces = _microbatch_gradients(model, batch, advantages, steps)
+    batch_size = advantages.shape[0]
+    shares = [rows / batch_size for rows, _ in pieces]
+    expected = sum(share * gradient for share, (_, gradient) in zip(shares, pieces))
+    if torch.allclose(received, expected, atol=1e-6, rtol=1e-4):
+        return
+    count = len(pieces)
+    mistakes = {
+        "no scale: each microbatch's mean loss is backpropagated as it is, so the "
+        f"gradient is the sum of {count} microbatch means (scale each by "
+        "microbatch rows / B)": sum(gradient for _, gradient in pieces),
+        f"each microbatch is scaled by 1/K = 1/{count} instead of its share of the "
+        "batch, rows / B (they differ when microbatches are unequal)": sum(
+            gradient / count for _, gradient in pieces
+        ),
+        "only the last microbatch's gradient is left: zero the gradients once, "
+        "before the loop, not inside it": shares[-1] * pieces[-1][1],
+    }
+    for mistake, wrong in mistakes.items():
+        if torch.allclose(received, wrong, atol=1e-6, rtol=1e-4):
+            raise ExerciseFailed(f"For {inputs}: {mistake}")
+    if clips:
+        raise ExerciseFailed(
+            f"For {inputs}: the gradient after the last backward is not the "
+            "accumulated one (it is right without clipping): was it clipped "
+            "before every microbatch had added its share? Clip once, after the loop"
+        )
+    raise ExerciseFailed(
+        f"For {inputs}: the gradient after the last backward differs from the "
+        f"full batch's (norm expected {expected.norm():.6f}, got "
+        f"{received.norm():.6f}, largest difference "
+        f"{(received - expected).abs().max():.2e})"
+    )
+
+
+def _microbatch_gradients(
+    model: torch.nn.Module,
+    batch: dict[str, torch.Tensor],
+    advantages: torch.Tensor,
+    steps: int,
+) -> list[tuple[int, torch.Tensor]]:
+    """(rows, gradient of that microbatch's own mean loss) per microbatch."""
+    reference = copy.deepcopy(model)
+    size = -(-advantages.shape[0] // steps)
+    pieces = []
+    for rows in torch.arange(advantages.shape[0]).split(size):
+        reference.zero_grad(set_to_none=True)
+        log_probs = get_response_log_probs(
+            reference, batch["input_ids"][rows], batch["labels"][rows]
+        )["log_probs"]  # (b, T)
+        per_token_loss, _ = compute_policy_gradient_loss(advantages[rows], log_probs)
+        aggregate_loss_across_microbatch(
+            per_token_loss, batch["response_mask"][rows]
+        ).backward()
+        gradient = torch.cat(
+            [
+                torch.zeros_like(p).flatten() if p.grad is None else p.grad.flatten()
+                for p in reference.parameters()
+            ]
+        )
+        pieces.append((len(rows), gradient))
+    return pieces

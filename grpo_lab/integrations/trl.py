@@ -1,0 +1,974 @@
+"""A grpo_lab run on TRL's ``GRPOTrainer``: the settings, the data, the reward.
+
+Tested against TRL 1.16.0 (:data:`TESTED_TRL_VERSION`). :data:`TRANSLATIONS`
+is the one table of which ``TrainConfig`` field becomes which ``GRPOConfig``
+argument, and how; :func:`to_trl_config` applies it. A setting TRL has no
+equal for is refused with a ``UserError`` that names it, unless
+:class:`GrpoLabTrainer` (a ``GRPOTrainer`` subclass) supplies it:
+
+- advantages TRL does not compute: ``baseline`` leave_one_out or none,
+  ``advantage_normalizer`` mean (MaxRL), an ``advantage_eps`` other than TRL's
+  fixed 1e-4, and ``nan_rewards`` propagate (TRL always ignores None rewards);
+- ``loss_normalization`` constant with a divisor other than TRL dr_grpo's
+  (global batch rows x max_completion_length);
+- the learning-rate warm-up, counted in GRPO steps from lr / lr_warmup_steps.
+
+Every field is in exactly one of :data:`TRANSLATIONS`,
+:data:`LAUNCH_SETTINGS` (read by the launch folder's ``train.py``) and
+:data:`NOT_TRAINING_SETTINGS` (no effect on the numbers). What changes at scale
+(several processes) is in the README's "When you outgrow one GPU".
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from grpo_lab.advantages import compute_group_normalized_rewards
+from grpo_lab.errors import UserError
+from grpo_lab.tasks import Task, get_task
+from grpo_lab.training.config import TrainConfig, inert_settings
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+
+TESTED_TRL_VERSION = "1.16.0"
+TRL_ADVANTAGE_EPS = 1e-4  # TRL divides by std + 1e-4, a constant
+FIX = "see the README's 'When you outgrow one GPU'"
+
+
+def _refuse(field: str, value: Any, why: str, fix: str = FIX) -> UserError:
+    return UserError(f"{field} {value!r} cannot run on TRL's GRPOTrainer: {why}", fix)
+
+
+# --- batches and schedule -------------------------------------------------------
+
+
+def optimizer_steps_per_grpo_step(config: TrainConfig) -> int:
+    """Optimizer steps per rollout batch: rollout / train batch x epochs."""
+    per_pass = config.rollout_batch_size // config.train_batch_size
+    return per_pass * config.epochs_per_rollout_batch
+
+
+def _steps(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    return {"max_steps": config.steps * optimizer_steps_per_grpo_step(config)}
+
+
+def _group_size(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    if config.group_size < 2:
+        raise _refuse("group_size", config.group_size, "TRL needs at least 2")
+    return {"num_generations": config.group_size}
+
+
+def data_parallel_batch(config: TrainConfig, num_processes: int) -> dict[str, int]:
+    """per_device_train_batch_size and gradient_accumulation_steps that keep
+    the global train batch: rows x processes x steps = train_batch_size.
+
+    The microbatch (memory per device) is kept and the accumulation shrinks
+    when ``num_processes`` divides it; else the microbatch is split.
+    """
+    rows = config.train_batch_size // config.gradient_accumulation_steps
+    steps = config.gradient_accumulation_steps
+    if steps % num_processes == 0:
+        return {
+            "per_device_train_batch_size": rows,
+            "gradient_accumulation_steps": steps // num_processes,
+        }
+    if rows % num_processes == 0:
+        return {
+            "per_device_train_batch_size": rows // num_processes,
+            "gradient_accumulation_steps": steps,
+        }
+    raise _refuse(
+        "train_batch_size",
+        config.train_batch_size,
+        f"neither its {steps} accumulation steps nor its microbatch of {rows} "
+        f"rows split over {num_processes} processes",
+    )
+
+
+def _train_batch(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    name = "per_device_train_batch_size"
+    return {name: data_parallel_batch(config, num_processes)[name]}
+
+
+def _accumulation(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    name = "gradient_accumulation_steps"
+    return {name: data_parallel_batch(config, num_processes)[name]}
+
+
+def _rollout_batch(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    return {"generation_batch_size": config.rollout_batch_size}
+
+
+def _epochs(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    return {"num_iterations": config.epochs_per_rollout_batch}
+
+
+# --- optimizer ----------------------------------------------------------------------
+
+
+def _lr(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    return {"learning_rate": config.lr, "optim": "adamw_torch"}
+
+
+def _warmup(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    # GrpoLabTrainer.create_scheduler ramps the warm-up in GRPO steps.
+    return {"lr_scheduler_type": "constant", "warmup_steps": 0}
+
+
+def _adam_beta2(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    return {"adam_beta1": 0.9, "adam_beta2": config.adam_beta2, "adam_epsilon": 1e-8}
+
+
+def _max_grad_norm(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    return {
+        "max_grad_norm": 0.0 if config.max_grad_norm is None else config.max_grad_norm
+    }
+
+
+# --- advantages and loss -----------------------------------------------------------
+
+_SCALE_REWARDS = {"std": "group", "batch_std": "batch", "none": "none", "mean": "group"}
+
+
+def _advantages(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    return {"scale_rewards": _SCALE_REWARDS[config.advantage_normalizer]}
+
+
+def _objective(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    method = config.importance_reweighting_method
+    if method in ("noclip", "gmpo"):
+        raise _refuse(
+            "importance_reweighting_method", method, "TRL 1.16 has no such loss_type"
+        )
+    level = "sequence" if method == "gspo" else "token"
+    return {"importance_sampling_level": level}
+
+
+def _cliprange(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    if config.importance_reweighting_method == "cispo":
+        low = 1.0 if config.cliprange is None else config.cliprange
+        if low < 1.0:
+            raise _refuse(
+                "cliprange",
+                config.cliprange,
+                "TRL's cispo has no lower clip; use 1.0 or more (a lower bound "
+                "of 0 never binds)",
+            )
+        return {}
+    return {"epsilon": 0.2 if config.cliprange is None else config.cliprange}
+
+
+def _cliprange_high(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    high = config.cliprange_high
+    if config.importance_reweighting_method == "cispo":
+        # TRL's cispo epsilon_high is the absolute cap of the ratio.
+        high = config.cliprange if high is None else high
+        return {"epsilon_high": 1.0 + (1.0 if high is None else high)}
+    return {} if high is None else {"epsilon_high": high}
+
+
+def _ratio_cap(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    return {"delta": config.ratio_cap}
+
+
+def _sapo_pos(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    return {"sapo_temperature_pos": config.sapo_temperature_pos}
+
+
+def _sapo_neg(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    return {"sapo_temperature_neg": config.sapo_temperature_neg}
+
+
+_LOSS_TYPES = {"sequence": "grpo", "token": "dapo", "constant": "dr_grpo"}
+_OWN_AGGREGATION = {"cispo": "token", "sapo": "sequence"}
+
+
+def _loss_type(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    method = config.importance_reweighting_method
+    normalization = config.loss_normalization
+    if method in _OWN_AGGREGATION:
+        if normalization != _OWN_AGGREGATION[method]:
+            raise _refuse(
+                "loss_normalization",
+                normalization,
+                f"TRL's {method} always uses {_OWN_AGGREGATION[method]!r}",
+            )
+        return {"loss_type": method}
+    return {"loss_type": _LOSS_TYPES[normalization]}
+
+
+def _normalization_constant(config: TrainConfig, num_processes: int) -> dict:
+    # max_completion_length comes from max_new_tokens; GrpoLabTrainer rescales
+    # dr_grpo's divisor to this constant when the two differ.
+    return {}
+
+
+def _kl_coef(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    return {"beta": config.kl_coef}
+
+
+def _kl_estimator(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    if config.kl_coef > 0 and config.kl_estimator != "k3":
+        raise _refuse("kl_estimator", config.kl_estimator, "TRL's KL is always k3")
+    return {}
+
+
+def _kl_weighting(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    return {"use_bias_correction_kl": config.kl_importance_weighting}
+
+
+def _entropy(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    if config.entropy_coef > 0 and config.loss_normalization != "token":
+        raise _refuse(
+            "entropy_coef",
+            config.entropy_coef,
+            "TRL takes the token mean of the entropy whatever the loss type; "
+            "grpo_lab aggregates it like the loss, so only loss_normalization "
+            "'token' agrees",
+        )
+    return {"entropy_coef": config.entropy_coef}
+
+
+def _top_entropy(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    return {"top_entropy_quantile": config.top_entropy_quantile}
+
+
+# --- sampling -----------------------------------------------------------------------
+
+
+def _temperature(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    return {"temperature": config.temperature}
+
+
+def _top_p(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    # grpo_lab samples with top_k 0 and no other filter.
+    return {"top_p": config.top_p, "top_k": 0, "min_p": None, "repetition_penalty": 1.0}
+
+
+def _max_new_tokens(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    task = get_task(config.task, **config.task_options)
+    length = config.max_new_tokens or task.max_new_tokens
+    return {"max_completion_length": length}
+
+
+def _backend(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    if config.backend == "hf":
+        return {"use_vllm": False}
+    # grpo_lab's vllm engine shares the policy's GPU and corrects nothing.
+    return {
+        "use_vllm": True,
+        "vllm_mode": "colocate",
+        "vllm_importance_sampling_correction": False,
+    }
+
+
+def _task(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    stops = get_task(config.task, **config.task_options).stop_strings
+    if not stops:
+        return {}
+    if config.backend == "hf":
+        raise _refuse(
+            "task",
+            config.task,
+            f"it stops sampling at {list(stops)}, and TRL's transformers "
+            "generation cannot stop at a string; use backend vllm",
+        )
+    # vLLM's SamplingParams: stop there, and keep the stop string, as grpo_lab does.
+    return {
+        "generation_kwargs": {"stop": list(stops), "include_stop_str_in_output": True}
+    }
+
+
+def _vllm_memory(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    return {"vllm_gpu_memory_utilization": config.vllm_gpu_memory_utilization}
+
+
+def _rollout_chunk(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    if config.backend == "hf" and config.rollout_max_batch_size is not None:
+        raise _refuse(
+            "rollout_max_batch_size",
+            config.rollout_max_batch_size,
+            "TRL generates each process's share of generation_batch_size at once; "
+            "use none",
+        )
+    return {}
+
+
+# --- evaluation, checkpoints, logging ---------------------------------------------
+
+
+def _eval_every(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    if config.eval_every == 0:
+        return {"eval_strategy": "no"}
+    return {
+        "eval_strategy": "steps",
+        "eval_steps": config.eval_every * optimizer_steps_per_grpo_step(config),
+        "per_device_eval_batch_size": config.group_size,
+    }
+
+
+def _checkpoint_every(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    if config.checkpoint_every == 0:
+        return {"save_strategy": "no"}
+    steps = config.checkpoint_every * optimizer_steps_per_grpo_step(config)
+    return {"save_strategy": "steps", "save_steps": steps}
+
+
+def _report_to(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    names = config.report_to
+    if isinstance(names, str):
+        names = [n.strip() for n in names.split(",") if n.strip()]
+    names = [n for n in names if n != "none"]
+    return {"report_to": names or "none", "logging_steps": 1}
+
+
+def _sft(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    if config.sft_max_steps > 0:
+        raise _refuse(
+            "sft_max_steps",
+            config.sft_max_steps,
+            "GRPOTrainer has no supervised warm-up; warm up first (TRL's "
+            "SFTTrainer, or a grpo-lab run) and set sft_max_steps 0",
+        )
+    return {}
+
+
+# --- device and memory --------------------------------------------------------------
+
+
+def _device(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    # accelerate places each process on its own GPU; an index is not kept.
+    return {"use_cpu": torch.device(config.device).type == "cpu"}
+
+
+def _dtype(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    return {"model_init_kwargs": {"dtype": config.dtype}}
+
+
+def _autocast(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    # GRPOConfig's own default is bf16=True, so both are always given.
+    return {
+        "bf16": config.autocast_dtype == "bfloat16",
+        "fp16": config.autocast_dtype == "float16",
+    }
+
+
+def _checkpointing(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    return {"gradient_checkpointing": config.gradient_checkpointing}
+
+
+# --- the table ---------------------------------------------------------------------
+
+Converter = Callable[[TrainConfig, int], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Translation:
+    """One row: the GRPOConfig arguments a field sets, how, and what differs."""
+
+    trl_names: tuple[str, ...]
+    convert: Converter
+    note: str
+
+
+T = Translation
+TRANSLATIONS: dict[str, Translation] = {
+    "seed": T(("seed",), lambda c, n: {"seed": c.seed}, "prompt order differs"),
+    "steps": T(("max_steps",), _steps, "x optimizer steps per rollout batch"),
+    "rollout_batch_size": T(("generation_batch_size",), _rollout_batch, "global"),
+    "group_size": T(("num_generations",), _group_size, "at least 2 in TRL"),
+    "train_batch_size": T(
+        ("per_device_train_batch_size",),
+        _train_batch,
+        "train_batch_size / gradient_accumulation_steps (/ processes if the "
+        "steps do not split)",
+    ),
+    "epochs_per_rollout_batch": T(("num_iterations",), _epochs, "exact"),
+    "gradient_accumulation_steps": T(
+        ("gradient_accumulation_steps",), _accumulation, "/ processes if they split"
+    ),
+    "lr": T(("learning_rate", "optim"), _lr, "AdamW (torch)"),
+    "lr_warmup_steps": T(
+        ("lr_scheduler_type", "warmup_steps"),
+        _warmup,
+        "constant; a warm-up is GrpoLabTrainer's, in GRPO steps",
+    ),
+    "weight_decay": T(
+        ("weight_decay",), lambda c, n: {"weight_decay": c.weight_decay}, "exact"
+    ),
+    "adam_beta2": T(
+        ("adam_beta1", "adam_beta2", "adam_epsilon"),
+        _adam_beta2,
+        "beta1 0.9 and eps 1e-8, as grpo_lab's AdamW",
+    ),
+    "max_grad_norm": T(("max_grad_norm",), _max_grad_norm, "None -> 0 (no clip)"),
+    "baseline": T(
+        ("scale_rewards",), _advantages, "mean in TRL; others by GrpoLabTrainer"
+    ),
+    "advantage_normalizer": T(
+        ("scale_rewards",),
+        _advantages,
+        "std -> group, batch_std -> batch, none -> none; mean by GrpoLabTrainer",
+    ),
+    "advantage_eps": T((), lambda c, n: {}, "1e-4 in TRL; others by GrpoLabTrainer"),
+    "nan_rewards": T((), lambda c, n: {}, "ignore in TRL; propagate by GrpoLabTrainer"),
+    "importance_reweighting_method": T(
+        ("importance_sampling_level",),
+        _objective,
+        "gspo -> sequence; none, grpo, cispo, sapo -> token; noclip, gmpo refused",
+    ),
+    "cliprange": T(("epsilon",), _cliprange, "cispo: must be >= 1 (no lower clip)"),
+    "cliprange_high": T(
+        ("epsilon_high",), _cliprange_high, "cispo: 1 + cliprange_high (a cap)"
+    ),
+    "ratio_cap": T(("delta",), _ratio_cap, "exact"),
+    "sapo_temperature_pos": T(("sapo_temperature_pos",), _sapo_pos, "float32"),
+    "sapo_temperature_neg": T(("sapo_temperature_neg",), _sapo_neg, "float32"),
+    "loss_normalization": T(
+        ("loss_type",),
+        _loss_type,
+        "sequence -> grpo, token -> dapo (its divisor is the rollout batch's mean "
+        "tokens per optimizer step: exact when train_batch_size == "
+        "rollout_batch_size), constant -> dr_grpo; cispo, sapo keep their own",
+    ),
+    "normalization_constant": T(
+        (), _normalization_constant, "dr_grpo's rows x length, else GrpoLabTrainer"
+    ),
+    "kl_coef": T(("beta",), _kl_coef, "reference: the step-0 model"),
+    "kl_estimator": T((), _kl_estimator, "k3 only"),
+    "kl_importance_weighting": T(
+        ("use_bias_correction_kl",), _kl_weighting, "always given (TRL's default: on)"
+    ),
+    "entropy_coef": T(("entropy_coef",), _entropy, "loss_normalization token only"),
+    "top_entropy_quantile": T(("top_entropy_quantile",), _top_entropy, "exact"),
+    "temperature": T(("temperature",), _temperature, "exact"),
+    "top_p": T(
+        ("top_p", "top_k", "min_p", "repetition_penalty"),
+        _top_p,
+        "and no other filter (top_k 0), as grpo_lab samples",
+    ),
+    "max_new_tokens": T(
+        ("max_completion_length",), _max_new_tokens, "None -> the task's"
+    ),
+    "backend": T(
+        ("use_vllm", "vllm_mode", "vllm_importance_sampling_correction"),
+        _backend,
+        "vllm -> colocate, no correction",
+    ),
+    "task": T(
+        ("generation_kwargs",),
+        _task,
+        "its stop strings -> vLLM's stop (train.py builds the task's data)",
+    ),
+    "vllm_gpu_memory_utilization": T(
+        ("vllm_gpu_memory_utilization",), _vllm_memory, "exact"
+    ),
+    "rollout_max_batch_size": T((), _rollout_chunk, "none only (hf)"),
+    "eval_every": T(
+        ("eval_strategy", "eval_steps", "per_device_eval_batch_size"),
+        _eval_every,
+        "TRL evaluates the sampled reward, not greedy accuracy",
+    ),
+    "checkpoint_every": T(
+        ("save_strategy", "save_steps"), _checkpoint_every, "0 -> final model only"
+    ),
+    "report_to": T(("report_to", "logging_steps"), _report_to, "every step"),
+    "sft_max_steps": T((), _sft, "0 only: GRPOTrainer has no warm-up"),
+    "device": T(("use_cpu",), _device, "accelerate picks each process's GPU"),
+    "dtype": T(("model_init_kwargs",), _dtype, "model_init_kwargs.dtype"),
+    "autocast_dtype": T(("bf16", "fp16"), _autocast, "always given"),
+    "gradient_checkpointing": T(("gradient_checkpointing",), _checkpointing, "exact"),
+}
+del T
+
+LAUNCH_SETTINGS: dict[str, str] = {
+    "model": "train.py loads it (tiny: built and saved next to train.py)",
+    "tiny_hidden_size": "train.py builds the tiny model with it",
+    "tiny_num_layers": "train.py builds the tiny model with it",
+    "tiny_intermediate_size": "train.py builds the tiny model with it",
+    "task_options": "train.py builds the task with them",
+    "chat_template": "train.py writes prompts as user messages (TRL applies it)",
+    "eval_size": "train.py's eval dataset size",
+    "resume": "train.py passes resume_from_checkpoint",
+}
+
+NOT_TRAINING_SETTINGS: dict[str, str] = {
+    "profile": "which defaults the config started from",
+    "run_dir": "grpo_lab's run folder; TRL writes to output_dir",
+    "share_prompt_prefix": "speed only: the same numbers without it",
+    "logits_chunk_size": "memory only: TRL chunks its own scorer",
+    "num_threads": "CPU threads; set OMP_NUM_THREADS at launch",
+    "sft_target_accuracy": "read only by the warm-up (sft_max_steps 0)",
+    "sft_eval_temperature": "read only by the warm-up (sft_max_steps 0)",
+    "sft_batch_size": "read only by the warm-up (sft_max_steps 0)",
+    "sft_lr": "read only by the warm-up (sft_max_steps 0)",
+    "sft_eval_every": "read only by the warm-up (sft_max_steps 0)",
+    "sft_eval_size": "read only by the warm-up (sft_max_steps 0)",
+}
+
+
+def to_trl_config(config: TrainConfig, *, num_processes: int = 1) -> dict[str, Any]:
+    """GRPOConfig keyword arguments for ``config`` (without ``output_dir``).
+
+    Applies every row of :data:`TRANSLATIONS`; a setting TRL cannot run raises
+    ``UserError`` naming it, unless it has no effect in ``config``
+    (:func:`grpo_lab.training.config.inert_settings`). ``num_processes`` is the
+    number of data-parallel processes: the global batch sizes stay the
+    config's, the per-device one shrinks.
+    """
+    if not isinstance(num_processes, int) or num_processes < 1:
+        raise ValueError(f"num_processes must be a positive int, got {num_processes!r}")
+    inert = inert_settings(config)
+    arguments: dict[str, Any] = {}
+    for name, translation in TRANSLATIONS.items():
+        if name in inert:
+            continue
+        arguments.update(translation.convert(config, num_processes))
+    arguments.setdefault("epsilon", 0.2)
+    return arguments
+
+
+def grpo_lab_trainer_reasons(
+    config: TrainConfig, *, num_processes: int = 1
+) -> list[str]:
+    """Why ``config`` needs :class:`GrpoLabTrainer` (empty: GRPOTrainer is exact)."""
+    reasons = []
+    if config.baseline != "mean":
+        reasons.append(f"baseline {config.baseline!r}")
+    if config.advantage_normalizer == "mean":
+        reasons.append("advantage_normalizer 'mean'")
+    uses_eps = config.advantage_normalizer != "none"
+    if uses_eps and config.advantage_eps != TRL_ADVANTAGE_EPS:
+        reasons.append(f"advantage_eps {config.advantage_eps!r}")
+    if config.nan_rewards == "propagate":
+        reasons.append("nan_rewards 'propagate'")
+    if constant_loss_scale(config) != 1.0:
+        reasons.append(f"normalization_constant {config.normalization_constant!r}")
+    if config.lr_warmup_steps > 0:
+        reasons.append(f"lr_warmup_steps {config.lr_warmup_steps}")
+    return reasons
+
+
+def constant_loss_scale(config: TrainConfig) -> float:
+    """dr_grpo's divisor over grpo_lab's constant, global rows x length / C (1:
+    the same); 1 for the other normalizations."""
+    if config.loss_normalization != "constant":
+        return 1.0
+    length = _max_new_tokens(config, 1)["max_completion_length"]
+    return config.train_batch_size * length / config.normalization_constant
+
+
+# --- data and reward ----------------------------------------------------------------
+
+
+def task_dataset(
+    task: Task, split: str, size: int, seed: int, *, chat_template: bool = False
+) -> Dataset:
+    """``size`` examples of ``task``'s ``split`` as a ``datasets.Dataset`` with a
+    ``prompt`` column (a string, or one user message with ``chat_template``) and
+    a ``ground_truth`` column, which TRL hands the reward function."""
+    from datasets import Dataset
+
+    if split not in ("train", "eval"):
+        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    examples = task.train(size, seed) if split == "train" else task.eval(size, seed)
+    prompts: list[Any] = [e.prompt for e in examples]
+    if chat_template:
+        prompts = [[{"role": "user", "content": p}] for p in prompts]
+    truths = [e.ground_truth for e in examples]
+    return Dataset.from_dict({"prompt": prompts, "ground_truth": truths})
+
+
+def trl_reward_function(task: Task) -> Callable[..., list[float]]:
+    """``task.reward_fn`` with TRL's reward_funcs signature: (prompts,
+    completions, ground_truth=..., **kwargs) -> one float per completion."""
+
+    def reward(prompts: list, completions: list, **columns: Any) -> list[float]:
+        truths = columns["ground_truth"]
+        texts = [_completion_text(c) for c in completions]
+        return [float(task.reward_fn(t, g)["reward"]) for t, g in zip(texts, truths)]
+
+    reward.__name__ = f"{task.name}_reward"
+    return reward
+
+
+def _completion_text(completion: Any) -> str:
+    """A plain completion, or the content of a conversational one."""
+    if isinstance(completion, str):
+        return completion
+    return "".join(message["content"] for message in completion)
+
+
+# --- what TRL lacks -----------------------------------------------------------------
+
+
+def _trainer_base() -> type:
+    from trl import GRPOTrainer
+
+    return GRPOTrainer
+
+
+@functools.cache
+def make_grpo_lab_trainer_class() -> type:
+    """``GrpoLabTrainer``, a subclass of the installed ``trl.GRPOTrainer`` (built
+    on first use, so that importing this module does not import trl)."""
+    return _grpo_lab_trainer(_trainer_base())
+
+
+def __getattr__(name: str) -> Any:
+    if name == "GrpoLabTrainer":
+        return make_grpo_lab_trainer_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _grpo_lab_trainer(base: type) -> type:
+    class GrpoLabTrainer(base):
+        """GRPOTrainer with grpo_lab's advantages, constant divisor and warm-up.
+
+        ``train_config`` is the run's TrainConfig. Advantages are recomputed
+        from TRL's gathered rewards by
+        :func:`grpo_lab.advantages.compute_group_normalized_rewards`; the
+        dr_grpo loss is rescaled to sum / normalization_constant over the
+        global train batch; the learning rate is lr * min(1, s / warm-up) in
+        GRPO step s = optimizer step // optimizer steps per GRPO step + 1.
+        """
+
+        def __init__(self, *args: Any, train_config: TrainConfig, **kwargs: Any):
+            self.train_config = train_config
+            self._rewards_per_func: torch.Tensor | None = None
+            super().__init__(*args, **kwargs)
+
+        def _calculate_rewards(self, inputs, prompts, completions, ids):
+            rewards = super()._calculate_rewards(inputs, prompts, completions, ids)
+            self._rewards_per_func = rewards  # (B_global, n_funcs), NaN: None
+            return rewards
+
+        def _generate_and_score_completions(self, inputs):
+            output = super()._generate_and_score_completions(inputs)
+            local = output["advantages"]  # (B_local,)
+            rewards = self._gathered_rewards()  # (B_global,)
+            group = self.num_generations if self.model.training else None
+            advantages = grpo_lab_advantages(
+                rewards, group or self.num_generations_eval, self.train_config
+            )
+            start = self.accelerator.process_index * local.shape[0]
+            output["advantages"] = advantages[start : start + local.shape[0]].to(
+                device=local.device, dtype=local.dtype
+            )
+            return output
+
+        def _gathered_rewards(self) -> torch.Tensor:
+            per_func = self._rewards_per_func  # (B, n_funcs)
+            weights = self.reward_weights.to(per_func.device)
+            rewards = (per_func * weights.unsqueeze(0)).nansum(dim=1)  # (B,)
+            rewards[torch.isnan(per_func).all(dim=1)] = math.nan
+            return rewards
+
+        def _compute_loss(self, model, inputs):
+            loss = super()._compute_loss(model, inputs)
+            if self.train_config.loss_normalization != "constant":
+                return loss
+            rows = inputs["completion_ids"].shape[0] * self.accelerator.num_processes
+            steps = self.current_gradient_accumulation_steps if model.training else 1
+            # dr_grpo divided by rows x length x steps; grpo_lab divides by C.
+            scale = rows * steps * self.max_completion_length
+            return loss * (scale / self.train_config.normalization_constant)
+
+        def create_scheduler(self, num_training_steps, optimizer=None):
+            warmup = self.train_config.lr_warmup_steps
+            if warmup == 0 or self.lr_scheduler is not None:
+                return super().create_scheduler(num_training_steps, optimizer)
+            per_step = optimizer_steps_per_grpo_step(self.train_config)
+            self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
+                self.optimizer if optimizer is None else optimizer,
+                lambda step: min(1.0, (step // per_step + 1) / warmup),
+            )
+            self._created_lr_scheduler = True
+            return self.lr_scheduler
+
+    return GrpoLabTrainer
+
+
+def grpo_lab_advantages(
+    rewards: torch.Tensor, group_size: int, config: TrainConfig
+) -> torch.Tensor:
+    """The run's advantages of TRL's (B,) rewards (NaN: unscorable).
+
+    With ``nan_rewards`` propagate a NaN reward is refused (``RuntimeError``),
+    as grpo_lab's step refuses a non-finite loss; TRL would have skipped it.
+    """
+    if config.nan_rewards == "propagate" and torch.isnan(rewards).any():
+        raise RuntimeError(
+            "a reward is NaN (unscorable) and nan_rewards is 'propagate'; set "
+            "nan_rewards 'ignore' to give it advantage 0"
+        )
+    advantages, _ = compute_group_normalized_rewards(
+        rewards.float(),
+        group_size,
+        config.baseline,
+        config.advantage_eps,
+        config.advantage_normalizer,
+        nan_rewards=config.nan_rewards,
+    )
+    return advantages  # (B,)
+
+
+def trainer_class_for(config: TrainConfig, *, num_processes: int = 1) -> type:
+    """``trl.GRPOTrainer`` when it runs ``config`` exactly, else GrpoLabTrainer.
+
+    GrpoLabTrainer takes one more keyword, ``train_config``.
+    """
+    if grpo_lab_trainer_reasons(config, num_processes=num_processes):
+        return make_grpo_lab_trainer_class()
+    return _trainer_base()
+
+
+def translation_table() -> str:
+    """:data:`TRANSLATIONS` as a markdown table (field | TRL | how)."""
+    rows = ["| grpo_lab field | GRPOConfig | how |", "|---|---|---|"]
+    for name, translation in TRANSLATIONS.items():
+        trl_names = ", ".join(f"`{n}`" for n in translation.trl_names) or "—"
+        rows.append(f"| `{name}` | {trl_names} | {translation.note} |")
+    return "\n".join(rows)
+
+
+def save_frozen_config(config: TrainConfig, out_dir: Path) -> list[Path]:
+    """``grpo_config.json`` (the mapped arguments) and ``train_config.json``."""
+    mapped = to_trl_config(config)
+    grpo_path = out_dir / "grpo_config.json"
+    grpo_path.write_text(json.dumps(mapped, indent=2, sort_keys=True) + "\n")
+    train_path = out_dir / "train_config.json"
+    train_path.write_text(config.to_json() + "\n")
+    return [grpo_path, train_path]
+
+
+# --- the launch folder of ``grpo-lab export trl`` ------------------------------------
+
+TRAIN_SCRIPT = '''"""Train train_config.json's run on TRL's GRPOTrainer (TRL {version}).
+
+    accelerate launch --config_file accelerate/single_gpu.yaml train.py
+    python train.py --model PATH --max-steps 1 --use-cpu      # a dry run
+
+grpo_config.json holds the GRPOConfig arguments that ``grpo-lab export trl``
+translated from train_config.json (one process); with more processes the
+per-device batch and the accumulation steps are set so that the global batch
+stays the config's. See README.md.
+"""
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from trl import GRPOConfig, GRPOTrainer
+
+from grpo_lab.integrations.trl import (
+    data_parallel_batch,
+    task_dataset,
+    trainer_class_for,
+    trl_reward_function,
+)
+from grpo_lab.models import load_tokenizer
+from grpo_lab.tasks import get_task
+from grpo_lab.training.config import TrainConfig
+
+HERE = Path(__file__).resolve().parent
+# A CPU dry run: no vLLM engine (nor its stop strings), no autocast, float32.
+CPU_ARGUMENTS = {{
+    "generation_kwargs": None,
+    "use_cpu": True,
+    "use_vllm": False,
+    "bf16": False,
+    "fp16": False,
+    "gradient_checkpointing": False,
+    "model_init_kwargs": {{"dtype": "float32"}},
+}}
+
+
+def parse_arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Train on TRL's GRPOTrainer.")
+    parser.add_argument("--model", help="a model folder or hub name to use instead")
+    parser.add_argument("--max-steps", type=int, help="stop after N optimizer steps")
+    parser.add_argument("--use-cpu", action="store_true", help="run on the CPU")
+    parser.add_argument("--output-dir", default=str(HERE / "output"))
+    return parser.parse_args()
+
+
+def main() -> None:
+    options = parse_arguments()
+    config = TrainConfig.from_dict(json.loads((HERE / "train_config.json").read_text()))
+    arguments = json.loads((HERE / "grpo_config.json").read_text())
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    arguments.update(data_parallel_batch(config, processes))
+    if options.max_steps is not None:
+        arguments["max_steps"] = options.max_steps
+    if options.use_cpu:
+        arguments.update(CPU_ARGUMENTS)
+    grpo_config = GRPOConfig(output_dir=options.output_dir, **arguments)
+
+    task = get_task(config.task, **config.task_options)
+    model = options.model or (
+        str(HERE / "tiny_model") if config.model == "tiny" else config.model
+    )
+    prompts = config.steps * config.prompts_per_step
+    chat = {{"chat_template": config.chat_template}}
+    train_dataset = task_dataset(task, "train", prompts, config.seed, **chat)
+    eval_dataset = None
+    if config.eval_every:
+        eval_dataset = task_dataset(task, "eval", config.eval_size, config.seed, **chat)
+    trainer_class = trainer_class_for(config, num_processes=processes)
+    extra = {{}} if trainer_class is GRPOTrainer else {{"train_config": config}}
+    trainer = trainer_class(
+        model=model,
+        reward_funcs=trl_reward_function(task),
+        args=grpo_config,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        processing_class=load_tokenizer(model),
+        **extra,
+    )
+    trainer.train(resume_from_checkpoint=True if config.resume else None)
+    trainer.save_model(str(Path(options.output_dir) / "final_model"))
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+ACCELERATE_COMMON = {
+    "compute_environment": "LOCAL_MACHINE",
+    "debug": False,
+    "downcast_bf16": "no",
+    "machine_rank": 0,
+    "main_training_function": "main",
+    "num_machines": 1,
+    "rdzv_backend": "static",
+    "same_network": True,
+    "tpu_env": [],
+    "tpu_use_cluster": False,
+    "tpu_use_sudo": False,
+    "use_cpu": False,
+}
+ZERO3 = {
+    "deepspeed_multinode_launcher": "standard",
+    "offload_optimizer_device": "none",
+    "offload_param_device": "none",
+    "zero3_init_flag": True,
+    "zero3_save_16bit_model": True,
+    "zero_stage": 3,
+}
+DEFAULT_GPUS = 8
+
+
+def accelerate_configs(config: TrainConfig) -> dict[str, dict[str, Any]]:
+    """accelerate 1.x ``accelerate config`` files: one GPU, DDP, DeepSpeed ZeRO-3."""
+    precision = {"bfloat16": "bf16", "float16": "fp16"}.get(config.autocast_dtype)
+    common = {**ACCELERATE_COMMON, "mixed_precision": precision or "no"}
+    return {
+        "single_gpu.yaml": {
+            **common,
+            "distributed_type": "NO",
+            "gpu_ids": "0",
+            "num_processes": 1,
+        },
+        "multi_gpu.yaml": {
+            **common,
+            "distributed_type": "MULTI_GPU",
+            "gpu_ids": "all",
+            "num_processes": DEFAULT_GPUS,
+        },
+        "deepspeed_zero3.yaml": {
+            **common,
+            "distributed_type": "DEEPSPEED",
+            "deepspeed_config": ZERO3,
+            "num_processes": DEFAULT_GPUS,
+        },
+    }
+
+
+def _launch_readme(config: TrainConfig) -> str:
+    reasons = grpo_lab_trainer_reasons(config)
+    trainer = (
+        "GrpoLabTrainer (a GRPOTrainer subclass) for: " + ", ".join(reasons)
+        if reasons
+        else "trl.GRPOTrainer itself"
+    )
+    commands = "\n".join(
+        f"accelerate launch --config_file accelerate/{name} train.py"
+        for name in accelerate_configs(config)
+    )
+    return f"""# A grpo_lab run on TRL's GRPOTrainer
+
+Written by `grpo-lab export trl` for TRL {TESTED_TRL_VERSION}.
+`train_config.json` is the run's TrainConfig; `grpo_config.json` holds the
+GRPOConfig arguments translated from it (one process). The trainer is
+{trainer}.
+
+Launch from this folder, on one GPU, on {DEFAULT_GPUS} GPUs with DDP, or on
+{DEFAULT_GPUS} GPUs with DeepSpeed ZeRO-3 (change `num_processes` in the file,
+or add `--num_processes N`; the global batch stays the config's):
+
+```
+{commands}
+```
+
+A dry run on the CPU with a small local model:
+
+```
+python train.py --model PATH --max-steps 1 --use-cpu
+```
+
+Checkpoints and the final model go to `output/` (`--output-dir DIR`).
+"""
+
+
+def write_launch_folder(config: TrainConfig, out_dir: str | Path) -> list[Path]:
+    """Write ``out_dir`` for TRL: train.py, grpo_config.json, train_config.json,
+    accelerate/*.yaml, README.md (and tiny_model/ for the tiny model).
+
+    Raises ``UserError`` for a setting TRL cannot run, before writing anything.
+    """
+    import yaml
+
+    out_dir = Path(out_dir)
+    to_trl_config(config)  # refuse first
+    (out_dir / "accelerate").mkdir(parents=True, exist_ok=True)
+    written = save_frozen_config(config, out_dir)
+    script = out_dir / "train.py"
+    script.write_text(TRAIN_SCRIPT.format(version=TESTED_TRL_VERSION))
+    written.append(script)
+    for name, values in accelerate_configs(config).items():
+        path = out_dir / "accelerate" / name
+        path.write_text(yaml.safe_dump(values, sort_keys=True))
+        written.append(path)
+    readme = out_dir / "README.md"
+    readme.write_text(_launch_readme(config))
+    written.append(readme)
+    if config.model == "tiny":
+        written.append(_save_tiny_model(config, out_dir / "tiny_model"))
+    return written
+
+
+def _save_tiny_model(config: TrainConfig, folder: Path) -> Path:
+    from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2
+
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_qwen2(
+        tokenizer,
+        hidden_size=config.tiny_hidden_size,
+        num_layers=config.tiny_num_layers,
+        intermediate_size=config.tiny_intermediate_size,
+        seed=config.seed,
+    )
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

@@ -1,0 +1,52 @@
+"""Which package function each exercise check compares against.
+
+One row per check: the check's name, then the dotted paths of the functions
+whose answer the exercise asks the student to write. The first path is the one
+messages name. A check refuses a student function that is, wraps or calls any
+of them (:func:`grpo_lab.teaching.checks.framework.refuse_package_function`),
+and the notebook scan in the tests refuses a cell that shows one of them above
+the exercise's check.
+"""
+
+from __future__ import annotations
+
+PACKAGE_COUNTERPARTS: dict[str, tuple[str, ...]] = {
+    "check_greedy_next_token": ("transformers.GenerationMixin.generate",),
+    "check_response_mask": ("grpo_lab.masks.pad_prompt_and_response_ids",),
+    "check_token_log_probs": (
+        "grpo_lab.logprobs.get_response_log_probs",
+        "grpo_lab.teaching.checks.logprobs.reference_token_log_probs",
+    ),
+    "check_token_entropy": ("grpo_lab.logprobs.compute_entropy",),
+    "check_group_normalized_advantages": (
+        "grpo_lab.advantages.compute_group_normalized_rewards",
+    ),
+    "check_clipped_loss": ("grpo_lab.losses.compute_policy_gradient_loss",),
+    "check_sequence_ratio": (
+        "grpo_lab.losses.compute_policy_gradient_loss",
+        "grpo_lab.teaching.checks.gspo.reference_sequence_ratio",
+    ),
+    "check_aggregate_loss": ("grpo_lab.losses.aggregate_loss_across_microbatch",),
+    "check_grpo_loss": (
+        "grpo_lab.train_step.microbatch_loss",
+        "grpo_lab.losses.compute_policy_gradient_loss",
+        "grpo_lab.losses.aggregate_loss_across_microbatch",
+        "grpo_lab.teaching.checks.aggregation.reference_grpo_loss",
+    ),
+    "check_microbatch_loss_scale": ("grpo_lab.losses.microbatch_loss_scale",),
+    "check_active_rows": ("grpo_lab.train_step.policy_gradient_update",),
+    "check_microbatch_train_step": (
+        "grpo_lab.train_step.policy_gradient_update",
+        "grpo_lab.train_step.grpo_train_step",
+        "grpo_lab.train_step.microbatch_loss",
+    ),
+    "check_needs_old_log_probs": ("grpo_lab.training.config.TrainConfig.off_policy",),
+    "check_train_batch_slices": ("grpo_lab.training.loop.train_batch_rows",),
+    "check_cache_key": ("grpo_lab.teaching.explorer.config_cache_key",),
+    "check_clip_higher_loss": ("grpo_lab.losses.compute_policy_gradient_loss",),
+}
+
+
+def counterpart_names(check_name: str) -> tuple[str, ...]:
+    """The short names (last dotted part) of a check's package counterparts."""
+    return tuple(path.rsplit(".", 1)[1] for path in PACKAGE_COUNTERPARTS[check_name])
