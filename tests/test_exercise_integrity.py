@@ -129,6 +129,7 @@ def _check(exercise: Exercise):
         "check_train_batch_slices": "loop",
         "check_cache_key": "loop",
         "check_clip_higher_loss": "family",
+        "check_tis_weights": "mismatch",
     }[exercise.check_name]
     return resolve(f"grpo_lab.teaching.checks.{module}.{exercise.check_name}")
 

@@ -44,6 +44,11 @@ PACKAGE_COUNTERPARTS: dict[str, tuple[str, ...]] = {
     "check_train_batch_slices": ("grpo_lab.training.loop.train_batch_rows",),
     "check_cache_key": ("grpo_lab.teaching.explorer.config_cache_key",),
     "check_clip_higher_loss": ("grpo_lab.losses.compute_policy_gradient_loss",),
+    "check_tis_weights": (
+        "grpo_lab.sampler_correction.sampler_correction_weights",
+        "grpo_lab.sampler_correction.correction_weights",
+        "grpo_lab.teaching.checks.mismatch.reference_tis_weights",
+    ),
 }
 
 
