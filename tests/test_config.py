@@ -104,6 +104,12 @@ def test_profile_choice_reads_the_environment(monkeypatch):
 
 
 BAD_SETTINGS = [
+    (
+        {"sampler_correction_low": 2.0, "sampler_correction_high": 1.0},
+        "sampler_correction_low must be below sampler_correction_high",
+    ),
+    ({"sampler_correction_cap": 0.0}, "sampler_correction_cap must be a number > 0"),
+    ({"sampler_correction": "tis"}, "sampler_correction must be one of"),
     ({"group_size": 3}, "group_size must divide rollout_batch_size"),
     ({"group_size": 1}, "group_size must be at least 2 with baseline 'mean'"),
     ({"group_size": 0}, "group_size must be a positive int, got 0"),
@@ -675,3 +681,21 @@ def test_small_gpu_profile_is_an_instruct_model_without_vllm_or_bfloat16():
     )
     assert config.gradient_checkpointing and config.logits_chunk_size > 0
     assert config.off_policy and config.importance_reweighting_method == "grpo"
+
+
+def test_sampler_correction_needs_a_backend_with_sampler_log_probs(monkeypatch):
+    import grpo_lab.training.config as config_module
+
+    # Every backend today reports sampler log-probs; one that did not is refused.
+    monkeypatch.setattr(config_module, "SAMPLER_LOG_PROB_BACKENDS", ("vllm",))
+    with pytest.raises(ValueError, match=r"^sampler_correction 'token_mask' needs"):
+        TrainConfig.for_profile("cpu", sampler_correction="token_mask")
+    TrainConfig.for_profile("cpu")  # off: any backend
+    config = TrainConfig.for_profile(
+        "cpu", sampler_correction_cap=2.0, sampler_correction_high=2.5
+    )
+    assert config.update_settings().sampler_correction_cap == 2.0
+    assert set(inert_settings(config)) == {
+        "sampler_correction_cap",
+        "sampler_correction_high",
+    }

@@ -588,3 +588,143 @@ def test_update_settings_refuse_bad_bounds():
         UpdateSettings(sampler_correction_cap=0.0)
     with pytest.raises(ValueError, match=r"^sampler_correction must"):
         UpdateSettings(sampler_correction="tis")
+
+
+# --- In the loop ------------------------------------------------------------------
+
+
+class EvenFirstCharacter:
+    """Reward 1 when the response starts with an even digit."""
+
+    name = "even"
+    stop_strings = ()
+    max_new_tokens = 5
+
+    def reward_fn(self, response, ground_truth):
+        value = float(response[:1] in set("02468"))
+        return {"reward": value, "format_reward": value, "answer_reward": value}
+
+
+def loop_rollouts(tmp_path, with_sampler=True, **overrides):
+    """A tiny policy, hf rollouts, and (by hand) sampler log-probs: the policy's
+    own log-probs of the sampled tokens plus noise, one row per response."""
+    from grpo_lab.logprobs import get_response_log_probs
+    from grpo_lab.tasks import get_task
+    from grpo_lab.training import loop
+    from grpo_lab.training.config import TrainConfig
+
+    config = TrainConfig.for_profile(
+        "cpu",
+        **{
+            "run_dir": str(tmp_path / "run"),
+            "tiny_hidden_size": 32,
+            "tiny_num_layers": 1,
+            "tiny_intermediate_size": 64,
+            "task_options": {"n_digits": 3},
+            "max_new_tokens": 5,
+            "rollout_batch_size": 32,
+            "group_size": 4,
+            "train_batch_size": 32,
+            "sft_max_steps": 0,
+            **overrides,
+        },
+    )
+    policy = loop.build_policy(config)
+    task = EvenFirstCharacter()
+    examples = get_task("reverse", n_digits=3).train(8, seed=0)
+    rollouts = policy.backend.generate(
+        [e.prompt for e in examples], 4, loop.sampling_settings(config, task, seed=1)
+    )
+    if with_sampler:
+        batch = loop.rollout_token_batch(rollouts, policy.tokenizer)
+        with torch.no_grad():
+            scored = get_response_log_probs(
+                policy.model, batch["input_ids"], batch["labels"]
+            )["log_probs"]  # (B, T)
+        generator = torch.Generator().manual_seed(0)
+        noisy = scored + 0.3 * torch.randn(scored.shape, generator=generator)
+        mask = batch["response_mask"].bool()
+        rollouts.sampler_log_probs = [row[m].tolist() for row, m in zip(noisy, mask)]
+    else:  # a backend that reports no sampler log-probs (hf reports its own)
+        rollouts.sampler_log_probs = None
+    return config, task, policy, rollouts, examples
+
+
+IS_KEYS = [
+    "rollout/is_ratio_min",
+    "rollout/is_ratio_mean",
+    "rollout/is_ratio_max",
+    "rollout/is_token_corrected_fraction",
+    "rollout/is_sequence_corrected_fraction",
+]
+GAP_METRICS = [
+    "rollout/sampler_log_prob_diff_mean",
+    "rollout/sampler_log_prob_diff_max",
+]
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [{}, {"train_batch_size": 16, "importance_reweighting_method": "grpo"}],
+    ids=["on-policy", "off-policy"],
+)
+def test_grpo_update_logs_the_correction_under_rollout(tmp_path, schedule):
+    from grpo_lab.training import loop
+
+    if schedule:
+        schedule = {**schedule, "cliprange": 0.2}
+    config, task, policy, rollouts, examples = loop_rollouts(
+        tmp_path,
+        sampler_correction="token_mask",
+        sampler_correction_low=0.8,
+        sampler_correction_high=1.25,
+        **schedule,
+    )
+    record = loop.grpo_update(config, task, policy, rollouts, examples)
+    assert record["train/optimizer_steps"] >= 1
+    for key in IS_KEYS + GAP_METRICS:
+        assert key in record, key
+    # noise 0.3 on each log-prob: some tokens fall outside [0.8, 1.25], not all.
+    assert 0 < record["rollout/is_token_corrected_fraction"] < 1
+    assert record["rollout/is_ratio_min"] == 0.0  # a masked token
+    assert record["rollout/is_ratio_max"] <= 1.25
+    assert 0.1 < record["rollout/sampler_log_prob_diff_mean"] < 0.5
+    assert not any("is_" in key or "sampler" in key for key in record if "loss/" in key)
+
+
+def test_grpo_update_without_a_correction_logs_only_the_gap(tmp_path):
+    from grpo_lab.training import loop
+
+    config, task, policy, rollouts, examples = loop_rollouts(tmp_path)
+    record = loop.grpo_update(config, task, policy, rollouts, examples)
+    assert set(GAP_METRICS) <= set(record)
+    assert not set(IS_KEYS) & set(record)
+    # No sampler log-probs: exactly today's keys, none of these.
+    config, task, policy, rollouts, examples = loop_rollouts(
+        tmp_path, with_sampler=False
+    )
+    plain = loop.grpo_update(config, task, policy, rollouts, examples)
+    assert set(plain) == set(record) - set(GAP_METRICS)
+
+
+def test_a_correction_with_a_backend_that_returned_none_is_refused(tmp_path):
+    from grpo_lab.training import loop
+
+    config, task, policy, rollouts, examples = loop_rollouts(
+        tmp_path, with_sampler=False, sampler_correction="token_truncate"
+    )
+    with pytest.raises(ValueError, match="returned no sampler log-probs"):
+        loop.grpo_update(config, task, policy, rollouts, examples)
+
+
+def test_sampler_rows_must_match_the_response_tokens():
+    from grpo_lab.rollouts.base import Rollouts
+    from grpo_lab.training import loop
+
+    rollouts = Rollouts(["1>"], ["2"], [[3, 83]], [[4, 1]], [[-0.5, None]])
+    mask = torch.tensor([[0, 1, 1]])
+    padded = loop.sampler_log_prob_batch(rollouts, mask)
+    assert padded[0, 0] == 0 and padded[0, 1] == -0.5 and padded[0, 2].isnan()
+    rollouts.sampler_log_probs = [[-0.5]]
+    with pytest.raises(ValueError, match="one value per response token"):
+        loop.sampler_log_prob_batch(rollouts, mask)

@@ -51,8 +51,15 @@ from grpo_lab.losses import (
     REWEIGHTING_METHODS,
 )
 from grpo_lab.rollouts import BACKENDS
-from grpo_lab.rollouts.base import check_sampling_settings
+from grpo_lab.rollouts.base import SAMPLER_LOG_PROB_BACKENDS, check_sampling_settings
 from grpo_lab.rollouts.mismatch import PERTURBATIONS, check_mismatch_settings
+from grpo_lab.sampler_correction import (
+    CORRECTION_MODES,
+    DEFAULT_CAP,
+    DEFAULT_HIGH,
+    DEFAULT_LOW,
+    check_sampler_correction,
+)
 from grpo_lab.tasks import check_task_name_and_options, get_task
 from grpo_lab.train_step import (
     UpdateSettings,
@@ -375,6 +382,33 @@ class TrainConfig:
         "stale only: the sampler's weights are refreshed on every k-th sync (1: "
         "every step, no staleness).",
     )
+    sampler_correction: str = setting(
+        "none",
+        "sampler mismatch",
+        "Importance-sampling correction by pi_trainer / pi_sampler per token or "
+        "per response (product of token ratios): token_/sequence_truncate "
+        "(TIS: min(ratio, cap)) or token_/sequence_mask (MIS, IcePop: 0 outside "
+        "[low, high]); TRL's vllm_importance_sampling_mode. none: no correction.",
+        CORRECTION_MODES,
+    )
+    sampler_correction_cap: float = setting(
+        DEFAULT_CAP,
+        "sampler mismatch",
+        "Truncate modes: the weight is min(ratio, cap), cap > 0 "
+        "(TRL's vllm_importance_sampling_clip_max).",
+    )
+    sampler_correction_low: float = setting(
+        DEFAULT_LOW,
+        "sampler mismatch",
+        "Mask modes: ratios below this get weight 0, >= 0 "
+        "(TRL's vllm_importance_sampling_clip_min; 0: no lower bound).",
+    )
+    sampler_correction_high: float = setting(
+        DEFAULT_HIGH,
+        "sampler mismatch",
+        "Mask modes: ratios above this get weight 0, > low "
+        "(TRL's vllm_importance_sampling_clip_max).",
+    )
     # --- evaluation and checkpoints ---------------------------------------------
     eval_every: int = setting(
         10,
@@ -534,6 +568,10 @@ class TrainConfig:
             kl_importance_weighting=self.kl_importance_weighting,
             entropy_coef=self.entropy_coef,
             top_entropy_quantile=self.top_entropy_quantile,
+            sampler_correction=self.sampler_correction,
+            sampler_correction_cap=self.sampler_correction_cap,
+            sampler_correction_low=self.sampler_correction_low,
+            sampler_correction_high=self.sampler_correction_high,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -726,6 +764,7 @@ def validate_config(config: TrainConfig) -> None:
         config.mismatch_sync_every,
         backend=config.backend,
     )
+    _check_sampler_correction(config)
     _check_device(config)
     check_task_name_and_options(config.task, config.task_options)
     check_report_to(config.report_to)
@@ -905,6 +944,24 @@ def _check_dynamic_sampling_and_length(config: TrainConfig) -> None:
     )
 
 
+def _check_sampler_correction(config: TrainConfig) -> None:
+    check_sampler_correction(
+        config.sampler_correction,
+        config.sampler_correction_cap,
+        config.sampler_correction_low,
+        config.sampler_correction_high,
+    )
+    if (
+        config.sampler_correction != "none"
+        and config.backend not in SAMPLER_LOG_PROB_BACKENDS
+    ):
+        raise ValueError(
+            f"sampler_correction {config.sampler_correction!r} needs the sampler's "
+            f"log-probs, but backend {config.backend!r} returns none; use a backend "
+            f"in {SAMPLER_LOG_PROB_BACKENDS} or sampler_correction 'none'"
+        )
+
+
 def _check_device(config: TrainConfig) -> None:
     try:
         device = torch.device(config.device)
@@ -983,6 +1040,7 @@ def inert_settings(config: TrainConfig) -> dict[str, str]:
             f"loss_normalization {config.loss_normalization!r} does not use it"
         )
     notes.update(_inert_family_settings(config))
+    notes.update(_inert_sampler_bounds(config))
     if config.backend == "vllm" and config.rollout_max_batch_size is not None:
         notes["rollout_max_batch_size"] = "only the hf backend batches generation"
     sharing = _inert_prompt_sharing(config)
@@ -1004,6 +1062,22 @@ def _inert_length_settings(config: TrainConfig) -> dict[str, str]:
     if config.overlong_buffer is None and "overlong_penalty" in changed:
         notes["overlong_penalty"] = "overlong_buffer is None: no overlong punishment"
     return notes
+
+
+def _inert_sampler_bounds(config: TrainConfig) -> dict[str, str]:
+    """The sampler-correction bounds the chosen mode does not read."""
+    mode = config.sampler_correction
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    used = {"cap"} if mode.endswith("_truncate") else {"low", "high"}
+    if mode == "none":
+        used = set()
+    return {
+        f"sampler_correction_{bound}": f"sampler_correction {mode!r} does not use it"
+        for bound in ("cap", "low", "high")
+        if bound not in used
+        and getattr(config, f"sampler_correction_{bound}")
+        != defaults[f"sampler_correction_{bound}"]
+    }
 
 
 def _inert_family_settings(config: TrainConfig) -> dict[str, str]:

@@ -56,6 +56,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import math
 import random
 import time
 import warnings
@@ -73,6 +74,11 @@ from grpo_lab.masks import pad_prompt_and_response_ids, tokenize_prompt_and_outp
 from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2, load_pretrained
 from grpo_lab.rollouts import make_backend
 from grpo_lab.rollouts.base import RolloutBackend, Rollouts, SamplingSettings
+from grpo_lab.sampler_correction import (
+    CORRECTION_KEYS,
+    GAP_KEYS,
+    sampler_correction_weights,
+)
 from grpo_lab.tasks import get_task
 from grpo_lab.tasks.base import Example, Task
 from grpo_lab.tasks.chat import ChatPromptTask
@@ -518,6 +524,7 @@ def grpo_update(
         reference_log_probs = score_old_log_probs(
             config, policy.reference_model, batch
         )  # (B·G, T)
+    sampler_log_probs = sampler_log_prob_batch(rollouts, batch["response_mask"])
     lengths = response_token_lengths(rollouts, policy.tokenizer)
     truncated = truncated_responses(config, task, policy, rollouts, lengths)  # (B·G,)
     if config.mask_truncated_completions:  # out of the loss, still in the divisor
@@ -538,11 +545,18 @@ def grpo_update(
                 reference_log_probs=(
                     None if reference_log_probs is None else reference_log_probs[rows]
                 ),
+                sampler_log_probs=(
+                    None if sampler_log_probs is None else sampler_log_probs[rows]
+                ),
                 **settings,
             )
             update_records.append(metadata)
     policy.backend.sync(policy.model)
+    sampler_metrics = rollout_sampler_metrics(
+        config, batch, old_log_probs, sampler_log_probs, update_records
+    )
     return {
+        **sampler_metrics,
         **flatten_metrics("train", advantage_metadata),
         **_response_statistics(rollouts, raw_rewards, config.group_size),
         **flatten_metrics("loss", mean_metrics(update_records)),
@@ -645,6 +659,66 @@ def length_shaping_metrics(
     return {
         "train/overlong_penalty_mean": config.overlong_penalty * terms.mean().item()
     }
+
+
+def sampler_log_prob_batch(
+    rollouts: Rollouts, response_mask: torch.Tensor
+) -> torch.Tensor | None:
+    """``rollouts.sampler_log_probs`` as a (B·G, T) tensor aligned with
+    ``response_mask`` (0 elsewhere), or None when the backend reported none.
+
+    Row k holds one value per response token of response k, in order (a None
+    value, a token the sampler did not score, becomes NaN: weight 1).
+    """
+    rows = rollouts.sampler_log_probs
+    if rows is None:
+        return None
+    mask = response_mask.bool()  # (B·G, T)
+    lengths = mask.sum(dim=1).tolist()
+    if len(rows) != len(lengths) or any(
+        len(row) != length for row, length in zip(rows, lengths)
+    ):
+        raise ValueError(
+            "rollouts.sampler_log_probs must hold one row per response with one "
+            f"value per response token ({lengths}), got rows of "
+            f"{[len(row) for row in rows]}"
+        )
+    values = [math.nan if v is None else v for row in rows for v in row]  # (N,)
+    padded = torch.zeros(mask.shape, dtype=torch.float32)  # (B·G, T)
+    padded[mask] = torch.tensor(values, dtype=torch.float32)
+    return padded
+
+
+def rollout_sampler_metrics(
+    config: TrainConfig,
+    batch: dict[str, torch.Tensor],
+    old_log_probs: torch.Tensor | None,
+    sampler_log_probs: torch.Tensor | None,
+    update_records: list[dict[str, Any]],
+) -> dict[str, float]:
+    """``rollout/`` sampler gap and correction metrics, moved out of the
+    update records (they are about the rollout batch, not the loss).
+
+    Off-policy: from ``old_log_probs`` over the whole batch, once. On-policy
+    (one update): the update's own, from pi_old = the policy before its step,
+    over the responses it scored.
+    """
+    keys = (*GAP_KEYS, *CORRECTION_KEYS)
+    per_update = [{k: r.pop(k) for k in keys if k in r} for r in update_records]
+    if sampler_log_probs is None:
+        return {}
+    if old_log_probs is None:
+        return flatten_metrics("rollout", mean_metrics(per_update))
+    _, metrics = sampler_correction_weights(
+        old_log_probs,
+        sampler_log_probs.to(old_log_probs.device),
+        batch["response_mask"].to(old_log_probs.device),
+        mode=config.sampler_correction,
+        cap=config.sampler_correction_cap,
+        low=config.sampler_correction_low,
+        high=config.sampler_correction_high,
+    )
+    return flatten_metrics("rollout", metrics)
 
 
 def counting_grading_timeouts(
