@@ -131,6 +131,7 @@ def _check(exercise: Exercise):
         "check_cache_key": "loop",
         "check_clip_higher_loss": "family",
         "check_device_token_loss": "scaling",
+        "check_tis_weights": "mismatch",
     }[exercise.check_name]
     return resolve(f"grpo_lab.teaching.checks.{module}.{exercise.check_name}")
 

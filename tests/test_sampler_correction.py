@@ -648,7 +648,7 @@ def loop_rollouts(tmp_path, with_sampler=True, **overrides):
         noisy = scored + 0.3 * torch.randn(scored.shape, generator=generator)
         mask = batch["response_mask"].bool()
         rollouts.sampler_log_probs = [row[m].tolist() for row, m in zip(noisy, mask)]
-    else:
+    else:  # a backend that reports no sampler log-probs (hf reports its own)
         rollouts.sampler_log_probs = None
     return config, task, policy, rollouts, examples
 

@@ -49,6 +49,11 @@ PACKAGE_COUNTERPARTS: dict[str, tuple[str, ...]] = {
         "grpo_lab.losses.microbatch_loss_scale",
         "grpo_lab.teaching.checks.scaling.reference_device_token_loss",
     ),
+    "check_tis_weights": (
+        "grpo_lab.sampler_correction.sampler_correction_weights",
+        "grpo_lab.sampler_correction.correction_weights",
+        "grpo_lab.teaching.checks.mismatch.reference_tis_weights",
+    ),
 }
 
 
