@@ -39,7 +39,12 @@ CORRECTIONS = ("none", "token_truncate", "sequence_mask")
 CORRECTION_FLAGS = {
     "none": [],
     "token_truncate": ["--sampler-correction-cap", "3"],
-    "sequence_mask": ["--sampler-correction-low", "0", "--sampler-correction-high", "3"],
+    "sequence_mask": [
+        "--sampler-correction-low",
+        "0",
+        "--sampler-correction-high",
+        "3",
+    ],
 }
 LAST_STEPS = 10
 GAP_KEYS = ("sampler_log_prob_diff_mean", "sampler_log_prob_diff_max")
@@ -108,7 +113,9 @@ def run_case(seed: int, run_dir: Path, flags: list[str]) -> tuple[list[dict], fl
         "--seed", str(seed), "--run-dir", str(run_dir), "--no-progress", *flags,
     ]  # fmt: skip
     started = time.perf_counter()
-    subprocess.run(command, check=True, cwd=harness.REPO_ROOT, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        command, check=True, cwd=harness.REPO_ROOT, stdout=subprocess.DEVNULL
+    )
     seconds = time.perf_counter() - started
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines], seconds
