@@ -72,8 +72,9 @@ QUICK = {
 COLUMNS = [
     ("seed", "seed"), ("perturbation", "perturbation"),
     ("correction", "correction"), ("sft_steps", "warm-up steps"),
+    ("sft_accuracy_sampled", "warm-up last sampled acc."),
+    ("sampled_start", "sampled acc. step 0"), ("sampled_end", "sampled acc. end"),
     ("greedy_start", "greedy acc. step 0"), ("greedy_end", "greedy acc. end"),
-    ("sampled_end", "sampled acc. end"),
     ("reward_last", f"reward, last {LAST_STEPS} steps"),
     ("sampler_log_prob_diff_mean", "mean abs gap"),
     ("sampler_log_prob_diff_max", "max abs gap"),
@@ -133,11 +134,15 @@ def summarize(records: list[dict]) -> dict:
     sft = [r for r in records if "sft/step" in r]
     row = {
         "sft_steps": len(sft),
-        "sft_eval": [
-            {k: v for k, v in r.items() if k.startswith("sft/eval")}
-            for r in sft
-            if any(k.startswith("sft/eval") for k in r)
-        ][-1:],
+        "sft_accuracy_sampled": next(
+            (
+                r["sft/accuracy_sampled"]
+                for r in reversed(sft)
+                if "sft/accuracy_sampled" in r
+            ),
+            None,
+        ),
+        "sampled_start": evaluations[0]["eval/accuracy_sampled"],
         "greedy_start": evaluations[0]["eval/accuracy_greedy"],
         "greedy_end": evaluations[-1]["eval/accuracy_greedy"],
         "sampled_end": evaluations[-1]["eval/accuracy_sampled"],
