@@ -34,8 +34,7 @@ import render_results  # noqa: E402
 SCRIPTS = {
     "cpu_profile", "logprob_memory", "trl_train_step", "time_to_accuracy",
     "gpu_throughput", "run_cpu", "harness", "threads", "kl_reference",
-    "mismatch_bias",
-    "length_bias",
+    "mismatch_bias", "mismatch_learning", "length_bias",
 }  # fmt: skip
 MACHINE_FIELDS = {
     "nproc", "cpu_model", "torch", "transformers", "torch_threads", "git_commit",
@@ -321,6 +320,7 @@ def test_recorded_and_rerun_command_lines_still_parse():
     import kl_reference  # noqa: F401
     import length_bias  # noqa: F401
     import mismatch_bias  # noqa: F401
+    import mismatch_learning  # noqa: F401
     import run_cpu
     import threads  # noqa: F401
     import time_to_accuracy  # also imports cpu_profile and trl_train_step
@@ -486,3 +486,26 @@ def test_mismatch_bias_quick_measures_every_perturbation(tmp_path):
     assert by_name["top_p"]["ratio_q0.99"] <= 1 + 1e-6
     for row in biases["rows"]:
         assert row["noise_floor"] > 0 and row["bias_none"] > 0
+
+
+def test_mismatch_learning_quick_trains_through_the_perturbed_sampler(tmp_path):
+    import mismatch_learning
+
+    out = tmp_path / "mismatch_learning.json"
+    flags = ["--quick", "--out", str(out)]
+    mismatch_learning.main(flags)
+    result = read(out)
+    assert_records_its_run(result, "mismatch_learning", flags)
+    (row,) = result["tables"][0]["rows"]
+    assert (row["perturbation"], row["correction"]) == ("stale", "token_truncate")
+    assert "--mismatch-sync-every 4" in row["flags"]
+    assert "--sampler-correction-cap 3" in row["flags"]
+    assert row["sft_steps"] == 2 and len(row["reward_curve"]) == 2
+    assert [e["step"] for e in row["evaluations"]] == [0, 1, 2]
+    # The stale copy lags the warm-up's updates: a gap, and ratios around 1.
+    assert row["sampler_log_prob_diff_mean"] > 0
+    assert row["is_ratio_min"] <= row["is_ratio_mean"] <= row["is_ratio_max"]
+    assert row["is_sequence_corrected_fraction"] == 0  # truncation drops nothing
+    assert "stale 2 steps" in result["tables"][0]["notes"]
+    cases = mismatch_learning.cases(harness.arguments_of(mismatch_learning, []))
+    assert cases[0] == ("hf", "none") and len(cases) == 7
