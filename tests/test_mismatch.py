@@ -128,6 +128,15 @@ def test_stale_weights_refresh_on_every_kth_sync_only(model, tokenizer):
     assert not any(p.requires_grad for p in backend.frozen.parameters())
 
 
+def test_refresh_loads_the_weights_at_once_without_counting_a_sync(model, tokenizer):
+    backend = MismatchRolloutBackend(model, tokenizer, "stale", sync_every=3)
+    take_a_step(model)
+    assert mean_gap(model, sample(backend)) > 1e-2
+    backend.refresh(model)
+    assert mean_gap(model, sample(backend)) < 1e-5
+    assert backend.sync_calls == 0
+
+
 def test_other_perturbations_sample_the_live_weights(model, tokenizer):
     backend = MismatchRolloutBackend(model, tokenizer, "none")
     take_a_step(model)

@@ -54,6 +54,17 @@ class RolloutBackend(Protocol):
     def sync(self, policy: torch.nn.Module) -> None: ...
 
 
+def load_current_weights(backend: RolloutBackend, policy: torch.nn.Module) -> None:
+    """Make ``backend`` sample from ``policy``'s weights from now on.
+
+    ``sync`` after an RL step may lag on purpose (the stale simulator refreshes
+    only every k-th sync); outside RL steps (the warm-up's evaluations, after
+    the warm-up, after a resume) a backend with ``refresh`` loads the weights
+    at once, any other is synced.
+    """
+    getattr(backend, "refresh", backend.sync)(policy)
+
+
 def check_generate_arguments(
     prompts: Sequence[str], group_size: int, sampling: SamplingSettings
 ) -> None:

@@ -242,6 +242,11 @@ class MismatchRolloutBackend:
         if self.frozen is not None and self.sync_calls % self.sync_every == 0:
             self.frozen.load_state_dict(policy.state_dict())
 
+    def refresh(self, policy: torch.nn.Module) -> None:
+        """Load the policy's weights now, without counting a sync (stale only)."""
+        if self.frozen is not None:
+            self.frozen.load_state_dict(policy.state_dict())
+
     def sampling_model(self) -> torch.nn.Module:
         """The module tokens are drawn from: the frozen copy for stale."""
         return self.model if self.frozen is None else self.frozen

@@ -73,7 +73,12 @@ from transformers.utils import logging as transformers_logging
 from grpo_lab.masks import pad_prompt_and_response_ids, tokenize_prompt_and_output
 from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2, load_pretrained
 from grpo_lab.rollouts import make_backend
-from grpo_lab.rollouts.base import RolloutBackend, Rollouts, SamplingSettings
+from grpo_lab.rollouts.base import (
+    RolloutBackend,
+    Rollouts,
+    SamplingSettings,
+    load_current_weights,
+)
 from grpo_lab.sampler_correction import (
     CORRECTION_KEYS,
     GAP_KEYS,
@@ -344,7 +349,7 @@ def resume_or_start(
                 payload, path, policy.model, policy.optimizer
             )
             run_dirs.resume_run_dir(run_dir, config, state)
-            policy.backend.sync(policy.model)
+            load_current_weights(policy.backend, policy.model)
             return state.step
         truncate_metrics(run_dir, 0)  # nothing saved or logged yet: start over
     if config.sft_max_steps > 0:
@@ -356,7 +361,7 @@ def resume_or_start(
             warm_up_settings(config, task),
             log=lambda record: append_metrics(run_dir, record),
         )
-        policy.backend.sync(policy.model)
+        load_current_weights(policy.backend, policy.model)
     if config.eval_every:
         append_metrics(
             run_dir, {"step": 0, **evaluate(config, task, policy, eval_examples, 0)}

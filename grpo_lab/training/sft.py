@@ -22,7 +22,11 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_lab.logprobs import get_response_log_probs
 from grpo_lab.masks import masked_mean, pad_prompt_and_response_ids
-from grpo_lab.rollouts.base import RolloutBackend, SamplingSettings
+from grpo_lab.rollouts.base import (
+    RolloutBackend,
+    SamplingSettings,
+    load_current_weights,
+)
 from grpo_lab.tasks.base import Example, Task
 from grpo_lab.training.evaluation import held_out_scores
 
@@ -121,6 +125,7 @@ def warm_up(
         loss = sft_step(model, optimizer, demonstration_batch(examples, tokenizer))
         record: dict[str, Any] = {"sft/step": step, "sft/loss": loss}
         if step % settings.eval_every == 0 or step == settings.max_steps:
+            load_current_weights(backend, model)  # vLLM/stale copies lag behind
             record[accuracy_key] = held_out_scores(
                 backend, task, settings.held_out, _reseeded(settings.sampling, step)
             ).accuracy
