@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt
 import pytest
 import torch
 from matplotlib.figure import Figure
+from matplotlib.text import Annotation
 
 from grpo_lab.teaching.memory import PeakTensorMemory, saved_for_backward_bytes
 from grpo_lab.teaching.plots import (
@@ -24,6 +25,7 @@ from grpo_lab.teaching.plots import (
     new_figure,
     plot_advantages,
     plot_clipped_objective,
+    plot_grpo_loop,
     plot_memory_against_chunk_size,
     plot_pass_at_k,
     plot_token_and_sequence_ratios,
@@ -119,6 +121,16 @@ def test_figure_png_renders_the_drawing():
     empty = matplotlib.image.imread(io.BytesIO(figure_png(new_figure((2.0, 1.0)))))
     assert empty[..., :3].min() == 1.0  # nothing drawn: all white
     plt.close("all")
+
+
+def test_the_loop_diagram_names_its_four_stages_in_order():
+    figure = plot_grpo_loop()
+    texts = figure.axes[0].texts
+    labels = [text.get_text().split("\n")[0] for text in texts if text.get_text()]
+    assert labels == ["sample", "reward", "advantage", "update"]
+    arrows = [text for text in texts if isinstance(text, Annotation)]
+    assert len(arrows) == 4  # update leads back to sample
+    plt.close(figure)
 
 
 def test_advantage_bars_are_the_package_advantages():

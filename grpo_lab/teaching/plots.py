@@ -2,7 +2,7 @@
 
 Every function takes explicit numbers and returns a matplotlib ``Figure`` (or an
 HTML string) without showing it, so a test can call it and a widget can redraw
-it. Notebooks 01-05 and 08 use them.
+it. Notebooks 00-05 and 08 use them.
 
 By default a figure is made through pyplot, so that ``plt.show()`` in a notebook
 cell shows it. ``standalone=True`` makes a ``Figure`` that pyplot never sees:
@@ -257,4 +257,40 @@ def plot_memory_against_chunk_size(
         title="peak memory of the log-prob computation",
     )
     axis.legend(fontsize=8)
+    return figure
+
+
+GRPO_LOOP_STAGES = (
+    ("sample", "G responses per prompt\nfrom the current policy"),
+    ("reward", "score each response\n(e.g. 1 if the answer is right)"),
+    ("advantage", "compare with the group:\n(r_i - mean) / std"),
+    ("update", "one optimizer step on the\nclipped, advantage-weighted loss"),
+)
+
+
+def plot_grpo_loop(*, standalone: bool = False) -> Figure:
+    """The GRPO loop as four boxes on a circle: sample -> reward -> advantage ->
+    update, and back to sample with the updated policy (notebook 00)."""
+    figure = new_figure((6.5, 4.2), standalone=standalone)
+    axis = figure.subplots()
+    centres = [(0.5, 0.82), (0.86, 0.5), (0.5, 0.18), (0.14, 0.5)]
+    for (name, detail), (x, y) in zip(GRPO_LOOP_STAGES, centres):
+        axis.text(
+            x,
+            y,
+            f"{name}\n{detail}",
+            ha="center",
+            va="center",
+            fontsize=8,
+            bbox={"boxstyle": "round,pad=0.5", "facecolor": RESPONSE_COLOUR},
+        )
+    for start, end in zip(centres, centres[1:] + centres[:1]):
+        axis.annotate(
+            "",
+            xy=(0.62 * end[0] + 0.38 * start[0], 0.62 * end[1] + 0.38 * start[1]),
+            xytext=(0.38 * end[0] + 0.62 * start[0], 0.38 * end[1] + 0.62 * start[1]),
+            arrowprops={"arrowstyle": "-|>", "color": "black"},
+        )
+    axis.set(xlim=(0, 1), ylim=(0, 1), title="one GRPO step, repeated")
+    axis.axis("off")
     return figure
