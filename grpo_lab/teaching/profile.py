@@ -35,3 +35,49 @@ def sizes_for_profile(
             f"{profile} sizes may only override cpu sizes, got {sorted(unknown)}"
         )
     return {**cpu, **overrides, "profile": profile}
+
+
+# notebooks/08_training_loop.ipynb: sizes_for_profile(**TRAINING_LOOP_SIZES).
+# The main run keeps two checkpoints, step 0 (after the warm-up) and its last step
+# (checkpoint_every = the cpu profile's 400 steps; 2 for smoke), for the sampled
+# responses and pass@k before and after RL. The reward-hacking demo trains on
+# hackable_addition twice (lenient, then strict reward) with hack_overrides: a
+# short warm-up (5% right) and room for 16 characters, where the lenient run
+# learns to dump digits within 80 steps (strict accuracy 0.00 vs 0.12 strict).
+TRAINING_LOOP_SIZES: dict[str, dict[str, Any]] = {
+    "cpu": {
+        "overrides": {"checkpoint_every": 400},
+        "min_accuracy_gain": 0.4,
+        "contrast_run": True,
+        "sample_prompts": 4,
+        "samples_per_prompt": 3,
+        "pass_at_k_prompts": 64,
+        "pass_at_k_samples": 16,
+        "hack_overrides": {
+            "steps": 80,
+            "sft_target_accuracy": 0.05,
+            "eval_every": 20,
+            "eval_size": 64,
+            "checkpoint_every": 0,
+        },
+        "hack_task_options": {"room": 16},
+        "hack_eval_prompts": 100,
+    },
+    "gpu": {
+        "overrides": {},
+        "min_accuracy_gain": 0.05,
+        "pass_at_k_prompts": 128,
+        "pass_at_k_samples": 8,
+    },
+    "smoke": {
+        "overrides": {"checkpoint_every": 2},
+        "min_accuracy_gain": None,
+        "contrast_run": False,
+        "sample_prompts": 2,
+        "samples_per_prompt": 2,
+        "pass_at_k_prompts": 4,
+        "pass_at_k_samples": 4,
+        "hack_overrides": {"steps": 2, "eval_every": 1, "checkpoint_every": 0},
+        "hack_eval_prompts": 8,
+    },
+}
