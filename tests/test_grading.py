@@ -182,3 +182,41 @@ def test_the_solutions_key_is_current():
     assert solutions_key.KEY_PATH.read_text(encoding="utf-8") == wanted, (
         "run `python -m grpo_lab.teaching.solutions_key` to update docs/solutions.md"
     )
+
+
+@pytest.mark.slow
+def test_a_partly_wrong_submission_gets_the_points_of_its_right_exercises(tmp_path):
+    """Notebook 06 has two exercises: a correct, a partly wrong and an untouched
+    submission get every point, the first exercise's points, and none."""
+    name = "06_loss_aggregation.ipynb"
+    key = nbformat.read(shipped_notebooks_dir() / name, as_version=4)
+    partly = nbformat.from_dict(key)
+    loss_exercise = find_exercises(partly, name)[1]
+    cell = partly.cells[loss_exercise.solution_index]
+    clip = "torch.clamp(ratio, 1 - cliprange, 1 + cliprange)"
+    assert clip in cell.source
+    cell.source = cell.source.replace(clip, "ratio")  # forgets the clip
+    root = tmp_path / "submitted"
+    for student, notebook in (
+        ("ann", key),
+        ("ben", partly),
+        ("cat", student_notebook(key, name)),
+    ):
+        (root / student).mkdir(parents=True)
+        nbformat.write(notebook, root / student / name)
+    out = tmp_path / "grades.csv"
+    assert cli.main(["grade", str(root), "--out", str(out), "--timeout", "30"]) == 0
+    rubric = load_rubric().exercises
+    rows = [
+        (r["student"], r["exercise"], r["outcome"], r["points"])
+        for r in csv.DictReader(out.open())
+    ]
+    first, second = "06-aggregate_loss", "06-grpo_loss"
+    assert rows == [
+        ("ann", first, "pass", f"{rubric[first]:g}"),
+        ("ann", second, "pass", f"{rubric[second]:g}"),
+        ("ben", first, "pass", f"{rubric[first]:g}"),
+        ("ben", second, "fail", "0"),
+        ("cat", first, "not attempted", "0"),
+        ("cat", second, "not attempted", "0"),
+    ]

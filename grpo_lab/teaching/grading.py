@@ -289,7 +289,7 @@ def _run_exercises(
     """``(outcome, message)`` of each exercise, graded in one kernel when possible."""
     results = []
     with tempfile.TemporaryDirectory(prefix="grpo-lab-grade-") as workdir:
-        kernel = _Kernel(course, workdir)
+        kernel = _Kernel(course, workdir, exercises)
         try:
             for exercise in exercises:
                 solution = student_solution(submission, exercise.exercise_id)
@@ -307,8 +307,13 @@ def _run_exercises(
 class _Kernel:
     """A kernel that has run some of the course notebook's context cells."""
 
-    def __init__(self, course: nbformat.NotebookNode, workdir: str) -> None:
+    def __init__(
+        self, course: nbformat.NotebookNode, workdir: str, exercises: list[Exercise]
+    ) -> None:
         self.course = course
+        # An earlier exercise's function, defined by the course's own solution:
+        # a later exercise that calls it is graded on its own code alone.
+        self.solution_of_check = {e.check_index: e.solution_index for e in exercises}
         self.workdir = workdir
         self.client: Any = None
         self.ran: set[int] = set()
@@ -347,7 +352,8 @@ class _Kernel:
                 continue
             source = self.course.cells[index].source
             if index in earlier:
-                source = import_statements(source)
+                solution = self.course.cells[self.solution_of_check[index]].source
+                source = f"{import_statements(source)}\n{solution}"
             cell = nbformat.v4.new_code_cell(source)
             outputs = self._execute(cell, CONTEXT_TIMEOUT)
             self.ran.add(index)
