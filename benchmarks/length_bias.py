@@ -5,9 +5,14 @@ The `scratchpad` task (reversal after an optional restatement of 0 to
 responses differ in length. Each case trains the cpu profile on it in a fresh
 process with the same seed, once with `loss_normalization="sequence"` (each
 response's mean: weight 1 / |o_i| per token) and once with `"constant"` (sum /
-`normalization_constant`, the task's `max_new_tokens`). Reported per run: the
+`normalization_constant` = train_batch_size x the task's `max_new_tokens`, so
+a response of the longest length weighs as under `sequence` and the gradient
+keeps its scale under the norm clip). Reported per run: the
 mean sampled response length (tokens, EOS included) over all steps, over the
-first and the last tenth of the steps, and the last held-out greedy accuracy.
+first and the last tenth of the steps, that mean over the wrong (reward 0) and
+the right responses alone, and the last held-out greedy accuracy. The wrong
+responses are where the two losses differ: under `sequence` a long wrong
+response's tokens are each pushed down by less than a short one's.
 
     .venv/bin/python benchmarks/length_bias.py                # 2 seeds, 150 steps
     .venv/bin/python benchmarks/length_bias.py --quick        # smoke profile, 2 steps
@@ -21,14 +26,37 @@ from pathlib import Path
 
 import harness
 
-FLAGS = {"steps": 150, "seeds": [0, 1], "profile": "cpu", "max_restated": 10}
+FLAGS = {
+    "steps": 150, "seeds": [0, 1], "profile": "cpu", "n_digits": 5,
+    "max_restated": 10, "sft_target_accuracy": 0.25,
+}  # fmt: skip
 QUICK = {"steps": 2, "seeds": [0], "profile": "smoke"}
 NORMALIZATIONS = ("sequence", "constant")
 COLUMNS = [
     ("loss_normalization", "loss_normalization"), ("seed", "seed"),
     ("length_mean", "length, all steps"), ("length_first", "length, first tenth"),
-    ("length_last", "length, last tenth"), ("accuracy", "greedy accuracy (last)"),
+    ("length_last", "length, last tenth"), ("length_wrong", "length, wrong"),
+    ("length_right", "length, right"), ("wrong_fraction", "wrong fraction"),
+    ("accuracy", "greedy accuracy (last)"),
 ]  # fmt: skip
+
+
+def count_by_reward(tally: dict) -> None:
+    """Make the loop's rollout statistics also add up the lengths of the wrong
+    (reward 0) and the right responses into ``tally`` (this process only)."""
+    from grpo_lab.training import loop
+
+    original = loop._response_statistics
+
+    def counting(rollouts, raw_rewards, group_size):
+        lengths = [len(ids) for ids in rollouts.response_token_ids]
+        for length, reward in zip(lengths, raw_rewards.tolist(), strict=True):
+            key = "right" if reward > 0 else "wrong"
+            tally[key + "_tokens"] += length
+            tally[key] += 1
+        return original(rollouts, raw_rewards, group_size)
+
+    loop._response_statistics = counting
 
 
 def worker(spec: dict) -> dict:
@@ -36,8 +64,11 @@ def worker(spec: dict) -> dict:
     from grpo_lab.tasks import get_task
     from grpo_lab.training import TrainConfig, train
 
-    options = {"n_digits": 5, "max_restated": spec["max_restated"]}
-    constant = get_task("scratchpad", **options).max_new_tokens
+    tally = {"right": 0, "wrong": 0, "right_tokens": 0, "wrong_tokens": 0}
+    count_by_reward(tally)
+    options = {"n_digits": spec["n_digits"], "max_restated": spec["max_restated"]}
+    longest = get_task("scratchpad", **options).max_new_tokens
+    batch = TrainConfig.for_profile(spec["profile"]).train_batch_size
     with tempfile.TemporaryDirectory() as scratch:
         config = TrainConfig.for_profile(
             spec["profile"],
@@ -46,8 +77,9 @@ def worker(spec: dict) -> dict:
             task="scratchpad",
             task_options=options,
             loss_normalization=spec["loss_normalization"],
+            sft_target_accuracy=spec["sft_target_accuracy"],
             normalization_constant=(
-                constant if spec["loss_normalization"] == "constant" else None
+                batch * longest if spec["loss_normalization"] == "constant" else None
             ),
             checkpoint_every=0,
             run_dir=str(Path(scratch) / "run"),
@@ -62,6 +94,9 @@ def worker(spec: dict) -> dict:
         "length_mean": sum(lengths) / len(lengths),
         "length_first": sum(lengths[:tenth]) / tenth,
         "length_last": sum(lengths[-tenth:]) / tenth,
+        "length_wrong": tally["wrong_tokens"] / max(1, tally["wrong"]),
+        "length_right": tally["right_tokens"] / max(1, tally["right"]),
+        "wrong_fraction": tally["wrong"] / max(1, tally["wrong"] + tally["right"]),
         "accuracy": evaluations[-1]["eval/accuracy_greedy"] if evaluations else None,
         "lengths": lengths,
     }
@@ -75,7 +110,9 @@ def measure(arguments, save: harness.Save) -> dict:
                 "seed": seed,
                 "steps": arguments.steps,
                 "profile": arguments.profile,
+                "n_digits": arguments.n_digits,
                 "max_restated": arguments.max_restated,
+                "sft_target_accuracy": arguments.sft_target_accuracy,
                 "loss_normalization": normalization,
             }
             rows.append(harness.run_worker(__file__, spec))
@@ -89,12 +126,16 @@ def report(rows: list[dict], arguments) -> dict:
         "title": "Length bias: sequence vs constant loss normalization (scratchpad)",
         "description": (
             f"`TrainConfig.for_profile({arguments.profile!r}, task='scratchpad', "
-            f"task_options={{'n_digits': 5, 'max_restated': {arguments.max_restated}}}, "
+            f"task_options={{'n_digits': {arguments.n_digits}, "
+            f"'max_restated': {arguments.max_restated}}}, "
+            f"sft_target_accuracy={arguments.sft_target_accuracy}, "
             f"steps={arguments.steps}, checkpoint_every=0)` in a fresh process per "
             "row, with loss_normalization sequence and constant (normalization_"
-            "constant = the task's max_new_tokens), same seeds. Lengths are the mean "
-            "sampled response length in tokens (EOS included) of the training "
-            "rollouts."
+            "constant = train_batch_size x the task's max_new_tokens), same seeds. "
+            "Lengths are the mean sampled response length in tokens (EOS included) "
+            "of the training "
+            "rollouts; the wrong and right columns average over every training "
+            "response with reward 0 and 1; wrong fraction is the share of reward 0."
         ),
         "tables": [harness.table(COLUMNS, shown)],
         "notes": "",
