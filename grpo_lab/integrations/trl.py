@@ -1295,16 +1295,9 @@ def write_launch_folder(config: TrainConfig, out_dir: str | Path) -> list[Path]:
 
 
 def _save_tiny_model(config: TrainConfig, folder: Path) -> Path:
-    from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2
+    from grpo_lab.training.loop import tiny_model
 
-    tokenizer = build_char_tokenizer()
-    model = build_tiny_qwen2(
-        tokenizer,
-        hidden_size=config.tiny_hidden_size,
-        num_layers=config.tiny_num_layers,
-        intermediate_size=config.tiny_intermediate_size,
-        seed=config.seed,
-    )
+    model, tokenizer = tiny_model(config)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder

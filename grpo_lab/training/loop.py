@@ -264,17 +264,25 @@ def build_task(config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> Task:
     return ChatPromptTask(task, tokenizer) if config.chat_template else task
 
 
+def tiny_model(
+    config: TrainConfig,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The "tiny" model of ``config``'s sizes and seed, and its character tokenizer."""
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_qwen2(
+        tokenizer,
+        hidden_size=config.tiny_hidden_size,
+        num_layers=config.tiny_num_layers,
+        intermediate_size=config.tiny_intermediate_size,
+        seed=config.seed,
+    )
+    return model, tokenizer
+
+
 def build_policy(config: TrainConfig) -> Policy:
     """Model, tokenizer, AdamW and rollout backend, as ``config`` describes."""
     if config.model == "tiny":
-        tokenizer = build_char_tokenizer()
-        model = build_tiny_qwen2(
-            tokenizer,
-            hidden_size=config.tiny_hidden_size,
-            num_layers=config.tiny_num_layers,
-            intermediate_size=config.tiny_intermediate_size,
-            seed=config.seed,
-        )
+        model, tokenizer = tiny_model(config)
     else:
         transformers_logging.disable_progress_bar()
         model, tokenizer = load_pretrained(config.model, dtype=config.dtype)
