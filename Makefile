@@ -75,9 +75,15 @@ $(VERL_STAMP): requirements/verl.txt pyproject.toml
 test-verl: $(VERL_STAMP)
 	GRPO_LAB_VERL_TESTS=1 $(VERL_PY) -m pytest -p no:cacheprovider --durations=5 tests/verl
 
-test: $(STAMP) $(VERL_STAMP)
+# verl's environment (mostly downloads) builds while the main tests run; its log is
+# printed if it fails.
+test: $(STAMP)
 	$(VENV)/bin/ruff check grpo_lab tests benchmarks
-	$(PY) -m pytest -n $(JOBS) --dist worksteal --durations=15 tests
+	@echo "==> building $(VERL_VENV) in the background (log: $(VERL_VENV).log)"
+	@$(MAKE) --no-print-directory $(VERL_STAMP) > $(VERL_VENV).log 2>&1 & verl=$$!; \
+	$(PY) -m pytest -n $(JOBS) --dist worksteal --durations=15 tests; status=$$?; \
+	wait $$verl || { cat $(VERL_VENV).log; echo "==> $(VERL_VENV) failed to build"; exit 1; }; \
+	exit $$status
 	GRPO_LAB_VERL_TESTS=1 $(VERL_PY) -m pytest -p no:cacheprovider --durations=5 tests/verl
 	$(PY) -m pytest -n $(JOBS) --dist loadfile --durations=0 --nbval-lax notebooks
 
