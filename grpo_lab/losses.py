@@ -182,6 +182,17 @@ def _token_mean(values: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
     return values.detach().masked_fill(~token_mask, 0.0).sum() / count.clamp_min(1)
 
 
+def _token_ratio_diagnostics(
+    ratio: torch.Tensor, per_token_loss: torch.Tensor, token_mask: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """Mean token ratio (and its token count) and mean loss of a token objective."""
+    return {
+        "importance_ratio_mean": _token_mean(ratio, token_mask),
+        "importance_ratio_count": token_mask.sum().detach(),
+        "off_policy_loss_mean": _token_mean(per_token_loss, token_mask),
+    }
+
+
 def _log_ratio(
     policy_log_probs: torch.Tensor, old_log_probs: torch.Tensor
 ) -> torch.Tensor:
@@ -211,11 +222,7 @@ def _noclip_loss(
 ) -> LossAndDiagnostics:
     weights = torch.exp(_log_ratio(policy_log_probs, old_log_probs))  # (B, T)
     per_token_loss = -advantages * weights  # (B, T)
-    return per_token_loss, {
-        "importance_ratio_mean": _token_mean(weights, token_mask),
-        "importance_ratio_count": token_mask.sum().detach(),
-        "off_policy_loss_mean": _token_mean(per_token_loss, token_mask),
-    }
+    return per_token_loss, _token_ratio_diagnostics(weights, per_token_loss, token_mask)
 
 
 def _clipped_sides(
@@ -290,9 +297,7 @@ def _grpo_clip_loss(
         **_clip_diagnostics(
             low_side, high_side, token_mask, token_count, options.splits_clip_sides
         ),
-        "importance_ratio_mean": _token_mean(ratio, token_mask),
-        "importance_ratio_count": token_count,
-        "off_policy_loss_mean": _token_mean(per_token_loss, token_mask),
+        **_token_ratio_diagnostics(ratio, per_token_loss, token_mask),
     }
 
 
@@ -366,9 +371,7 @@ def _cispo_loss(
     token_count = token_mask.sum().detach()
     return per_token_loss, {
         **_clip_diagnostics(ratio < low, ratio > high, token_mask, token_count, True),
-        "importance_ratio_mean": _token_mean(ratio, token_mask),
-        "importance_ratio_count": token_count,
-        "off_policy_loss_mean": _token_mean(per_token_loss, token_mask),
+        **_token_ratio_diagnostics(ratio, per_token_loss, token_mask),
     }
 
 
@@ -385,11 +388,7 @@ def _sapo_loss(
     temperature = torch.where(advantages > 0, positive, negative)  # (B, 1)
     gate = torch.sigmoid(temperature * (ratio - 1)) * 4 / temperature  # (B, T)
     per_token_loss = -gate * advantages  # (B, T)
-    return per_token_loss, {
-        "importance_ratio_mean": _token_mean(ratio, token_mask),
-        "importance_ratio_count": token_mask.sum().detach(),
-        "off_policy_loss_mean": _token_mean(per_token_loss, token_mask),
-    }
+    return per_token_loss, _token_ratio_diagnostics(ratio, per_token_loss, token_mask)
 
 
 def _gmpo_loss(
