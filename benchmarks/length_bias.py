@@ -120,6 +120,45 @@ def measure(arguments, save: harness.Save) -> dict:
     return report(rows, arguments)
 
 
+PAIRED = [
+    ("length_mean", "length, all steps"), ("length_last", "length, last tenth"),
+    ("length_wrong", "length, wrong"), ("length_right", "length, right"),
+]  # fmt: skip
+
+
+def paired_differences(rows: list[dict]) -> list[dict]:
+    """Per metric: sequence - constant for each seed that has both runs, their
+    mean, its standard error across seeds, and how many differences are > 0."""
+    by_seed = {}
+    for row in rows:
+        by_seed.setdefault(row["seed"], {})[row["loss_normalization"]] = row
+    pairs = [runs for runs in by_seed.values() if len(runs) == len(NORMALIZATIONS)]
+    summary = []
+    for key, header in PAIRED:
+        differences = [runs["sequence"][key] - runs["constant"][key] for runs in pairs]
+        n = len(differences)
+        mean = sum(differences) / n if n else None
+        spread = (
+            (sum((d - mean) ** 2 for d in differences) / (n - 1)) ** 0.5
+            if n > 1
+            else None
+        )
+        summary.append({
+            "metric": header, "seeds": n, "mean": mean,
+            "standard_error": spread / n**0.5 if spread is not None else None,
+            "positive": sum(d > 0 for d in differences),
+            "differences": [round(d, 3) for d in differences],
+        })  # fmt: skip
+    return summary
+
+
+PAIRED_COLUMNS = [
+    ("metric", "metric"), ("seeds", "seeds"), ("mean", "mean sequence - constant"),
+    ("standard_error", "standard error"), ("positive", "seeds with sequence longer"),
+    ("differences", "per seed"),
+]  # fmt: skip
+
+
 def report(rows: list[dict], arguments) -> dict:
     shown = [{k: v for k, v in row.items() if k != "lengths"} for row in rows]
     return {
@@ -137,7 +176,14 @@ def report(rows: list[dict], arguments) -> dict:
             "rollouts; the wrong and right columns average over every training "
             "response with reward 0 and 1; wrong fraction is the share of reward 0."
         ),
-        "tables": [harness.table(COLUMNS, shown)],
+        "tables": [
+            harness.table(COLUMNS, shown),
+            harness.table(
+                PAIRED_COLUMNS,
+                paired_differences(rows),
+                title="Paired differences, sequence - constant (tokens)",
+            ),
+        ],
         "notes": "",
         "lengths": {
             f"{r['loss_normalization']}/{r['seed']}": r["lengths"] for r in rows

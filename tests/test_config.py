@@ -174,6 +174,7 @@ BAD_SETTINGS = [
     ({"eval_every": -1}, "eval_every must be an int >= 0"),
     ({"eval_size": 0}, "eval_size must be positive when eval_every > 0"),
     ({"checkpoint_every": -5}, "checkpoint_every must be an int >= 0"),
+    ({"keep_checkpoints": 0}, "keep_checkpoints must be a positive int, got 0"),
     ({"logits_chunk_size": -3}, "logits_chunk_size must be a nonnegative int .*got -3"),
     ({"num_threads": 0}, "num_threads must be None or a positive int, got 0"),
     ({"seed": -1}, "seed must be an int >= 0"),

@@ -374,3 +374,16 @@ def test_the_small_gpu_profile_runs_two_steps_with_a_tiny_stand_in(tmp_path):
     # Two train batches per rollout batch: off-policy, old log-probs scored.
     assert all(r["train/optimizer_steps"] <= 2 for r in steps)
     assert all("eval/accuracy_greedy" in r for r in steps)
+
+
+def test_keep_checkpoints_keeps_that_many_of_the_newest(tmp_path):
+    from grpo_lab.training import checkpoint
+
+    config = tiny_config(tmp_path, steps=4, eval_every=0, keep_checkpoints=3)
+    loop.train(config, progress=False)
+    kept = checkpoint.list_checkpoints(config.run_dir)
+    assert [checkpoint.checkpoint_step(path) for path in kept] == [2, 3, 4]
+    folders = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert [name for name in folders if not name.endswith(".pt")] == [
+        "step_000002", "step_000003", "step_000004",
+    ]  # fmt: skip

@@ -575,6 +575,11 @@ TRANSLATIONS: dict[str, Translation] = {
     "checkpoint_every": T(
         ("save_strategy", "save_steps"), _checkpoint_every, "0 -> final model only"
     ),
+    "keep_checkpoints": T(
+        ("save_total_limit",),
+        lambda c, n: {"save_total_limit": c.keep_checkpoints},
+        "exact",
+    ),
     "report_to": T(("report_to", "logging_steps"), _report_to, "every step"),
     "sft_max_steps": T((), _sft, "0 only: GRPOTrainer has no warm-up"),
     "device": T(("use_cpu",), _device, "accelerate picks each process's GPU"),

@@ -668,6 +668,7 @@ def _run_overrides(config: Any, data_dir: Path, max_prompt: int) -> dict[str, An
         "trainer.test_freq": config.eval_every if config.eval_every else -1,
         "trainer.val_before_train": bool(config.eval_every),
         "trainer.save_freq": config.checkpoint_every or config.steps,
+        "trainer.max_actor_ckpt_to_keep": config.keep_checkpoints,
         "trainer.resume_mode": "auto" if config.resume else "disable",
         "trainer.logger": loggers,
     }
@@ -731,6 +732,7 @@ EXPORTED_SETTINGS = {
     "eval_every": "trainer.test_freq (0: -1), trainer.val_before_train",
     "eval_size": "data/val.jsonl's prompts",
     "checkpoint_every": "trainer.save_freq (0: steps, the end only)",
+    "keep_checkpoints": "trainer.max_actor_ckpt_to_keep",
     "report_to": "trainer.logger",
     "sft_max_steps": "refused unless 0",
     "device": "refused unless CUDA; trainer.n_gpus_per_node",

@@ -38,15 +38,16 @@ def sizes_for_profile(
 
 
 # notebooks/08_training_loop.ipynb: sizes_for_profile(**TRAINING_LOOP_SIZES).
-# The main run keeps two checkpoints, step 0 (after the warm-up) and its last step
-# (checkpoint_every = the cpu profile's 400 steps; 2 for smoke), for the sampled
-# responses and pass@k before and after RL. The reward-hacking demo trains on
+# The main run keeps three checkpoints, step 0 (after the warm-up), its middle and
+# its last step (checkpoint_every = half the run, keep_checkpoints = 3; the gpu
+# profile has no warm-up, so two), for the sampled responses and pass@k at the
+# start, middle and end of RL. The reward-hacking demo trains on
 # hackable_addition twice (lenient, then strict reward) with hack_overrides: a
 # short warm-up (5% right) and room for 16 characters, where the lenient run
 # learns to dump digits within 80 steps (strict accuracy 0.00 vs 0.12 strict).
 TRAINING_LOOP_SIZES: dict[str, dict[str, Any]] = {
     "cpu": {
-        "overrides": {"checkpoint_every": 400},
+        "overrides": {"checkpoint_every": 200, "keep_checkpoints": 3},
         "min_accuracy_gain": 0.4,
         "contrast_run": True,
         "sample_prompts": 4,
@@ -64,13 +65,13 @@ TRAINING_LOOP_SIZES: dict[str, dict[str, Any]] = {
         "hack_eval_prompts": 100,
     },
     "gpu": {
-        "overrides": {},
+        "overrides": {"checkpoint_every": 100},
         "min_accuracy_gain": 0.05,
         "pass_at_k_prompts": 128,
         "pass_at_k_samples": 8,
     },
     "smoke": {
-        "overrides": {"checkpoint_every": 2},
+        "overrides": {"checkpoint_every": 1, "keep_checkpoints": 3},
         "min_accuracy_gain": None,
         "contrast_run": False,
         "sample_prompts": 2,
@@ -79,5 +80,49 @@ TRAINING_LOOP_SIZES: dict[str, dict[str, Any]] = {
         "pass_at_k_samples": 4,
         "hack_overrides": {"steps": 2, "eval_every": 1, "checkpoint_every": 0},
         "hack_eval_prompts": 8,
+    },
+}
+
+
+# notebooks/09_hyperparameter_explorer.ipynb: sizes_for_profile(**EXPLORER_SIZES).
+# Runs start from TrainConfig.for_profile(sizes["run_profile"]) plus
+# base_overrides: on a CPU 60 steps of 16 prompts x 8 responses (a few seconds
+# each), from one supervised warm-up shared by every run so that runs start with
+# a signal; the gpu profile runs the cpu profile's sizes (400 steps of 32 x 8) on
+# the GPU; smoke runs 2 steps. The length-normalization runs train the scratchpad
+# task, whose responses are 7 to 27 tokens long, for 20 steps: enough to see both
+# run (the measured comparison is benchmarks/length_bias.py).
+EXPLORER_SIZES: dict[str, dict[str, Any]] = {
+    "cpu": {
+        "run_profile": "cpu",
+        "base_overrides": {
+            "steps": 60,
+            "rollout_batch_size": 128,
+            "train_batch_size": 128,
+            "sft_max_steps": 0,
+            "eval_size": 100,
+            "checkpoint_every": 0,
+        },
+        "warm_up_overrides": {"sft_eval_every": 20, "sft_eval_size": 32},
+        "lr_values": [1e-4, 3e-4, 1e-3],
+        "off_policy_epochs": 2,
+        "length_task_options": {"n_digits": 5, "max_restated": 20},
+        "length_overrides": {"steps": 20, "eval_size": 50},
+    },
+    "gpu": {
+        "base_overrides": {"checkpoint_every": 0, "sft_max_steps": 0},
+        "warm_up_overrides": {},
+        "off_policy_epochs": 4,
+    },
+    "smoke": {
+        "run_profile": "smoke",
+        "base_overrides": {
+            "lr": 1e-4,
+            "rollout_batch_size": 8,
+            "train_batch_size": 8,
+            "sft_max_steps": 0,
+        },
+        "warm_up_overrides": {},
+        "lr_values": [1e-4],
     },
 }

@@ -423,6 +423,12 @@ class TrainConfig:
         "evaluation and checkpoints",
         "Save a checkpoint every this many steps (0: only at the end).",
     )
+    keep_checkpoints: int = setting(
+        2,
+        "evaluation and checkpoints",
+        "Checkpoints kept on disk, the newest ones; older ones are deleted once a "
+        "new one loads back.",
+    )
     report_to: str | list[str] = setting(  # noqa: RUF009 (a str default)
         "none",
         "evaluation and checkpoints",
@@ -804,6 +810,7 @@ _POSITIVE_COUNTS = (
     "sft_batch_size",
     "sft_eval_every",
     "sft_eval_size",
+    "keep_checkpoints",
 )
 _NONNEGATIVE_COUNTS = (
     "seed",

@@ -866,6 +866,7 @@ def save_checkpoint(
         policy.optimizer,
         config.to_dict(),
         metrics_offset=count_metric_lines(run_dir),
+        keep_last=config.keep_checkpoints,
         tokenizer=policy.tokenizer,  # and a save_pretrained folder beside it
     )
 

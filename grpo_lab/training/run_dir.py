@@ -60,7 +60,9 @@ DEFAULT_PARENT = Path("runs")
 # Fields a resume may change: they set how long to train, how often to
 # evaluate and checkpoint, and which trackers see the metrics, never what a
 # step computes.
-RESUMABLE_FIELDS = ("steps", "eval_every", "checkpoint_every", "report_to")
+RESUMABLE_FIELDS = (
+    "steps", "eval_every", "checkpoint_every", "keep_checkpoints", "report_to",
+)  # fmt: skip
 # Fields that name the run folder and the resume itself, not the run.
 _UNCOMPARED_FIELDS = ("run_dir", "resume")
 
