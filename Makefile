@@ -78,7 +78,7 @@ test-verl: $(VERL_STAMP)
 # verl's environment (mostly downloads) builds while the main tests run; its log is
 # printed if it fails.
 test: $(STAMP)
-	$(VENV)/bin/ruff check grpo_lab tests benchmarks
+	$(VENV)/bin/ruff check grpo_lab tests benchmarks notebooks
 	@echo "==> building $(VERL_VENV) in the background (log: $(VERL_VENV).log)"
 	@$(MAKE) --no-print-directory $(VERL_STAMP) > $(VERL_VENV).log 2>&1 & verl=$$!; \
 	$(PY) -m pytest -n $(JOBS) --dist worksteal --durations=15 tests; status=$$?; \
@@ -94,12 +94,13 @@ notebooks: $(STAMP)
 	$(PY) -m pytest -n $(JOBS) --dist loadfile --durations=0 --nbval-lax notebooks
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check grpo_lab tests benchmarks
+	$(VENV)/bin/ruff check grpo_lab tests benchmarks notebooks
 	$(VENV)/bin/ruff format --check grpo_lab tests benchmarks
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format grpo_lab tests benchmarks
-	$(VENV)/bin/ruff check --fix grpo_lab tests benchmarks
+	$(VENV)/bin/ruff check --fix grpo_lab tests benchmarks notebooks
+	$(PY) -m grpo_lab.teaching.nbgrader_metadata  # ruff re-sorts notebook metadata keys
 
 bench: $(STAMP)
 	$(PIP_INSTALL) -e ".[$(EXTRAS),bench]"
