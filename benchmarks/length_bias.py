@@ -12,7 +12,16 @@ mean sampled response length (tokens, EOS included) over all steps, over the
 first and the last tenth of the steps, that mean over the wrong (reward 0) and
 the right responses alone, and the last held-out greedy accuracy. The wrong
 responses are where the two losses differ: under `sequence` a long wrong
-response's tokens are each pushed down by less than a short one's.
+response's tokens are each pushed down by less than a short one's. A paired
+table gives, per metric, sequence - constant for each seed, its mean and
+standard error across seeds.
+
+``--grade-scratchpad`` grades the restatement too, so each restated digit is
+one more chance to be wrong and length and correctness are tied, as they are
+for long reasoning. Without it the reward ignores the restatement, and with
+group-centred advantages (they sum to 0 in each group) neither loss has a
+first-order pull on the length unless right and wrong responses already
+differ in length.
 
     .venv/bin/python benchmarks/length_bias.py                # 2 seeds, 150 steps
     .venv/bin/python benchmarks/length_bias.py --quick        # smoke profile, 2 steps
@@ -28,7 +37,8 @@ import harness
 
 FLAGS = {
     "steps": 150, "seeds": [0, 1], "profile": "cpu", "n_digits": 5,
-    "max_restated": 10, "sft_target_accuracy": 0.25,
+    "max_restated": 10, "sft_target_accuracy": 0.25, "grade_scratchpad": False,
+    "max_new_tokens": 0,
 }  # fmt: skip
 QUICK = {"steps": 2, "seeds": [0], "profile": "smoke"}
 NORMALIZATIONS = ("sequence", "constant")
@@ -66,8 +76,12 @@ def worker(spec: dict) -> dict:
 
     tally = {"right": 0, "wrong": 0, "right_tokens": 0, "wrong_tokens": 0}
     count_by_reward(tally)
-    options = {"n_digits": spec["n_digits"], "max_restated": spec["max_restated"]}
-    longest = get_task("scratchpad", **options).max_new_tokens
+    options = {
+        "n_digits": spec["n_digits"],
+        "max_restated": spec["max_restated"],
+        "grade_scratchpad": spec["grade_scratchpad"],
+    }
+    longest = spec["max_new_tokens"] or get_task("scratchpad", **options).max_new_tokens
     batch = TrainConfig.for_profile(spec["profile"]).train_batch_size
     with tempfile.TemporaryDirectory() as scratch:
         config = TrainConfig.for_profile(
@@ -78,6 +92,7 @@ def worker(spec: dict) -> dict:
             task_options=options,
             loss_normalization=spec["loss_normalization"],
             sft_target_accuracy=spec["sft_target_accuracy"],
+            max_new_tokens=longest,
             normalization_constant=(
                 batch * longest if spec["loss_normalization"] == "constant" else None
             ),
@@ -113,6 +128,8 @@ def measure(arguments, save: harness.Save) -> dict:
                 "n_digits": arguments.n_digits,
                 "max_restated": arguments.max_restated,
                 "sft_target_accuracy": arguments.sft_target_accuracy,
+                "grade_scratchpad": arguments.grade_scratchpad,
+                "max_new_tokens": arguments.max_new_tokens,
                 "loss_normalization": normalization,
             }
             rows.append(harness.run_worker(__file__, spec))
@@ -166,7 +183,8 @@ def report(rows: list[dict], arguments) -> dict:
         "description": (
             f"`TrainConfig.for_profile({arguments.profile!r}, task='scratchpad', "
             f"task_options={{'n_digits': {arguments.n_digits}, "
-            f"'max_restated': {arguments.max_restated}}}, "
+            f"'max_restated': {arguments.max_restated}, "
+            f"'grade_scratchpad': {arguments.grade_scratchpad}}}, "
             f"sft_target_accuracy={arguments.sft_target_accuracy}, "
             f"steps={arguments.steps}, checkpoint_every=0)` in a fresh process per "
             "row, with loss_normalization sequence and constant (normalization_"

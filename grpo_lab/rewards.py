@@ -91,6 +91,25 @@ def scratchpad_reward(response: str, ground_truth: str) -> dict[str, float]:
     return _scores(1.0, float(match.group(2) == ground_truth.strip()))
 
 
+def graded_scratchpad_reward(response: str, ground_truth: str) -> dict[str, float]:
+    """:func:`scratchpad_reward`, where the scratchpad must be right too.
+
+    The input is ``ground_truth`` reversed; a correct scratchpad of ``k`` digits is
+    the input repeated and cut to ``k`` ("12345" -> "", "1", ..., "1234512").
+    format_reward is scratchpad_reward's; answer_reward = 1 if format_reward, the
+    answer == ground_truth.strip() and the scratchpad is correct; reward =
+    answer_reward. Every restated digit is one more chance to be wrong, so longer
+    responses are more often wrong, as long reasoning is.
+    """
+    scores = scratchpad_reward(response, ground_truth)
+    if not scores["answer_reward"]:
+        return scores
+    scratch = response.strip().split(SCRATCHPAD_SEPARATOR, 1)[0]
+    digits = ground_truth.strip()[::-1]
+    restated = (digits * (len(scratch) // len(digits) + 1))[: len(scratch)]
+    return _scores(1.0, float(scratch == restated))
+
+
 # ----------------------------------------------------------------------------------
 # A deliberately lenient reward, to watch a policy exploit it
 

@@ -327,10 +327,15 @@ def test_recorded_and_rerun_command_lines_still_parse():
 
     modules = {name: sys.modules[name] for name in SCRIPTS - {"run_cpu", "harness"}}
     for path in (BENCHMARK_DIR / "results").glob("*.json"):
-        argv = read(path)["argv"]
-        parsed = vars(harness.arguments_of(modules[Path(argv[1]).stem], argv[2:]))
+        argv, recorded = read(path)["argv"], read(path)["settings"]
+        module = modules[Path(argv[1]).stem]
+        parsed = vars(harness.arguments_of(module, argv[2:]))
         settings = {k: v for k, v in parsed.items() if k not in {"out", "worker"}}
-        assert settings == read(path)["settings"], path.name
+        # A flag added after the run was recorded must default to what it ran.
+        defaults = vars(harness.arguments_of(module, []))
+        added = {k: v for k, v in settings.items() if k not in recorded}
+        assert added == {k: defaults[k] for k in added}, path.name
+        assert {k: settings[k] for k in recorded} == recorded, path.name
     for script, extra in run_cpu.BENCHMARKS.values():
         harness.arguments_of(modules[Path(script).stem], extra)
     assert time_to_accuracy.QUICK["config_overrides"]["eval_size"] == 4

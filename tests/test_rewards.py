@@ -28,6 +28,7 @@ from grpo_lab.rewards import (
     exact_match_reward,
     extract_r1_zero_answer,
     grade_math_answer,
+    graded_scratchpad_reward,
     last_boxed_content,
     normalize_math_answer,
     parse_countdown_equation,
@@ -647,7 +648,26 @@ def test_contains_answer_reward_is_lenient(response, expected) -> None:
         assert exact_match_reward(response, "42")["reward"] == 0.0
 
 
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        (":321", (1.0, 1.0)),
+        ("1:321", (1.0, 1.0)),
+        ("1231231:321", (1.0, 1.0)),  # the input, repeated and cut
+        ("1321:321", (1.0, 0.0)),  # a wrong restatement, a right answer
+        ("2:321", (1.0, 0.0)),
+        ("123:322", (1.0, 0.0)),
+        ("321", (0.0, 0.0)),
+    ],
+)
+def test_graded_scratchpad_reward_grades_the_restatement_too(response, expected):
+    scores = graded_scratchpad_reward(response, "321")
+    assert (scores["format_reward"], scores["answer_reward"]) == expected
+    assert scores["reward"] == scores["answer_reward"]
+    assert scratchpad_reward(response, "321")["format_reward"] == expected[0]
+
+
 def test_new_rewards_score_bad_inputs_zero() -> None:
-    for reward in (scratchpad_reward, contains_answer_reward):
+    for reward in (scratchpad_reward, graded_scratchpad_reward, contains_answer_reward):
         assert reward(None, "1")["reward"] == 0.0  # type: ignore[arg-type]
         assert reward("1" * 20_000, "1")["reward"] == 0.0

@@ -128,9 +128,7 @@ def test_every_warm_up_check_samples_the_current_weights(tokenizer):
     task = get_task("reverse", n_digits=3)
     model = build_tiny_qwen2(tokenizer, hidden_size=32, num_layers=1, seed=0)
     backend = MismatchRolloutBackend(model, tokenizer, "stale", sync_every=1000)
-    warm_up(
-        model, tokenizer, backend, task, settings(task, 2, 1.1), log=lambda r: None
-    )
+    warm_up(model, tokenizer, backend, task, settings(task, 2, 1.1), log=lambda r: None)
     for copy, live in zip(backend.frozen.parameters(), model.parameters()):
         assert torch.equal(copy, live)  # step 2's check loaded step 2's weights
     assert backend.sync_calls == 0  # refreshes are not RL steps' syncs

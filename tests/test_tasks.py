@@ -414,6 +414,17 @@ def test_scratchpad_splits_are_disjoint_and_seeded() -> None:
         get_task("scratchpad", max_restated=-1)
 
 
+def test_grade_scratchpad_makes_a_wrong_restatement_wrong() -> None:
+    lenient = get_task("scratchpad", n_digits=3)
+    graded = get_task("scratchpad", n_digits=3, grade_scratchpad=True)
+    for example in graded.train(50, seed=3):  # every demonstration stays right
+        assert graded.reward_fn(example.demonstration, example.ground_truth)["reward"]
+    assert lenient.reward_fn("9:321", "321")["reward"] == 1.0
+    assert graded.reward_fn("9:321", "321")["reward"] == 0.0
+    with pytest.raises(ValueError, match="grade_scratchpad must be True or False"):
+        get_task("scratchpad", grade_scratchpad="yes")
+
+
 # ---------------------------------------------------------------- hackable addition
 
 

@@ -6,7 +6,8 @@ may restate the input, digit by digit and starting over at its end, for 0 to
 ``max_restated`` digits (``""``, ``"1"``, ..., ``"1234512345"``), then writes
 ``":"`` and the reversed digits. Only the text after the ``":"`` is graded
 (``grpo_lab.rewards.scratchpad_reward``), so every restated length is equally
-right, and a correct response is ``n_digits + 1`` to
+right (with ``grade_scratchpad`` the restatement must be right too, so a longer
+response has more room to be wrong), and a correct response is ``n_digits + 1`` to
 ``n_digits + 1 + max_restated`` characters long. The supervised warm-up's
 demonstrations draw the restated length uniformly, so the model starts with
 every length in reach; what GRPO then does to the length is up to the loss
@@ -22,7 +23,11 @@ import random
 from dataclasses import dataclass
 from typing import ClassVar
 
-from grpo_lab.rewards import SCRATCHPAD_SEPARATOR, scratchpad_reward
+from grpo_lab.rewards import (
+    SCRATCHPAD_SEPARATOR,
+    graded_scratchpad_reward,
+    scratchpad_reward,
+)
 from grpo_lab.tasks.base import Example
 from grpo_lab.tasks.splits import (
     check_eval_fraction,
@@ -46,6 +51,9 @@ class ScratchpadReverseTask:
     max_restated: int = 10
     # Share of the problem space held out for evaluation.
     eval_fraction: float = 0.1
+    # Grade the restatement too (rewards.graded_scratchpad_reward): then a longer
+    # response has more room to be wrong.
+    grade_scratchpad: bool = False
 
     name: ClassVar[str] = "scratchpad"
     stop_strings: ClassVar[tuple[str, ...]] = ()
@@ -54,6 +62,10 @@ class ScratchpadReverseTask:
         check_int_option("n_digits", self.n_digits, 3, 6)
         check_int_option("max_restated", self.max_restated, 0, 30)
         check_eval_fraction(self.eval_fraction)
+        if not isinstance(self.grade_scratchpad, bool):
+            raise ValueError(
+                f"grade_scratchpad must be True or False, got {self.grade_scratchpad!r}"
+            )
 
     @property
     def max_new_tokens(self) -> int:
@@ -93,7 +105,10 @@ class ScratchpadReverseTask:
         return sample_distinct_examples(_eval_pool(self), n, seed, "eval")
 
     def reward_fn(self, response: str, ground_truth: str) -> dict[str, float]:
-        """See ``grpo_lab.rewards.scratchpad_reward``."""
+        """``rewards.graded_scratchpad_reward`` with grade_scratchpad, else
+        ``rewards.scratchpad_reward``."""
+        if self.grade_scratchpad:
+            return graded_scratchpad_reward(response, ground_truth)
         return scratchpad_reward(response, ground_truth)
 
 
