@@ -179,16 +179,23 @@ PAIRED_COLUMNS = [
 def report(rows: list[dict], arguments) -> dict:
     shown = [{k: v for k, v in row.items() if k != "lengths"} for row in rows]
     return {
-        "title": "Length bias: sequence vs constant loss normalization (scratchpad)",
+        "title": "Length bias: sequence vs constant loss normalization (scratchpad"
+        + (
+            f", max_new_tokens {arguments.max_new_tokens})"
+            if arguments.max_new_tokens
+            else ")"
+        ),
         "description": (
             f"`TrainConfig.for_profile({arguments.profile!r}, task='scratchpad', "
             f"task_options={{'n_digits': {arguments.n_digits}, "
             f"'max_restated': {arguments.max_restated}, "
             f"'grade_scratchpad': {arguments.grade_scratchpad}}}, "
             f"sft_target_accuracy={arguments.sft_target_accuracy}, "
+            f"max_new_tokens={arguments.max_new_tokens or None}, "
             f"steps={arguments.steps}, checkpoint_every=0)` in a fresh process per "
             "row, with loss_normalization sequence and constant (normalization_"
-            "constant = train_batch_size x the task's max_new_tokens), same seeds. "
+            "constant = train_batch_size x max_new_tokens, the task's when None), "
+            "same seeds. "
             "Lengths are the mean sampled response length in tokens (EOS included) "
             "of the training "
             "rollouts; the wrong and right columns average over every training "
