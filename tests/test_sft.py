@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from grpo_lab.tasks import get_task
 from grpo_lab.tasks.base import Example
 from grpo_lab.training.sft import (
     WarmUpSettings,
+    WarmUpWarning,
     demonstration_batch,
     sft_step,
     warm_up,
@@ -100,11 +102,24 @@ def test_warm_up_runs_to_the_step_cap_below_the_target(tokenizer):
     task = get_task("reverse", n_digits=3)
     model = build_tiny_qwen2(tokenizer, hidden_size=32, num_layers=1, seed=0)
     backend = AnswerBackend(task, 1)
-    records = warm_up(
-        model, tokenizer, backend, task, settings(task, 5, 0.5), log=lambda r: None
-    )
+    with pytest.warns(WarmUpWarning, match=r"sft_max_steps \(5\) .* 0\.250, below"):
+        records = warm_up(
+            model, tokenizer, backend, task, settings(task, 5, 0.5), log=lambda r: None
+        )
     assert [r["sft/step"] for r in records] == [1, 2, 3, 4, 5]
     assert backend.calls == 3  # checks at steps 2, 4 and the last step 5
+
+
+def test_a_warm_up_that_reaches_its_target_at_the_cap_does_not_warn(tokenizer):
+    task = get_task("reverse", n_digits=3)
+    model = build_tiny_qwen2(tokenizer, hidden_size=32, num_layers=1, seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", WarmUpWarning)
+        records = warm_up(
+            model, tokenizer, AnswerBackend(task, 2), task, settings(task, 2, 0.5),
+            log=lambda r: None,
+        )  # fmt: skip
+    assert records[-1]["sft/accuracy_sampled"] == 0.5
 
 
 def test_a_greedy_check_is_logged_as_greedy_accuracy(tokenizer):
@@ -128,7 +143,10 @@ def test_every_warm_up_check_samples_the_current_weights(tokenizer):
     task = get_task("reverse", n_digits=3)
     model = build_tiny_qwen2(tokenizer, hidden_size=32, num_layers=1, seed=0)
     backend = MismatchRolloutBackend(model, tokenizer, "stale", sync_every=1000)
-    warm_up(model, tokenizer, backend, task, settings(task, 2, 1.1), log=lambda r: None)
+    with pytest.warns(WarmUpWarning):  # a target of 1.1 runs to the cap
+        warm_up(
+            model, tokenizer, backend, task, settings(task, 2, 1.1), log=lambda r: None
+        )
     for copy, live in zip(backend.frozen.parameters(), model.parameters()):
         assert torch.equal(copy, live)  # step 2's check loaded step 2's weights
     assert backend.sync_calls == 0  # refreshes are not RL steps' syncs

@@ -13,6 +13,7 @@ Taught in ``notebooks/`` on the training loop.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,10 @@ from grpo_lab.rollouts.base import (
 )
 from grpo_lab.tasks.base import Example, Task
 from grpo_lab.training.evaluation import held_out_scores
+
+
+class WarmUpWarning(UserWarning):
+    """The warm-up reached its step cap below its target accuracy."""
 
 
 @dataclass(frozen=True)
@@ -114,7 +119,9 @@ def warm_up(
     Uses its own AdamW (the GRPO optimizer starts fresh afterwards). Each step's
     record (``sft/step``, ``sft/loss``, and on check steps
     ``sft/accuracy_sampled``, or ``sft/accuracy_greedy`` when the check samples
-    at temperature 0) goes to ``log`` and is returned.
+    at temperature 0) goes to ``log`` and is returned. Ending at the step cap
+    below the target warns (:class:`WarmUpWarning`): GRPO then starts with few
+    right answers, so most groups carry no signal.
     """
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr)
     greedy = settings.sampling.temperature == 0
@@ -133,7 +140,25 @@ def warm_up(
         records.append(record)
         if record.get(accuracy_key, -1.0) >= settings.target_accuracy:
             break
+    else:
+        _warn_below_target(records, accuracy_key, settings)
     return records
+
+
+def _warn_below_target(
+    records: list[dict[str, Any]], accuracy_key: str, settings: WarmUpSettings
+) -> None:
+    if not records or records[-1][accuracy_key] >= settings.target_accuracy:
+        return
+    warnings.warn(
+        f"the warm-up ran all sft_max_steps ({settings.max_steps}) steps and ended "
+        f"at held-out accuracy {records[-1][accuracy_key]:.3f}, below "
+        f"sft_target_accuracy ({settings.target_accuracy}); GRPO starts with few "
+        "right answers, so most groups carry no signal: raise sft_max_steps or "
+        "sft_lr",
+        WarmUpWarning,
+        stacklevel=3,
+    )
 
 
 def _reseeded(sampling: SamplingSettings, step: int) -> SamplingSettings:
