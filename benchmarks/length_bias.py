@@ -29,6 +29,7 @@ differ in length.
 
 from __future__ import annotations
 
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -154,15 +155,10 @@ def paired_differences(rows: list[dict]) -> list[dict]:
     for key, header in PAIRED:
         differences = [runs["sequence"][key] - runs["constant"][key] for runs in pairs]
         n = len(differences)
-        mean = sum(differences) / n if n else None
-        spread = (
-            (sum((d - mean) ** 2 for d in differences) / (n - 1)) ** 0.5
-            if n > 1
-            else None
-        )
         summary.append({
-            "metric": header, "seeds": n, "mean": mean,
-            "standard_error": spread / n**0.5 if spread is not None else None,
+            "metric": header, "seeds": n,
+            "mean": statistics.fmean(differences) if n else None,
+            "standard_error": statistics.stdev(differences) / n**0.5 if n > 1 else None,
             "positive": sum(d > 0 for d in differences),
             "differences": [round(d, 3) for d in differences],
         })  # fmt: skip

@@ -98,8 +98,8 @@ def graded_scratchpad_reward(response: str, ground_truth: str) -> dict[str, floa
     the input repeated and cut to ``k`` ("12345" -> "", "1", ..., "1234512").
     format_reward is scratchpad_reward's; answer_reward = 1 if format_reward, the
     answer == ground_truth.strip() and the scratchpad is correct; reward =
-    answer_reward. Every restated digit is one more chance to be wrong, so longer
-    responses are more often wrong, as long reasoning is.
+    answer_reward. Every restated digit is one more chance to be wrong (on the
+    tiny cpu model restating still helps the reversal more than it adds errors).
     """
     scores = scratchpad_reward(response, ground_truth)
     if not scores["answer_reward"]:

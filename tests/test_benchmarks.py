@@ -514,3 +514,27 @@ def test_mismatch_learning_quick_trains_through_the_perturbed_sampler(tmp_path):
     assert "stale 2 steps" in result["tables"][0]["notes"]
     cases = mismatch_learning.cases(harness.arguments_of(mismatch_learning, []))
     assert cases[0] == ("hf", "none") and len(cases) == 7
+
+
+def test_length_bias_pairs_the_two_normalizations_of_each_seed():
+    import length_bias
+
+    def row(normalization, seed, length):
+        metrics = dict.fromkeys(("length_mean", "length_last", "length_wrong"), length)
+        return {"loss_normalization": normalization, "seed": seed, **metrics,
+                "length_right": 10.0}  # fmt: skip
+
+    rows = [
+        row("sequence", 0, 12.0), row("constant", 0, 11.0),
+        row("sequence", 1, 10.0), row("constant", 1, 12.0),
+        row("sequence", 2, 14.0), row("constant", 2, 11.0),
+        row("sequence", 3, 99.0),  # no constant run: left out
+    ]  # fmt: skip
+    summary = {entry["metric"]: entry for entry in length_bias.paired_differences(rows)}
+    overall = summary["length, all steps"]
+    assert overall["differences"] == [1.0, -2.0, 3.0]
+    assert (overall["seeds"], overall["positive"]) == (3, 2)
+    assert overall["mean"] == pytest.approx(2 / 3)
+    # standard error = sample standard deviation / sqrt(n)
+    assert overall["standard_error"] == pytest.approx((19 / 3) ** 0.5 / 3**0.5)
+    assert summary["length, right"]["differences"] == [0.0, 0.0, 0.0]

@@ -79,6 +79,11 @@ def checkpoint_dir(run_dir: str | os.PathLike) -> Path:
     return Path(run_dir) / CHECKPOINT_DIR
 
 
+def checkpoint_path(run_dir: str | os.PathLike, step: int) -> Path:
+    """The checkpoint file of ``step``: ``run_dir/checkpoints/step_000042.pt``."""
+    return checkpoint_dir(run_dir) / f"step_{step:06d}.pt"
+
+
 def capture_rng_states() -> dict[str, Any]:
     """Every RNG state a run draws from, in plain types and tensors."""
     numpy_state = np.random.get_state()
@@ -143,7 +148,7 @@ def save_checkpoint(
         "rng": capture_rng_states(),
         "config": config,
     }
-    path = folder / f"step_{step:06d}.pt"
+    path = checkpoint_path(run_dir, step)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         if tokenizer is not None:

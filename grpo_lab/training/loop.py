@@ -898,7 +898,7 @@ def _evaluation_due(config: TrainConfig, step: int) -> bool:
 
 def _has_checkpoint(run_dir: Path, step: int) -> bool:
     return any(
-        path.name == f"step_{step:06d}.pt"
+        checkpoints.checkpoint_step(path) == step
         for path in checkpoints.list_checkpoints(run_dir)
     )
 

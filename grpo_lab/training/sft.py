@@ -141,18 +141,15 @@ def warm_up(
         if record.get(accuracy_key, -1.0) >= settings.target_accuracy:
             break
     else:
-        _warn_below_target(records, accuracy_key, settings)
+        if records:  # the last step always checks
+            _warn_below_target(records[-1][accuracy_key], settings)
     return records
 
 
-def _warn_below_target(
-    records: list[dict[str, Any]], accuracy_key: str, settings: WarmUpSettings
-) -> None:
-    if not records or records[-1][accuracy_key] >= settings.target_accuracy:
-        return
+def _warn_below_target(accuracy: float, settings: WarmUpSettings) -> None:
     warnings.warn(
         f"the warm-up ran all sft_max_steps ({settings.max_steps}) steps and ended "
-        f"at held-out accuracy {records[-1][accuracy_key]:.3f}, below "
+        f"at held-out accuracy {accuracy:.3f}, below "
         f"sft_target_accuracy ({settings.target_accuracy}); GRPO starts with few "
         "right answers, so most groups carry no signal: raise sft_max_steps or "
         "sft_lr",
