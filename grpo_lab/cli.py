@@ -151,9 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
         "doctor",
         parents=[common],
         help="name a run's problems (truncation, no signal, entropy, lr, ...)",
-        description="Read RUN_DIR/metrics.jsonl (grpo-lab train) or a TRL "
-        "trainer_state.json (its folder, a checkpoint-* folder or the file) and "
-        "print each problem found: its rule, evidence, likely cause and a fix.",
+        description="Read RUN_DIR/metrics.jsonl (grpo-lab train), a TRL "
+        "trainer_state.json (its folder, a checkpoint-* folder or the file) or "
+        "a verl metric log (console output or the file logger's JSONL) and "
+        "print each problem found: its rule, evidence, likely cause and a fix. "
+        "Exits 1 when a finding is an error, 2 when RUN_DIR cannot be read.",
     )
     doctor_parser.add_argument("run_dir", metavar="RUN_DIR")
     doctor_parser.add_argument(
@@ -564,20 +566,21 @@ def run_notebooks(arguments: argparse.Namespace) -> int:
 
 
 def run_doctor(arguments: argparse.Namespace) -> int:
-    """``grpo-lab doctor RUN_DIR``: print the run's problems (``--json``: as JSON)."""
+    """``grpo-lab doctor RUN_DIR``: print the run's problems (``--json``: as JSON);
+    exit 1 when a finding is an error."""
     from grpo_lab.training.doctor import diagnose, format_report
 
     try:
         diagnosis = diagnose(arguments.run_dir)
     except ValueError as error:
         raise UserError(
-            _one_line(error), "give the folder grpo-lab train or TRL wrote"
+            _one_line(error), "give the folder or log grpo-lab train, TRL or verl wrote"
         ) from error
     if arguments.json:
-        print(json.dumps(diagnosis.to_dict(), indent=2))
+        print(json.dumps(diagnosis.to_dict(), indent=2, allow_nan=False))
     else:
         print(format_report(diagnosis))
-    return 0
+    return 1 if diagnosis.has_errors else 0
 
 
 def run_export(arguments: argparse.Namespace) -> int:

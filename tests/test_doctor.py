@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -12,12 +14,23 @@ from grpo_lab import cli
 from grpo_lab.tasks import get_task
 from grpo_lab.training import doctor, loop
 from grpo_lab.training.config import TrainConfig
-from grpo_lab.training.doctor import diagnose, format_report, load_run, trl_record
+from grpo_lab.training.doctor import (
+    config_lint,
+    diagnose,
+    format_report,
+    load_run,
+    trl_record,
+)
 from grpo_lab.training.metrics import append_metrics
 
 
 def rules_found(diagnosis) -> dict[str, str]:
     return {f.rule: f.severity for f in diagnosis.findings}
+
+
+def only(diagnosis, rule: str):
+    (finding,) = [f for f in diagnosis.findings if f.rule == rule]
+    return finding
 
 
 # --- real tiny runs made to fail -------------------------------------------------------
@@ -49,6 +62,17 @@ def test_a_task_the_model_cannot_solve_is_diagnosed_as_no_signal(tmp_path):
     diagnosis = diagnose(run_dir)
     assert rules_found(diagnosis)["no-signal"] == "error"
     assert diagnosis.steps == 3
+
+
+def test_a_loss_and_gradient_at_0_are_an_error(tmp_path):
+    # The smoke run with a KL penalty: no response is right, so every advantage
+    # is 0 and the policy stays the reference (KL 0); the loop still steps and
+    # logs loss 0 with gradient norm 0 (trl#3857's log). Without a KL penalty
+    # the loop skips such a step and logs no loss at all.
+    run_dir = smoke_run(tmp_path, "dead", kl_coef=0.1)
+    finding = only(diagnose(run_dir), "loss-near-zero")
+    assert finding.severity == "error" and "nothing trained" in finding.summary
+    assert finding.evidence == [(1, 0.0), (2, 0.0)]
 
 
 class FormatOnly:
@@ -335,14 +359,14 @@ def test_the_cli_prints_a_healthy_run_as_text_and_json(healthy_run, capsys):
 def test_the_cli_prints_findings_as_text_and_json(tmp_path, capsys):
     records = [{"rollout/clipped_fraction": 1.0, "train/reward_mean": 0.0}] * 3
     run_dir = crafted_run(tmp_path, records)
-    assert cli.main(["doctor", str(run_dir)]) == 0
+    assert cli.main(["doctor", str(run_dir)]) == 1  # an [error] finding
     text = capsys.readouterr().out
     assert "[error] responses-truncated:" in text
     assert (
         "evidence (rollout/clipped_fraction): step 1: 1, step 2: 1, step 3: 1" in text
     )
     assert "likely cause: " in text and "try: " in text and "not checked:" in text
-    assert cli.main(["doctor", str(run_dir / "metrics.jsonl"), "--json"]) == 0
+    assert cli.main(["doctor", str(run_dir / "metrics.jsonl"), "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
     (finding,) = [f for f in report["findings"] if f["rule"] == "responses-truncated"]
     assert finding["evidence"] == [[1, 1.0], [2, 1.0], [3, 1.0]]
@@ -381,3 +405,413 @@ def test_a_bad_run_dir_is_one_line_and_exit_2(name, tmp_path, capsys):
     assert len(lines) == 1 and lines[0].startswith("grpo-lab doctor: "), captured.err
     assert expected in lines[0] and lines[0].endswith(")")
     assert captured.out == ""
+
+
+# --- damaged files: read line by line, each bad line named, never a traceback ----------
+
+
+def good_line(step: int, **values) -> str:
+    record = {"step": step, "train/reward_mean": 0.3, "loss/loss": 0.01, **values}
+    return json.dumps(record)
+
+
+def write_run(root: Path, lines: list, config=None) -> Path:
+    """A run folder whose metrics.jsonl holds ``lines`` (str, or bytes as is)."""
+    root.mkdir(parents=True, exist_ok=True)
+    data = b"".join(
+        line if isinstance(line, bytes) else (line + "\n").encode() for line in lines
+    )
+    (root / "metrics.jsonl").write_bytes(data)
+    if config is not None:
+        text = config if isinstance(config, str) else json.dumps(config)
+        (root / "config.json").write_text(text)
+    return root
+
+
+GOOD = [good_line(1), good_line(2)]
+
+# name -> (files to write, the line numbers named unreadable; None: refused in
+# one line, with this text in the message)
+DAMAGED = {
+    "bare number line": (lambda r: write_run(r, ["5", *GOOD]), [1]),
+    "step as a string": (lambda r: write_run(r, [good_line("3"), *GOOD]), [1]),
+    "step null": (lambda r: write_run(r, [good_line(None), *GOOD]), [1]),
+    "step true": (lambda r: write_run(r, [*GOOD, good_line(True)]), [3]),
+    "step 2.5 and -1": (
+        lambda r: write_run(r, [good_line(2.5), good_line(-1), *GOOD]),
+        [1, 2],
+    ),
+    "config.json a list": (lambda r: write_run(r, GOOD, config=[1, 2]), ["config"]),
+    "config.json cut short": (
+        lambda r: write_run(r, GOOD, config='{"lr": 0.0'),
+        ["config"],
+    ),
+    "config.json wrong types": (
+        lambda r: write_run(
+            r, GOOD, config={"lr": "abc", "max_grad_norm": [1], "model": 3}
+        ),
+        [],
+    ),
+    "rewards of 1e308": (
+        lambda r: write_run(
+            r, [good_line(s, **{"train/reward_mean": 1e308}) for s in range(1, 9)]
+        ),
+        [],
+    ),
+    "truncated JSON mid-file": (
+        lambda r: write_run(r, [GOOD[0], '{"step": 2, "train/rew', good_line(3)]),
+        [2],
+    ),
+    "last line cut short": (
+        lambda r: write_run(r, [*GOOD, b'{"step": 3, "loss/lo']),
+        [3],
+    ),
+    "binary garbage": (
+        lambda r: write_run(r, [GOOD[0], bytes(range(11, 256)) + b"\n", GOOD[1]]),
+        [2],
+    ),
+    "bytes that are not UTF-8": (
+        lambda r: write_run(
+            r, [b'{"step": 1, "train/reward_mean": \xff\xfe}\n', GOOD[1]]
+        ),
+        [1],
+    ),
+    "empty metrics.jsonl": (lambda r: write_run(r, []), "has none"),
+    "only garbage": (lambda r: write_run(r, [b"\x00\x01\x02\n"]), "has none"),
+    "missing metrics.jsonl": (
+        lambda r: (r.mkdir(), (r / "config.json").write_text("{}")),
+        "holds neither",
+    ),
+    "metrics.jsonl is a folder": (
+        lambda r: (r.mkdir(), (r / "metrics.jsonl").mkdir()),
+        "could not be read",
+    ),
+    "NaN and Infinity tokens": (
+        lambda r: write_run(
+            r, ['{"step": 1, "train/reward_mean": NaN, "loss/loss": Infinity}']
+        ),
+        [],
+    ),
+    "a nested dict where a float belongs": (
+        lambda r: write_run(r, [good_line(1, **{"loss/loss": {"a": 1}}), GOOD[1]]),
+        [1],
+    ),
+    "a list where a float belongs": (
+        lambda r: write_run(r, [good_line(1, **{"train/reward_mean": [0.1]})]),
+        "has none",
+    ),
+    "a 2 MB line": (
+        lambda r: write_run(r, [GOOD[0], '{"x": "' + "a" * 2_000_000 + '"}']),
+        [2],
+    ),
+    "JSON lists and strings": (
+        lambda r: write_run(r, ["[1, 2]", '"text"', "null", *GOOD]),
+        [1, 2, 3],
+    ),
+    "nesting deeper than Python recurses": (
+        lambda r: write_run(r, ["[" * 100_000 + "]" * 100_000, *GOOD]),
+        [1],
+    ),
+    "an integer of 5000 digits": (
+        lambda r: write_run(r, ['{"step": ' + "9" * 5000 + "}", *GOOD]),
+        [1],
+    ),
+    "an integer past the float range": (
+        lambda r: write_run(
+            r, [good_line(s, **{"loss/gradient_norm": 10**400}) for s in (1, 2, 3)]
+        ),
+        [],
+    ),
+    "a step logged twice": (lambda r: write_run(r, [*GOOD, good_line(2)]), [2]),
+    "trainer_state.json a list": (
+        lambda r: (r.mkdir(), (r / "trainer_state.json").write_text("[1]")),
+        "log_history list",
+    ),
+    "trainer_state.json damaged entries": (
+        lambda r: (
+            r.mkdir(),
+            (r / "trainer_state.json").write_text(
+                json.dumps(
+                    trl_state(
+                        [
+                            trl_entry(1),
+                            "x",
+                            {**trl_entry(2), "step": "2"},
+                            trl_entry(3, reward={"mean": 1}),
+                            trl_entry(4, grad_norm=1e308),
+                        ]
+                    )
+                )
+            ),
+        ),
+        ["log_history[1]", "log_history[2]", "log_history[3]"],
+    ),
+    "a verl console log with broken pairs": (
+        lambda r: (
+            r.mkdir(),
+            (r / "train.log").write_text(
+                "starting\nstep:1 - critic/score/mean:0.5 - actor/pg_loss:oops\n"
+                "step:2 - critic/score/mean:0.5\nstep:x - critic/score/mean:0.1\n"
+            ),
+        ),
+        [2, 4],
+    ),
+}
+
+
+def damaged_path(root: Path) -> Path:
+    logs = list(root.glob("*.log")) if root.is_dir() else []
+    return logs[0] if logs else root
+
+
+@pytest.mark.parametrize("name", DAMAGED)
+def test_a_damaged_file_is_read_without_a_traceback(name, tmp_path, capsys):
+    write, expected = DAMAGED[name]
+    root = tmp_path / "run"
+    write(root)
+    path = damaged_path(root)
+    code = cli.main(["doctor", str(path), "--json"])
+    captured = capsys.readouterr()
+    if isinstance(expected, str):  # nothing to diagnose: one line, exit 2
+        assert code == 2 and captured.out == ""
+        (line,) = captured.err.splitlines()
+        assert expected in line, line
+        return
+    assert code in (0, 1), captured.err
+    report = json.loads(captured.out)  # strict JSON: no NaN or Infinity tokens
+    named = " | ".join(report["unreadable"])
+    assert len(report["unreadable"]) == len(expected), named
+    for where in expected:
+        marker = f"line {where}:" if isinstance(where, int) else where
+        assert marker in named, named
+    failed = [why for why in report["skipped"].values() if "failed" in why]
+    assert failed == []
+
+
+def test_there_are_25_kinds_of_damaged_files():
+    assert len(DAMAGED) >= 25
+
+
+def test_unreadable_lines_are_named_in_the_text_report(tmp_path, capsys):
+    write_run(tmp_path / "run", ["5", good_line("3"), *GOOD])
+    cli.main(["doctor", str(tmp_path / "run")])
+    text = capsys.readouterr().out
+    assert "unreadable (2, left out):" in text
+    assert "metrics.jsonl line 1: a JSON number, not an object" in text
+    assert "metrics.jsonl line 2: step must be a whole number >= 0, got '3'" in text
+
+
+def test_huge_rewards_give_finite_json_and_a_non_finite_finding(tmp_path, capsys):
+    lines = [good_line(s, **{"train/reward_mean": 1e308}) for s in range(1, 9)]
+    lines.append(good_line(9, **{"train/reward_mean": None}))
+    write_run(tmp_path / "run", lines)
+    assert cli.main(["doctor", str(tmp_path / "run"), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert "non-finite" in {f["rule"] for f in report["findings"]}
+
+
+# --- the new rules, each on a reproduction ------------------------------------------------
+
+
+def test_a_loss_at_0_with_a_gradient_is_said_to_be_expected(tmp_path, monkeypatch):
+    # A real run: the grpo objective, two train batches per rollout batch. The
+    # ratio is 1 (then ~1) when the loss is taken and the advantages are centred
+    # per group, so the loss is ~1e-8 while the gradient norm is ~0.4.
+    run_dir = tiny_run(
+        tmp_path,
+        monkeypatch,
+        "ratio_one",
+        steps=6,
+        train_batch_size=16,
+        importance_reweighting_method="grpo",
+        cliprange=0.2,
+    )
+    finding = only(diagnose(run_dir), "loss-near-zero")
+    assert finding.severity == "info"
+    assert "expected" in finding.summary and "watch the reward" in finding.advice
+
+
+def test_trl_s_loss_at_0_is_expected_when_grad_norm_is_not(tmp_path):
+    # TRL's own log as in trl#3452: loss 0.0 every step, grad_norm 0.2-0.5.
+    entries = [
+        trl_entry(step, loss=0.0, grad_norm=0.2 + 0.05 * step, reward=0.3)
+        for step in range(1, 7)
+    ]
+    (tmp_path / "trainer_state.json").write_text(json.dumps(trl_state(entries)))
+    assert rules_found(diagnose(tmp_path))["loss-near-zero"] == "info"
+
+
+def late_lr_jump(monkeypatch, after: int, lr: float) -> None:
+    """The run's learning rate jumps to ``lr`` after step ``after``."""
+    schedule = loop.learning_rate_at
+    monkeypatch.setattr(
+        loop,
+        "learning_rate_at",
+        lambda config, step: lr if step > after else schedule(config, step),
+    )
+
+
+def test_a_kl_spike_is_found(tmp_path, monkeypatch):
+    # A real run with a KL penalty whose lr jumps to 0.3 after step 4: the KL to
+    # the reference goes from ~1e-3 to ~0.3 in one step.
+    late_lr_jump(monkeypatch, after=4, lr=0.3)
+    run_dir = tiny_run(tmp_path, monkeypatch, "kl", steps=7, kl_coef=0.05)
+    finding = only(diagnose(run_dir), "kl-spike")
+    assert finding.metric == "loss/kl_mean" and finding.evidence[0][0] == 6
+    assert finding.evidence[0][1] > 0.01
+
+
+def test_a_kl_that_grows_steadily_is_not_a_spike(tmp_path):
+    records = [{"loss/kl_mean": 0.002 * 1.3**step} for step in range(20)]
+    diagnosis = diagnose(crafted_run(tmp_path, records))
+    assert "kl-spike" not in rules_found(diagnosis)
+    assert "kl-spike" not in diagnosis.skipped
+
+
+class Interleaved:
+    """A backend whose rollouts come prompt-minor (P1_G1, P2_G1, ...): R1-V#67."""
+
+    def __init__(self, backend) -> None:
+        self.backend = backend
+
+    def __getattr__(self, name):
+        return getattr(self.backend, name)
+
+    def generate(self, prompts, group_size, sampling):
+        rollouts = self.backend.generate(prompts, group_size, sampling)
+        order = [
+            i * group_size + j for j in range(group_size) for i in range(len(prompts))
+        ]
+        fields = ("prompts", "responses", "prompt_token_ids", "response_token_ids")
+        changes = {
+            name: [getattr(rollouts, name)[k] for k in order]
+            for name in (*fields, "sampler_log_probs")
+            if getattr(rollouts, name) is not None
+        }
+        return dataclasses.replace(rollouts, **changes)
+
+
+def test_groups_of_mixed_prompts_are_found(tmp_path, monkeypatch):
+    # A real smoke run whose backend interleaves the groups: every group of 4
+    # holds 4 different prompts, and GRPO's group mean is a batch mean.
+    build = loop.build_policy
+
+    def interleaved_policy(config):
+        policy = build(config)
+        policy.backend = Interleaved(policy.backend)
+        return policy
+
+    monkeypatch.setattr(loop, "build_policy", interleaved_policy)
+    finding = only(diagnose(smoke_run(tmp_path, "mixed")), "group-sanity")
+    assert finding.severity == "error"
+    assert finding.evidence == [(1, 1.0), (2, 1.0)]
+
+
+def test_prompt_major_groups_pass_the_group_check(tmp_path):
+    diagnosis = diagnose(smoke_run(tmp_path, "grouped"))
+    assert "group-sanity" not in rules_found(diagnosis)
+    assert "group-sanity" not in diagnosis.skipped
+
+
+def test_a_late_reward_collapse_is_found(tmp_path):
+    # Crafted as the loop writes it: a collapse after learning needs hundreds of
+    # cpu-profile steps, not seconds. The reward climbs 0.3 -> 0.8 over 30
+    # steps, then falls to 0.1 over the last 8 (Search-R1#89's shape).
+    rewards = [0.3 + 0.5 * step / 30 for step in range(30)] + [0.5, 0.3] + [0.1] * 6
+    records = [{"train/reward_mean": reward} for reward in rewards]
+    finding = only(diagnose(crafted_run(tmp_path, records)), "late-reward-collapse")
+    assert finding.severity == "error"
+    assert finding.evidence[0][1] > 0.75 and finding.evidence[-1] == (38, 0.1)
+    learned = [{"train/reward_mean": reward} for reward in rewards[:30]]
+    quiet = diagnose(crafted_run(tmp_path, learned, name="learned"))
+    assert "late-reward-collapse" not in rules_found(quiet)
+
+
+def length_records(lengths, clipped, rewards) -> list[dict]:
+    return [
+        {
+            "train/response_length": length,
+            "rollout/clipped_fraction": cut,
+            "train/reward_mean": reward,
+        }
+        for length, cut, reward in zip(lengths, clipped, rewards)
+    ]
+
+
+def test_lengths_that_run_away_are_found(tmp_path):
+    # Crafted: the tiny model's answers are 4 tokens long and cut at 5 from the
+    # start, so no real run of seconds can double its length. Lengths climb 40
+    # -> 200 tokens as the cut share reaches 90% and the reward falls.
+    count = 20
+    lengths = [40 + 160 * step / (count - 1) for step in range(count)]
+    clipped = [0.9 * step / (count - 1) for step in range(count)]
+    rewards = [0.5 - 0.3 * step / (count - 1) for step in range(count)]
+    records = length_records(lengths, clipped, rewards)
+    finding = only(diagnose(crafted_run(tmp_path, records)), "length-runaway")
+    assert finding.severity == "error" and "while the reward fell" in finding.summary
+    steady = length_records([40.0] * count, [0.05] * count, rewards)
+    quiet = diagnose(crafted_run(tmp_path, steady, name="steady"))
+    assert "length-runaway" not in rules_found(quiet)
+
+
+def test_lengths_that_collapse_are_found(tmp_path):
+    # Crafted for the same reason: 120 -> 20 tokens with a flat reward is an
+    # error; with a rising reward (brevity paid on purpose?) a warning.
+    count = 20
+    lengths = [120 - 100 * step / (count - 1) for step in range(count)]
+    flat = length_records(lengths, [0.0] * count, [0.4] * count)
+    finding = only(diagnose(crafted_run(tmp_path, flat)), "length-collapse")
+    assert finding.severity == "error"
+    rising = [0.2 + 0.6 * step / count for step in range(count)]
+    paid = length_records(lengths, [0.0] * count, rising)
+    diagnosis = diagnose(crafted_run(tmp_path, paid, name="paid"))
+    assert only(diagnosis, "length-collapse").severity == "warning"
+
+
+def test_cispo_without_a_high_clip_is_linted(tmp_path):
+    # A real smoke run: CISPO off-policy (two train batches), cliprange_high None.
+    run_dir = smoke_run(
+        tmp_path,
+        "cispo",
+        train_batch_size=8,
+        importance_reweighting_method="cispo",
+        cliprange=0.2,
+    )
+    finding = only(diagnose(run_dir), "config-lint")
+    assert "cliprange_high" in finding.summary and "1 + 0.2" in finding.summary
+
+
+def test_gspo_with_token_mean_and_a_token_clip_is_linted(tmp_path):
+    config = {
+        "train_batch_size": 128,
+        "importance_reweighting_method": "gspo",
+        "cliprange": 0.2,
+        "loss_normalization": "token",
+    }
+    run_dir = crafted_run(tmp_path, [{"train/reward_mean": 0.3}], **config)
+    finding = only(diagnose(run_dir), "config-lint")
+    assert "loss_normalization 'token'" in finding.summary
+    assert "cliprange 0.2" in finding.summary
+    paper = {**config, "cliprange": 3e-4, "loss_normalization": "sequence"}
+    clean = crafted_run(tmp_path, [{"train/reward_mean": 0.3}], name="paper", **paper)
+    assert "config-lint" not in rules_found(diagnose(clean))
+
+
+NEW_RULES = (
+    "loss-near-zero",
+    "kl-spike",
+    "group-sanity",
+    "late-reward-collapse",
+    "length-runaway",
+    "length-collapse",
+    "config-lint",
+)
+
+
+def test_each_new_rule_cites_a_public_thread():
+    for name in NEW_RULES:
+        rule = doctor.RULES[name]
+        text = rule.__doc__ or ""
+        if name == "config-lint":  # each lint cites its own
+            text = " ".join(lint.__doc__ for lint in config_lint.LINTS)
+        assert re.search(r"[\w-]+/[\w.-]+#\d+", text), name

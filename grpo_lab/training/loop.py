@@ -820,7 +820,18 @@ def _response_statistics(
         "train/response_length": sum(lengths) / len(lengths),
         "train/response_length_max": float(max(lengths)),
         "train/equal_reward_group_fraction": all_equal.float().mean().item(),
+        "train/mixed_prompt_group_fraction": _mixed_prompt_groups(
+            rollouts.prompts, group_size
+        ),
     }
+
+
+def _mixed_prompt_groups(prompts: list[str], group_size: int) -> float:
+    """Share of groups whose G rows do not all carry one prompt (0 when the
+    rollouts are prompt-major, as the group statistics assume)."""
+    starts = range(0, len(prompts), group_size)
+    mixed = [len(set(prompts[i : i + group_size])) > 1 for i in starts]
+    return sum(mixed) / len(mixed) if mixed else 0.0
 
 
 # --- evaluation, checkpoints, output -------------------------------------------

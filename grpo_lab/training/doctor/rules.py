@@ -1,51 +1,30 @@
-"""The run doctor: read a finished (or running) run's metrics and name its problems.
+"""The doctor's first rules: truncation, no signal, the ratio on-policy, the
+sampler gap, entropy, clipping, a flat reward under a moving loss, non-finite
+values, the learning rate and the gradient norm.
 
-``diagnose(path)`` reads a grpo_lab run folder (``metrics.jsonl`` and
-``config.json``) or a TRL ``GRPOTrainer`` output (``trainer_state.json``, its
-``log_history`` mapped onto this package's metric names: :data:`TRL_KEYS`) and
-applies each rule of :data:`RULES` to the per-step series. A finding names its
-rule, a severity (``error``: the run cannot learn as it is; ``warning``: it may
-learn, badly), the evidence (the steps and values that tripped it), a one-line
-likely cause and what to try. A rule whose metrics the run did not log is
-skipped, and the report says so. ``grpo-lab doctor RUN_DIR`` prints the report.
-
-The thresholds are named constants below, each with the reason for its value;
-they are rules of thumb for spotting a run worth a second look, not proofs.
+The thresholds are named constants, each with the reason for its value; they are
+rules of thumb for spotting a run worth a second look, not proofs.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import statistics
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
-from grpo_lab.training.metrics import METRICS_FILE, read_metrics, step_records
-
-TRL_STATE_FILE = "trainer_state.json"
-CONFIG_FILE = "config.json"
-
-# TRL 1.16's GRPOTrainer log keys (trl/trainer/grpo_trainer.py) -> ours.
-TRL_KEYS = {
-    "reward": "train/reward_mean",
-    "frac_reward_zero_std": "train/equal_reward_group_fraction",
-    "completions/mean_length": "train/response_length",
-    "completions/clipped_ratio": "rollout/clipped_fraction",
-    "completions/mean_terminated_length": "rollout/terminated_length_mean",
-    "entropy": "loss/token_entropy",
-    "clip_ratio/region_mean": "loss/clip_fraction",
-    "loss": "loss/loss",
-    "grad_norm": "loss/gradient_norm",
-    "learning_rate": "train/learning_rate",
-    "sampling/sampling_logp_difference/mean": "rollout/sampler_log_prob_diff_mean",
-    "sampling/sampling_logp_difference/max": "rollout/sampler_log_prob_diff_max",
-    "sampling/importance_sampling_ratio/min": "rollout/is_ratio_min",
-    "sampling/importance_sampling_ratio/mean": "rollout/is_ratio_mean",
-    "sampling/importance_sampling_ratio/max": "rollout/is_ratio_max",
-}
+from grpo_lab.training.doctor.findings import (
+    REWARD_FLAT_CHANGE,
+    Finding,
+    Run,
+    config_number,
+    config_text,
+    median,
+    reward_change,
+    reward_is_flat,
+    series,
+)
+from grpo_lab.training.doctor.findings import evidence as _evidence
+from grpo_lab.training.doctor.findings import persistent as _persistent
+from grpo_lab.training.doctor.findings import values as _values
 
 # --- thresholds -----------------------------------------------------------------------
 
@@ -55,10 +34,6 @@ TRUNCATED_FRACTION = 0.9
 # Equal-reward groups at 0.9: nine in ten groups have advantage 0 and add no
 # gradient, so each step rests on a handful of prompts (or on none).
 NO_SIGNAL_FRACTION = 0.9
-# A change of the mean reward from the first to the last third of the run below
-# 0.05 counts as flat: this package's rewards lie in [0, 1], and 0.05 is five
-# points of accuracy, above the step-to-step noise of a batch of a few hundred.
-REWARD_FLAT_CHANGE = 0.05
 # On-policy, the trainer scores the very weights that sampled: even bfloat16
 # vLLM sampling against float32 scoring keeps the mean token ratio within about
 # 1% of 1, so a mean further away means another distribution is being scored
@@ -81,8 +56,6 @@ ENTROPY_EXPLOSION_RISE = 0.5
 # PPO's clip touching one token in five: the policy moves so far per update that
 # the clip, not the advantage, decides most steps (typical runs clip under 5%).
 CLIP_FRACTION_HIGH = 0.2
-# "Persistently": in at least half of the steps that log the metric.
-PERSISTENT_SHARE = 0.5
 # The loss moving by 0.1 or more while the reward is flat: the optimizer steps,
 # but nothing it does shows in the reward (the GRPO loss is not a progress bar).
 LOSS_MOVING_RANGE = 0.1
@@ -100,193 +73,8 @@ GRADIENT_NORM_SPIKE = 10.0
 # ... and a median norm ten times max_grad_norm means every step is clipped: the
 # clip, not the gradient, sets the size of each update.
 GRADIENT_NORM_CLIPPED = 10.0
-# Evidence lists at most this many (step, value) pairs.
-MAX_EVIDENCE = 6
-
-SEVERITIES = ("error", "warning")
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One problem: which rule, how bad, the evidence, its likely cause, a fix."""
-
-    rule: str
-    severity: str
-    metric: str
-    # (step, value) pairs that tripped the rule (value None: not finite).
-    evidence: list[tuple[int, float | None]]
-    summary: str
-    cause: str
-    advice: str
-
-
-@dataclass
-class Run:
-    """A run's per-step metrics under this package's names, and what produced it."""
-
-    source: Path
-    kind: str  # "grpo_lab" or "trl"
-    history: list[dict[str, Any]]
-    config: dict[str, Any] | None = None
-
-
-@dataclass
-class Diagnosis:
-    """Every finding on a run, and the rules that could not be checked."""
-
-    source: str
-    kind: str
-    steps: int
-    findings: list[Finding] = field(default_factory=list)
-    skipped: dict[str, str] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready copy (evidence pairs as lists)."""
-        return asdict(self)
-
-
-# --- reading a run --------------------------------------------------------------------
-
-
-def load_run(path: str | Path) -> Run:
-    """The run at ``path``: a grpo_lab run folder or its metrics.jsonl, a TRL
-    output folder, one of its ``checkpoint-*`` folders, or a trainer_state.json.
-
-    Raises ValueError naming the path when it holds neither.
-    """
-    path = Path(path)
-    if path.is_file():
-        if path.name == TRL_STATE_FILE:
-            return _load_trl(path)
-        if path.name == METRICS_FILE:
-            return _load_grpo_lab(path.parent)
-        raise ValueError(
-            f"RUN_DIR must be a run folder, {METRICS_FILE} or {TRL_STATE_FILE}, "
-            f"got the file {str(path)!r}"
-        )
-    if not path.is_dir():
-        raise ValueError(f"RUN_DIR must be an existing folder, got {str(path)!r}")
-    if (path / METRICS_FILE).is_file():
-        return _load_grpo_lab(path)
-    if (path / TRL_STATE_FILE).is_file():
-        return _load_trl(path / TRL_STATE_FILE)
-    checkpoints = sorted(
-        path.glob(f"checkpoint-*/{TRL_STATE_FILE}"), key=_checkpoint_number
-    )
-    if checkpoints:  # the latest checkpoint's state holds the whole log
-        return _load_trl(checkpoints[-1])
-    raise ValueError(
-        f"RUN_DIR must hold {METRICS_FILE} (grpo-lab train) or {TRL_STATE_FILE} "
-        f"(TRL, also in a checkpoint-* folder), and {str(path)!r} holds neither"
-    )
-
-
-def _checkpoint_number(state: Path) -> int:
-    digits = state.parent.name.removeprefix("checkpoint-")
-    return int(digits) if digits.isdigit() else -1
-
-
-def _load_grpo_lab(run_dir: Path) -> Run:
-    history = step_records(read_metrics(run_dir))
-    history = [r for r in history if r["step"] > 0]  # step 0: evaluation only
-    if not history:
-        raise ValueError(
-            f"RUN_DIR must hold at least one GRPO step, and "
-            f"{str(run_dir / METRICS_FILE)!r} has none"
-        )
-    config = None
-    config_path = run_dir / CONFIG_FILE
-    if config_path.is_file():
-        try:
-            config = json.loads(config_path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError:
-            config = None
-    return Run(run_dir / METRICS_FILE, "grpo_lab", history, config)
-
-
-def _load_trl(state_path: Path) -> Run:
-    try:
-        state = json.loads(state_path.read_text(encoding="utf-8"))
-        log = state["log_history"]
-    except (json.JSONDecodeError, KeyError, TypeError) as error:
-        raise ValueError(
-            f"RUN_DIR's {TRL_STATE_FILE} must be TRL's JSON with a log_history, "
-            f"and {str(state_path)!r} is not ({error})"
-        ) from error
-    history = [mapped for entry in log if (mapped := trl_record(entry))]
-    if not history:
-        raise ValueError(
-            f"RUN_DIR must hold at least one logged training step, and "
-            f"{str(state_path)!r} has none"
-        )
-    return Run(state_path, "trl", history)
-
-
-def trl_record(entry: dict[str, Any]) -> dict[str, Any] | None:
-    """One TRL log_history entry under our names (None: no training metrics)."""
-    if not isinstance(entry, dict) or "step" not in entry:
-        return None
-    record = {TRL_KEYS[k]: v for k, v in entry.items() if k in TRL_KEYS}
-    return {"step": entry["step"], **record} if record else None
-
-
-# --- series ---------------------------------------------------------------------------
-
-
-def series(run: Run, key: str) -> list[tuple[int, float]]:
-    """(step, value) of every step that logged ``key`` with a finite number."""
-    return [
-        (record["step"], float(record[key]))
-        for record in run.history
-        if _is_finite_number(record.get(key))
-    ]
-
-
-def _is_finite_number(value: Any) -> bool:
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    return number and math.isfinite(value)
-
-
-def _values(points: list[tuple[int, float]]) -> list[float]:
-    return [value for _, value in points]
-
-
-def _evidence(points: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
-    """At most MAX_EVIDENCE pairs: the first ones and the last one."""
-    if len(points) <= MAX_EVIDENCE:
-        return list(points)
-    return [*points[: MAX_EVIDENCE - 1], points[-1]]
-
-
-def reward_change(run: Run) -> float | None:
-    """Mean reward of the last third of steps minus that of the first third."""
-    rewards = _values(series(run, "train/reward_mean"))
-    if len(rewards) < 2:
-        return None
-    third = max(1, len(rewards) // 3)
-    return statistics.fmean(rewards[-third:]) - statistics.fmean(rewards[:third])
-
-
-def reward_is_flat(run: Run, min_steps: int = 2) -> bool:
-    """True when the reward moved less than REWARD_FLAT_CHANGE over the run."""
-    change = reward_change(run)
-    steps = len(series(run, "train/reward_mean"))
-    return (
-        change is not None and steps >= min_steps and abs(change) < REWARD_FLAT_CHANGE
-    )
-
-
-def _persistent(
-    points: list[tuple[int, float]], above: float
-) -> list[tuple[int, float]]:
-    """The points above ``above`` when they are at least PERSISTENT_SHARE of all."""
-    high = [(s, v) for s, v in points if v >= above]
-    return high if points and len(high) >= PERSISTENT_SHARE * len(points) else []
-
 
 # --- the rules ------------------------------------------------------------------------
-
-Rule = Callable[[Run], "Finding | str | None"]
 
 
 def rule_responses_truncated(run: Run) -> Finding | str | None:
@@ -345,7 +133,7 @@ def rule_ratio_on_policy(run: Run) -> Finding | str | None:
     if not on_policy:
         return "the run is off-policy: a ratio away from 1 is expected"
     keys = ["loss/importance_ratio_mean", "loss/ratio_mean"]
-    if config.get("backend", "hf") == "hf":  # the sampler is the policy itself
+    if config_text(run, "backend", "hf") == "hf":  # the sampler is the policy itself
         keys.append("rollout/is_ratio_mean")
     for key in keys:
         away = [(s, v) for s, v in series(run, key) if abs(v - 1) > RATIO_TOLERANCE]
@@ -373,7 +161,7 @@ def rule_sampler_gap_jump(run: Run) -> Finding | str | None:
         return "no rollout/sampler_log_prob_diff_mean logged"
     jumps = []
     for index in range(3, len(points)):
-        baseline = statistics.median(_values(points[:index]))
+        baseline = median(_values(points[:index]))
         step, value = points[index]
         if value > SAMPLER_GAP_FLOOR and value > SAMPLER_GAP_JUMP * baseline:
             jumps.append((step, value))
@@ -516,13 +304,13 @@ def _non_finite(key: str, value: Any) -> bool:
 
 def rule_learning_rate(run: Run) -> Finding | str | None:
     points = series(run, "train/learning_rate")
-    config = run.config or {}
-    if not points and "lr" in config:
-        points = [(run.history[-1]["step"], float(config["lr"]))]
+    configured = config_number(run, "lr")
+    if not points and configured is not None:
+        points = [(run.history[-1]["step"], configured)]
     if not points:
-        return "no learning rate logged and no config.json"
+        return "no learning rate logged and no readable lr in config.json"
     peak = max(_values(points))
-    tiny = config.get("model") == "tiny"
+    tiny = config_text(run, "model") == "tiny"
     high = LEARNING_RATE_HIGH_TINY if tiny else LEARNING_RATE_HIGH_PRETRAINED
     if LEARNING_RATE_LOW <= peak < high:
         return None
@@ -530,7 +318,7 @@ def rule_learning_rate(run: Run) -> Finding | str | None:
     return Finding(
         "learning-rate-out-of-range",
         "error" if too_high else "warning",
-        "train/learning_rate" if "lr" not in config else "lr",
+        "lr" if configured is not None else "train/learning_rate",
         _evidence([p for p in points if p[1] == peak]),
         f"the peak learning rate {peak:g} is "
         + (f"at or above {high:g}" if too_high else f"below {LEARNING_RATE_LOW:g}")
@@ -549,16 +337,16 @@ def rule_gradient_norm(run: Run) -> Finding | str | None:
     points = series(run, "loss/gradient_norm")
     if len(points) < 2:
         return "fewer than 2 steps logged loss/gradient_norm"
-    median = statistics.median(_values(points))
-    spikes = [(s, v) for s, v in points if v > GRADIENT_NORM_SPIKE * median]
-    clip = (run.config or {}).get("max_grad_norm")
-    if clip and median > GRADIENT_NORM_CLIPPED * clip:
+    middle = median(_values(points))
+    spikes = [(s, v) for s, v in points if v > GRADIENT_NORM_SPIKE * middle]
+    clip = config_number(run, "max_grad_norm")
+    if clip and middle > GRADIENT_NORM_CLIPPED * clip:
         return Finding(
             "gradient-norm-out-of-range",
             "warning",
             "loss/gradient_norm",
             _evidence(points),
-            f"the median gradient norm {median:.3g} is over "
+            f"the median gradient norm {middle:.3g} is over "
             f"{GRADIENT_NORM_CLIPPED:g}x max_grad_norm ({clip:g}): every step is "
             "clipped",
             "the loss is scaled up (a constant normalization with a small "
@@ -574,68 +362,8 @@ def rule_gradient_norm(run: Run) -> Finding | str | None:
         "loss/gradient_norm",
         _evidence(spikes),
         f"{len(spikes)} steps had a gradient norm over {GRADIENT_NORM_SPIKE:g}x "
-        f"the run's median ({median:.3g})",
+        f"the run's median ({middle:.3g})",
         "an outlier batch (a few very long or very unlikely responses) or the "
         "start of a divergence",
         "keep max_grad_norm set, lower lr; look at the responses of those steps",
     )
-
-
-RULES: dict[str, Rule] = {
-    "responses-truncated": rule_responses_truncated,
-    "no-signal": rule_no_signal,
-    "ratio-not-one-on-policy": rule_ratio_on_policy,
-    "sampler-gap-jump": rule_sampler_gap_jump,
-    "entropy-collapse": rule_entropy_collapse,
-    "entropy-explosion": rule_entropy_explosion,
-    "clip-fraction-high": rule_clip_fraction_high,
-    "reward-flat-loss-moves": rule_reward_flat_loss_moves,
-    "non-finite": rule_non_finite,
-    "learning-rate-out-of-range": rule_learning_rate,
-    "gradient-norm-out-of-range": rule_gradient_norm,
-}
-
-
-# --- the report -----------------------------------------------------------------------
-
-
-def diagnose(path: str | Path | Run) -> Diagnosis:
-    """Every rule applied to the run at ``path`` (see :func:`load_run`)."""
-    run = path if isinstance(path, Run) else load_run(path)
-    diagnosis = Diagnosis(str(run.source), run.kind, len(run.history))
-    for name, rule in RULES.items():
-        outcome = rule(run)
-        if isinstance(outcome, Finding):
-            diagnosis.findings.append(outcome)
-        elif isinstance(outcome, str):
-            diagnosis.skipped[name] = outcome
-    diagnosis.findings.sort(key=lambda f: SEVERITIES.index(f.severity))
-    return diagnosis
-
-
-def format_report(diagnosis: Diagnosis) -> str:
-    """The diagnosis as plain text: one block per finding, then skipped rules."""
-    lines = [
-        f"{diagnosis.source} ({diagnosis.kind}, {diagnosis.steps} steps): "
-        + (
-            f"{len(diagnosis.findings)} finding(s)"
-            if diagnosis.findings
-            else "no findings"
-        )
-    ]
-    for finding in diagnosis.findings:
-        evidence = ", ".join(
-            f"step {step}: {'non-finite' if value is None else f'{value:.4g}'}"
-            for step, value in finding.evidence
-        )
-        lines += [
-            "",
-            f"[{finding.severity}] {finding.rule}: {finding.summary}",
-            f"  evidence ({finding.metric}): {evidence}",
-            f"  likely cause: {finding.cause}",
-            f"  try: {finding.advice}",
-        ]
-    if diagnosis.skipped:
-        lines += ["", "not checked:"]
-        lines += [f"  {name}: {why}" for name, why in diagnosis.skipped.items()]
-    return "\n".join(lines)
