@@ -815,3 +815,165 @@ def test_each_new_rule_cites_a_public_thread():
         if name == "config-lint":  # each lint cites its own
             text = " ".join(lint.__doc__ for lint in config_lint.LINTS)
         assert re.search(r"[\w-]+/[\w.-]+#\d+", text), name
+
+
+# --- verl's metric logs ---------------------------------------------------------------
+
+
+def verl_metrics(step: int, **changes) -> dict:
+    """One step of verl's metrics under verl's own names (metric_utils.py's
+    compute_data_metrics, the actor's update metrics, rollout_corr_helper.py)."""
+    metrics = {
+        "global_seqlen/mean": 458966.5,
+        "actor/entropy": 0.41,
+        "actor/pg_clipfrac": 0.004,
+        "actor/ppo_kl": 0.0004,
+        "actor/pg_clipfrac_lower": 0.0,
+        "actor/pg_loss": 0.042,
+        "actor/kl_loss": 0.0013,
+        "actor/kl_coef": 0.001,
+        "actor/grad_norm": 0.13,
+        "actor/lr": 1e-6,
+        "training/global_step": step,
+        "training/epoch": 0,
+        "critic/score/mean": 0.02,
+        "critic/score/max": 1.0,
+        "critic/score/min": 0.0,
+        "critic/rewards/mean": 0.02,
+        "critic/advantages/mean": -0.004,
+        "critic/advantages/max": 1.79,
+        "critic/advantages/min": -1.79,
+        "critic/returns/mean": -0.004,
+        "response_length/mean": 1010.0,
+        "response_length/max": 1024.0,
+        "response_length/min": 380.0,
+        "response_length/clip_ratio": 0.95,
+        "response_length_non_aborted/mean": 1010.0,
+        "response/aborted_ratio": 0.0,
+        "prompt_length/mean": 180.0,
+        "prompt_length/clip_ratio": 0.0,
+        "rollout_corr/kl": 0.0007,
+        "rollout_corr/k3_kl": 0.0011,
+        "rollout_corr/ppl_ratio": 1.001,
+        "rollout_corr/rollout_is_mean": 1.0,
+        "timing_s/gen": 42.0,
+        "perf/throughput": 1520.3,
+    }
+    return {**metrics, **changes}
+
+
+def verl_steps(count: int = 8) -> list[dict]:
+    """A verl run that truncates, clips a third of its tokens, and whose
+    update KL (actor/ppo_kl) jumps at step 6."""
+    return [
+        verl_metrics(
+            step,
+            **{
+                "actor/pg_clipfrac": 0.3,
+                "actor/ppo_kl": 0.08 if step == 6 else 0.0004,
+            },
+        )
+        for step in range(1, count + 1)
+    ]
+
+
+def console_line(step: int, metrics: dict) -> str:
+    """verl's console logger line (aggregate_logger.concat_dict_to_str) behind
+    Ray's prefix."""
+    pairs = [f"step:{step}", *(f"{k}:{v:.3f}" for k, v in metrics.items())]
+    return "(TaskRunner pid=222265) " + " - ".join(pairs)
+
+
+def test_a_verl_console_log_is_read(tmp_path):
+    steps = verl_steps()
+    lines = ["(TaskRunner pid=222265) Training Progress:  0%|", "step:0 - val:0.1"]
+    lines += [console_line(step, m) for step, m in enumerate(steps, start=1)]
+    log = tmp_path / "verl_console.log"
+    log.write_text("\n".join(lines) + "\n")
+    run = load_run(log)
+    assert run.kind == "verl" and len(run.history) == 8 and run.unreadable == []
+    assert run.history[0]["rollout/clipped_fraction"] == 0.95
+    assert run.history[0]["loss/clip_fraction"] == 0.3
+    assert run.history[5]["loss/ppo_kl"] == 0.08
+    assert run.history[0]["rollout/is_ratio_mean"] == 1.0
+    diagnosis = diagnose(log)
+    found = rules_found(diagnosis)
+    assert found["responses-truncated"] == "error"
+    assert found["clip-fraction-high"] == "warning"
+    assert only(diagnosis, "kl-spike").metric == "loss/ppo_kl"
+    assert "group-sanity" not in found and "group-sanity" not in diagnosis.skipped
+
+
+def test_a_verl_file_logger_jsonl_gives_the_same_diagnosis(tmp_path):
+    steps = verl_steps()
+    console = tmp_path / "console.log"
+    console.write_text(
+        "\n".join(console_line(s, m) for s, m in enumerate(steps, 1)) + "\n"
+    )
+    # verl's file logger: one {"step", "data"} line per step, often named
+    # metrics.jsonl by VERL_FILE_LOGGER_PATH.
+    (tmp_path / "verl").mkdir()
+    jsonl = tmp_path / "verl" / "metrics.jsonl"
+    jsonl.write_text(
+        "".join(
+            json.dumps({"step": s, "data": m}) + "\n" for s, m in enumerate(steps, 1)
+        )
+    )
+    from_file = diagnose(tmp_path / "verl")
+    assert from_file.kind == "verl" and from_file.steps == 8
+    assert rules_found(from_file) == rules_found(diagnose(console))
+
+
+def test_verl_groups_of_one_response_are_found(tmp_path):
+    # Search-R1#88: each copy of a prompt got its own uid, so verl's GRPO gave
+    # every response advantage = its raw score (a group of one: mean 0, std 1).
+    steps = [
+        verl_metrics(
+            s, **{"critic/score/mean": 0.3 + 0.01 * s, "critic/advantages/mean": 0.3}
+        )
+        for s in range(1, 7)
+    ]
+    log = tmp_path / "metrics.jsonl"
+    log.write_text(
+        "".join(
+            json.dumps({"step": s, "data": m}) + "\n" for s, m in enumerate(steps, 1)
+        )
+    )
+    finding = only(diagnose(log), "group-sanity")
+    assert finding.severity == "error" and "its own group" in finding.summary
+
+
+# --- the new rules stay silent on healthy runs -----------------------------------------
+
+HEALTHY_SEEDS = (0, 1, 2)
+# The cpu profile cut to 100 GRPO steps (the full 400 take ~35 s a seed on two
+# cores; three of them would be the slowest test of the suite), with a small KL
+# penalty so that kl-spike has a KL to watch.
+HEALTHY_CHANGES = {"steps": 100, "kl_coef": 0.01, "eval_every": 0}
+
+
+@pytest.fixture(scope="session")
+def healthy_runs(tmp_path_factory) -> list[Path]:
+    """Three real cpu-profile-like runs (seeds 0, 1, 2), made once per session."""
+    root = tmp_path_factory.mktemp("healthy_seeds")
+    runs = []
+    for seed in HEALTHY_SEEDS:
+        run_dir = root / f"seed{seed}"
+        config = TrainConfig.for_profile(
+            "cpu", run_dir=str(run_dir), seed=seed, **HEALTHY_CHANGES
+        )
+        loop.train(config, progress=False)
+        runs.append(run_dir)
+    return runs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", range(len(HEALTHY_SEEDS)))
+def test_the_new_rules_stay_silent_on_healthy_runs(healthy_runs, index):
+    diagnosis = diagnose(healthy_runs[index])
+    report = format_report(diagnosis)
+    assert doctor.reward_change(load_run(healthy_runs[index])) > 0.1, report
+    for rule in NEW_RULES:  # each one checked, and silent
+        assert rule not in rules_found(diagnosis), report
+        assert rule not in diagnosis.skipped, report
+    assert diagnosis.findings == [], report

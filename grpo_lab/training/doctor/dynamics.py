@@ -114,17 +114,14 @@ def rule_kl_spike(run: Run) -> Finding | str | None:
     huggingface/trl#3500 (dropout left on), and as kl_loss rising "crazily"
     before an off-policy collapse in zhangxy-2019/critique-GRPO#6.
     """
-    key, points = first_series(run, KL_KEYS)
-    if len(points) <= 3:
+    logged = [(key, series(run, key)) for key in KL_KEYS]
+    logged = [(key, points) for key, points in logged if len(points) > 3]
+    if not logged:
         return "fewer than 4 steps logged loss/kl_mean or loss/ppo_kl"
-    spikes = []
-    for index in range(3, len(points)):
-        recent = values(points[max(0, index - KL_BASELINE_STEPS) : index])
-        step, value = points[index]
-        if value > KL_SPIKE_FLOOR and value > KL_SPIKE_FACTOR * max(recent):
-            spikes.append((step, value))
-    if not spikes:
+    found = [(key, spikes) for key, points in logged if (spikes := _spikes(points))]
+    if not found:
         return None
+    key, spikes = found[0]
     return Finding(
         "kl-spike",
         "warning",
@@ -138,6 +135,18 @@ def rule_kl_spike(run: Run) -> Finding | str | None:
         "lower lr or add lr_warmup_steps, keep max_grad_norm set, clip the "
         "ratio; look at the responses of those steps",
     )
+
+
+def _spikes(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """The points above KL_SPIKE_FLOOR and KL_SPIKE_FACTOR x the largest of the
+    KL_BASELINE_STEPS before them (three at least)."""
+    spikes = []
+    for index in range(3, len(points)):
+        recent = values(points[max(0, index - KL_BASELINE_STEPS) : index])
+        step, value = points[index]
+        if value > KL_SPIKE_FLOOR and value > KL_SPIKE_FACTOR * max(recent):
+            spikes.append((step, value))
+    return spikes
 
 
 def rule_group_sanity(run: Run) -> Finding | str | None:

@@ -80,6 +80,9 @@ VERL_KEYS = {
 # verl names the step twice: the console's "step:N" and training/global_step.
 VERL_STEP_KEY = "training/global_step"
 VERL_CONSOLE_LINE = re.compile(r"(?:^|\s)step:(\S+) - (.*)$")
+# The console prints 3 decimals: an RL learning rate (1e-6) shows as 0.000, so
+# the console's actor/lr is not read.
+VERL_CONSOLE_SKIPPED = frozenset({"actor/lr"})
 
 
 class Unreadable(ValueError):
@@ -406,6 +409,9 @@ def _load_verl_console(path: Path, lines: list[tuple[int, str]]) -> Run:
         place = f"{path.name} line {number}"
         try:
             metrics = console_pairs(match.group(2))
+            metrics = {
+                k: v for k, v in metrics.items() if k not in VERL_CONSOLE_SKIPPED
+            }
             records.append((place, verl_record(metrics, _console_step(match))))
         except Unreadable as why:
             unreadable.append(f"{place}: {why}")
