@@ -251,8 +251,8 @@ def rule_late_reward_collapse(run: Run) -> Finding | str | None:
 def rule_length_runaway(run: Run) -> Finding | str | None:
     """Responses grow until max_new_tokens cuts them.
 
-    volcengine/verl#2736 (GRPO runs that repeatedly crash once the length hits
-    the ceiling), volcengine/verl#1224 (response length exceptionally high
+    verl-project/verl#2736 (GRPO runs that repeatedly crash once the length hits
+    the ceiling), verl-project/verl#1224 (response length exceptionally high
     after 1k steps) and facebookresearch/SPG#2 (a collapse into "!!!!" up to
     the length limit).
     """
