@@ -499,7 +499,8 @@ TRANSLATIONS: dict[str, Translation] = {
         ("per_device_train_batch_size",),
         _train_batch,
         "train_batch_size / gradient_accumulation_steps (/ processes if the "
-        "steps do not split)",
+        "steps do not split); refused, naming the process counts that work, "
+        "where TRL's batch rules fail",
     ),
     "epochs_per_rollout_batch": T(("num_iterations",), _epochs, "exact"),
     "gradient_accumulation_steps": T(
@@ -560,8 +561,18 @@ TRANSLATIONS: dict[str, Translation] = {
     "kl_importance_weighting": T(
         ("use_bias_correction_kl",), _kl_weighting, "always given (TRL's default: on)"
     ),
-    "entropy_coef": T(("entropy_coef",), _entropy, "loss_normalization token only"),
-    "top_entropy_quantile": T(("top_entropy_quantile",), _top_entropy, "exact"),
+    "entropy_coef": T(
+        ("entropy_coef",),
+        _entropy,
+        "loss_normalization token only; exact on one microbatch, differs under "
+        "accumulation (TRL: each microbatch's own token mean)",
+    ),
+    "top_entropy_quantile": T(
+        ("top_entropy_quantile",),
+        _top_entropy,
+        "exact on one process; differs on several (TRL's quantile spans every "
+        "process's microbatch)",
+    ),
     "temperature": T(("temperature",), _temperature, "exact"),
     "top_p": T(
         ("top_p", "top_k", "min_p", "repetition_penalty"),
@@ -602,7 +613,10 @@ TRANSLATIONS: dict[str, Translation] = {
         (), lambda c, n: {}, "read only with dynamic_sampling"
     ),
     "mask_truncated_completions": T(
-        ("mask_truncated_completions",), _mask_truncated, "exact"
+        ("mask_truncated_completions",),
+        _mask_truncated,
+        "exact without stop strings; refused with them (TRL masks what ends "
+        "without EOS)",
     ),
     "overlong_buffer": T((), _overlong, "None only: a reward function in TRL"),
     "overlong_penalty": T((), lambda c, n: {}, "read only with overlong_buffer"),

@@ -29,6 +29,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from grpo_lab.errors import UserError
 from grpo_lab.integrations.cluster import Cluster, portable_config, source_install
 from grpo_lab.integrations.trl import (
     TESTED_TRL_VERSION,
@@ -235,7 +236,17 @@ def check_launch(config: TrainConfig, launch: TrlLaunch) -> None:
 
 def launch_arguments(config: TrainConfig, launch: TrlLaunch) -> dict[str, Any]:
     """``to_trl_config`` for the launch's training processes, and its vLLM mode."""
-    arguments = to_trl_config(config, num_processes=launch.processes)
+    try:
+        arguments = to_trl_config(config, num_processes=launch.processes)
+    except UserError as error:
+        if not (launch.server and launch.cluster.nodes == 1):
+            raise
+        raise UserError(
+            f"{error.problem}; with --vllm-mode server one of the {launch.cluster.gpus}"
+            f" GPUs serves and {launch.processes} train",
+            "give --gpus one more than a count that splits, or --nodes 2 and up "
+            "(the server gets a machine of its own)",
+        ) from error
     if launch.server:
         arguments["vllm_mode"] = "server"
         arguments["vllm_server_port"] = VLLM_SERVER_PORT
