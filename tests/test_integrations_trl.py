@@ -11,6 +11,7 @@ print each configuration's largest |difference| (loss and gradients).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -663,29 +664,29 @@ def test_export_for_eight_gpus_writes_every_config_with_eight_processes(
     assert config.rollout_batch_size // config.train_batch_size == 2
 
 
-@pytest.mark.parametrize("processes", [1, 2, 3, 4, 5, 6, 8])
-@pytest.mark.parametrize("per_device", [1, 2, 3, 4])
-@pytest.mark.parametrize("generation_batch", [8, 12, 24])
-@pytest.mark.parametrize("evaluates", [False, True])
-def test_the_batch_rule_is_trls_own(
-    monkeypatch, tmp_path, processes, per_device, generation_batch, evaluates
-):
-    arguments = {
-        "per_device_train_batch_size": per_device,
-        "generation_batch_size": generation_batch,
-        "num_generations": 4,
-        "eval_strategy": "steps" if evaluates else "no",
-        "eval_steps": 1,
-        "per_device_eval_batch_size": 2,
-    }
-    with_world_size(monkeypatch, processes)
-    try:
-        GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, **arguments)
-        trl_refuses = False
-    except ValueError:
-        trl_refuses = True
-    ours = grpo_trl.trl_batch_problem(arguments, processes)
-    assert (ours is not None) == trl_refuses, (arguments, processes, ours)
+def test_the_batch_rule_is_trls_own(monkeypatch, tmp_path):
+    """trl_batch_problem agrees with GRPOConfig's own validation on a grid."""
+    outcomes = []
+    grid = itertools.product([1, 2, 3, 4, 8], [1, 2, 3], [8, 12, 24], [False, True])
+    for processes, per_device, generation_batch, evaluates in grid:
+        arguments = {
+            "per_device_train_batch_size": per_device,
+            "generation_batch_size": generation_batch,
+            "num_generations": 4,
+            "eval_strategy": "steps" if evaluates else "no",
+            "eval_steps": 1,
+            "per_device_eval_batch_size": 2,
+        }
+        with_world_size(monkeypatch, processes)
+        try:
+            GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, **arguments)
+            trl_refuses = False
+        except ValueError:
+            trl_refuses = True
+        ours = grpo_trl.trl_batch_problem(arguments, processes)
+        assert (ours is not None) == trl_refuses, (arguments, processes, ours)
+        outcomes.append(trl_refuses)
+    assert any(outcomes) and not all(outcomes)  # both kinds of case were seen
 
 
 def test_a_batch_that_does_not_split_names_the_counts_that_work(tmp_path, capsys):
@@ -860,3 +861,48 @@ def test_report_to_in_any_case_reaches_both_engines_lower_case(tmp_path):
     assert cli.main(["export", "verl", *flags, "--report-to", "TensorBoard",
                      "--out", str(out)]) == 0  # fmt: skip
     assert "trainer.logger=[console,tensorboard]" in (out / "overrides.txt").read_text()
+
+
+# --- rows made true ------------------------------------------------------------------
+
+
+def test_mask_truncated_completions_is_refused_where_trl_disagrees():
+    # tests/test_trl_parity.py shows the disagreement: TRL masks 3 of 4
+    # completions cut at "</answer>", grpo_lab none.
+    with pytest.raises(UserError, match="mask_truncated_completions True") as error:
+        grpo_trl.to_trl_config(gpu_config(mask_truncated_completions=True))
+    assert "</answer>" in str(error.value)
+    plain = gpu_config(task="reverse", mask_truncated_completions=True)
+    assert grpo_trl.to_trl_config(plain)["mask_truncated_completions"] is True
+
+
+def test_weight_decay_reaches_every_parameter_as_in_grpo_lab(tokenizer, tmp_path):
+    config = TrainConfig.for_profile("cpu", **{**HARNESS, "weight_decay": 0.1})
+    assert "weight_decay 0.1 on every parameter" in grpo_trl.grpo_lab_trainer_reasons(
+        config
+    )
+    groups = {}
+    for name, trainer_class in (
+        ("trl", GRPOTrainer),
+        ("grpo_lab", grpo_trl.GrpoLabTrainer),
+    ):
+        keywords = {} if trainer_class is GRPOTrainer else {"train_config": config}
+        trainer = grpo_trl.fixed_completions_trainer(
+            {"num_generations": GROUP_SIZE, "max_completion_length": 6,
+             "weight_decay": 0.1},
+            fresh_model(tokenizer), tokenizer, ROW_PROMPTS,
+            [encode(tokenizer, c) for c in COMPLETIONS], REWARDS, tmp_path,
+            trainer_class=trainer_class, **keywords,
+        )  # fmt: skip
+        optimizer = trainer.create_optimizer()
+        groups[name] = {
+            decay: sum(len(g["params"]) for g in optimizer.param_groups
+                       if g["weight_decay"] == decay)
+            for decay in (0.0, 0.1)
+        }  # fmt: skip
+    total = len(list(fresh_model(tokenizer).parameters()))
+    # HF's Trainer leaves biases and norm weights undecayed; grpo_lab decays all.
+    assert groups["trl"][0.0] > 0 and groups["trl"][0.1] < total
+    assert groups["grpo_lab"] == {0.0: 0, 0.1: total}
+    print(f"\nundecayed tensors: HF's Trainer {groups['trl'][0.0]} of {total}, "
+          "GrpoLabTrainer 0")  # fmt: skip
