@@ -644,11 +644,15 @@ def test_geo_mean_ignores_the_global_batch_counts():
     record("differs: geo_mean with global counts (ratio)", delta(ours, theirs), 0.0)
 
 
-def test_k3_differs_where_verl_clamps_it_at_ten():
+def test_kl_estimators_match_verls_and_k3_differs_where_verl_clamps_it():
     from grpo_lab.kl import compute_kl_penalty
 
     log_prob = torch.tensor([[-1.0, -1.0]], dtype=torch.float64)
     reference = torch.tensor([[-1.5, 12.0]], dtype=torch.float64)  # log r 0.5, 13
+    for ours_name, verl_name in (("k1", "kl"), ("k2", "mse")):
+        ours = compute_kl_penalty(log_prob, reference, ours_name)
+        theirs = core_algos.kl_penalty(log_prob, reference, verl_name)
+        assert torch.allclose(ours, theirs, rtol=1e-12, atol=0), ours_name
     ours = compute_kl_penalty(log_prob, reference, "k3")
     theirs = core_algos.kl_penalty(log_prob, reference, "low_var_kl")
     assert torch.allclose(ours[0, 0], theirs[0, 0], rtol=1e-12)  # below the clamp
