@@ -170,6 +170,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export_parser.add_argument("target", choices=("trl", "verl"))
     export_parser.add_argument(
+        "run_dir", nargs="?", metavar="RUN_DIR", default=None,
+        help="a run folder: export its config, starting from its warm-up's "
+        "checkpoint (instead of profile, --config and flags)",
+    )  # fmt: skip
+    export_parser.add_argument(
         "--out", metavar="DIR", dest="out_dir", required=True, help="a new folder"
     )
     export_parser.add_argument(
@@ -594,8 +599,18 @@ def run_doctor(arguments: argparse.Namespace) -> int:
 
 
 def run_export(arguments: argparse.Namespace) -> int:
-    """Write the launch folder of ``grpo-lab export trl|verl``."""
-    config = train_config(arguments)
+    """Write the launch folder of ``grpo-lab export trl|verl [RUN_DIR]``."""
+    if arguments.run_dir is None:
+        config = train_config(arguments)
+    else:
+        from grpo_lab.integrations.cluster import warmed_up_config
+
+        try:
+            config = warmed_up_config(arguments.run_dir)
+        except ValueError as error:
+            raise UserError(
+                str(error), "give the folder grpo-lab train wrote"
+            ) from error
     out_dir = Path(arguments.out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise UserError(f"{out_dir} is not an empty folder", "give --out a new folder")

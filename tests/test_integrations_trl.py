@@ -906,3 +906,76 @@ def test_weight_decay_reaches_every_parameter_as_in_grpo_lab(tokenizer, tmp_path
     assert groups["grpo_lab"] == {0.0: 0, 0.1: total}
     print(f"\nundecayed tensors: HF's Trainer {groups['trl'][0.0]} of {total}, "
           "GrpoLabTrainer 0")  # fmt: skip
+
+
+# --- export trl RUN_DIR ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def warmed_up_run(tmp_path_factory) -> Path:
+    """A smoke-profile run: a 2-step warm-up, then 2 GRPO steps (step 0 kept)."""
+    run_dir = tmp_path_factory.mktemp("run") / "run"
+    flags = ["--profile", "smoke", "--max-new-tokens", "6", "--checkpoint-every", "5"]
+    assert cli.main(["train", *flags, "--run-dir", str(run_dir)]) == 0
+    return run_dir
+
+
+@pytest.mark.slow
+def test_export_from_a_run_folder_starts_from_its_warm_up(
+    warmed_up_run, tmp_path, tokenizer, monkeypatch
+):
+    import test_trl_parity
+
+    out = tmp_path / "trl"
+    assert cli.main(["export", "trl", str(warmed_up_run), "--out", str(out)]) == 0
+    config = TrainConfig.from_dict(json.loads((out / "train_config.json").read_text()))
+    assert (config.model, config.sft_max_steps, config.run_dir) == ("model", 0, None)
+    assert absolute_paths_in(out, tmp_path, warmed_up_run) == []
+    warm = (warmed_up_run / "checkpoints" / "step_000000").resolve()
+    exported = grpo_trl_load_model(out / "model")
+    started = grpo_trl_load_model(warm)
+    fresh = build_tiny_qwen2(tokenizer, seed=0, hidden_size=16, num_layers=2,
+                             intermediate_size=64)  # fmt: skip
+    for ours, theirs in zip(exported.parameters(), started.parameters()):
+        assert torch.equal(ours, theirs)  # the warmed-up weights, unchanged
+    assert not all(
+        torch.equal(a, b) for a, b in zip(exported.parameters(), fresh.parameters())
+    )
+    # Its first step on TRL against grpo_lab's, on the harness's completions
+    # with the exported model (on-policy REINFORCE: the gradients agree).
+    model_copy = lambda _tokenizer: grpo_trl_load_model(out / "model").double()  # noqa: E731
+    monkeypatch.setattr(test_trl_parity, "fresh_model", model_copy)
+    randn = torch.randn
+    monkeypatch.setattr(torch, "randn", lambda *a, **k: randn(*a, **k) * 0)
+    batch = {"rollout_batch_size": 12, "train_batch_size": 12}
+    harness_config = dataclasses.replace(config, **batch)
+    trl_run = grpo_trl.trl_first_step_loss(
+        harness_config, model_copy(None), tokenizer, ROW_PROMPTS,
+        [encode(tokenizer, c) for c in COMPLETIONS], REWARDS, tmp_path, **off_policy(),
+    )  # fmt: skip
+    monkeypatch.undo()
+    monkeypatch.setattr(test_trl_parity, "fresh_model", model_copy)
+    deltas = max_deltas(
+        trl_run, run_grpo_lab(tokenizer, trl_run, harness_config.update_settings())
+    )
+    gradients = {k: v for k, v in deltas.items() if "loss" not in k or "/" in k}
+    scale = max(g.abs().max().item() for g in trl_run.parameter_gradients)
+    print(f"\nexported run's first step: {gradients}, gradient scale {scale:.2e}")
+    # The gradient by each log-prob is exact; the parameter gradients agree to
+    # 3e-8 of their size (float64), a residual this test does not explain.
+    assert gradients["d_loss/d_log_prob"] <= TOLERANCE, deltas
+    assert gradients["parameter_gradients"] <= 1e-6 * scale, deltas
+    assert trl_run.log_prob_gradients.abs().max() > 0
+
+
+def grpo_trl_load_model(folder: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(folder))
+
+
+def test_export_from_a_folder_that_is_no_run_is_refused(tmp_path, capsys):
+    code = cli.main(["export", "trl", str(tmp_path), "--out", str(tmp_path / "o")])
+    assert code == 2 and "RUN_DIR must be a folder grpo-lab train wrote" in (
+        capsys.readouterr().err
+    )

@@ -11,6 +11,7 @@ READMEs print (a source checkout or a built wheel: grpo-lab is not on PyPI).
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -120,6 +121,54 @@ def resolve_task_options(task_options: dict[str, Any], folder: Path) -> dict[str
 
 def portable_config(config: Any, out_dir: Path) -> tuple[Any, list[Path]]:
     """``config`` as a launch folder holds it: no run_dir (the folder is the
-    run's home), task files copied in (:func:`portable_task_options`)."""
+    run's home), task files copied in (:func:`portable_task_options`), a local
+    model folder copied to ``model/`` (:func:`copy_local_model`)."""
     options, written = portable_task_options(config.task_options, out_dir)
-    return dataclasses.replace(config, run_dir=None, task_options=options), written
+    config, models = copy_local_model(config, out_dir)
+    portable = dataclasses.replace(config, run_dir=None, task_options=options)
+    return portable, [*written, *models]
+
+
+# --- a run folder's warmed-up start, and the model copied in -------------------
+
+MODEL_DIR = "model"
+
+
+def warmed_up_config(run_dir: str | Path) -> Any:
+    """The TrainConfig of the run in ``run_dir``, starting where its GRPO steps
+    started: from the warm-up's checkpoint (step 0) with ``sft_max_steps`` 0.
+
+    Raises ``ValueError`` naming what is missing (no config.json, a warm-up
+    whose step-0 checkpoint is gone).
+    """
+    from grpo_lab.training import checkpoint as checkpoints
+    from grpo_lab.training.config import TrainConfig
+    from grpo_lab.training.run_dir import CONFIG_FILE
+
+    config_file = Path(run_dir) / CONFIG_FILE
+    if not config_file.is_file():
+        raise ValueError(
+            f"RUN_DIR must be a folder grpo-lab train wrote, got {str(run_dir)!r} "
+            f"(no {CONFIG_FILE})"
+        )
+    config = TrainConfig.from_dict(json.loads(config_file.read_text()))
+    changes: dict[str, Any] = {"run_dir": None, "resume": False}
+    if config.sft_max_steps > 0:
+        start = checkpoints.pretrained_dir(checkpoints.checkpoint_path(run_dir, 0))
+        if not (start / "config.json").is_file():
+            raise ValueError(
+                f"RUN_DIR must hold the warm-up's checkpoint {start} (step 0), "
+                "which keep_checkpoints may have deleted; got none"
+            )
+        changes.update(model=str(start), sft_max_steps=0)
+    return dataclasses.replace(config, **changes)
+
+
+def copy_local_model(config: Any, out_dir: Path) -> tuple[Any, list[Path]]:
+    """A config whose model is a local folder: the folder copied to
+    ``out_dir/model`` and the model named ``"model"`` (relative to the folder)."""
+    if config.model == "tiny" or not Path(config.model).is_dir():
+        return config, []
+    target = out_dir / MODEL_DIR
+    shutil.copytree(config.model, target)
+    return dataclasses.replace(config, model=MODEL_DIR), [target]

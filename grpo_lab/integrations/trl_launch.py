@@ -548,7 +548,7 @@ def write_launch_folder(
     files[out_dir / "train.py"] = script
     files[out_dir / "launch.sh"] = _launch_script(launch, default)
     if launch.server:
-        files[out_dir / "vllm_serve.sh"] = _serve_script(config, launch)
+        files[out_dir / "vllm_serve.sh"] = _serve_script(portable, launch)
     files[out_dir / "README.md"] = _readme(config, launch, arguments, list(configs))
     for path, text in files.items():
         path.write_text(text if text.endswith("\n") else text + "\n")

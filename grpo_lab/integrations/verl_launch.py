@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_lab.integrations.cluster import (
+    MODEL_DIR,
     TASK_FILES_DIR,
     Cluster,
     portable_config,
@@ -264,6 +265,7 @@ def _optimizer_overrides(config: Any) -> dict[str, Any]:
     }
 
 
+MODEL_PATH = "actor_rollout_ref.model.path"
 # Overrides that name a file or folder: relative to the launch folder in
 # overrides.txt, made absolute by run.sh where the folder is.
 PATH_OVERRIDES = (
@@ -278,7 +280,7 @@ def _run_overrides(config: Any, max_prompt: int) -> dict[str, Any]:
     compute = config.autocast_dtype or config.dtype
     trackers = [TRACKERS[name] for name in parse_report_to(config.report_to)]
     values: dict[str, Any] = {
-        "actor_rollout_ref.model.path": config.model,
+        MODEL_PATH: config.model,
         "actor_rollout_ref.model.enable_gradient_checkpointing": (
             config.gradient_checkpointing
         ),
@@ -433,9 +435,10 @@ def write_launch_folder(
     longest = max(len(e.prompt) for e in train + evaluation)
     max_prompt = longest + (256 if config.chat_template else 16)
     overrides = launch_overrides(config, cluster=cluster, max_prompt_length=max_prompt)
-    lines = [format_override(k, v) for k, v in overrides.items()]
     (out / "data").mkdir(parents=True, exist_ok=True)
     portable, copied = portable_config(config, out)
+    overrides[MODEL_PATH] = portable.model  # model/ when it was a local folder
+    lines = [format_override(k, v) for k, v in overrides.items()]
     files = {
         out / "overrides.txt": "\n".join(lines) + "\n",
         out / "run.sh": _run_script(overrides, cluster),
@@ -494,7 +497,7 @@ def _reward_module(config: Any) -> str:
 
 def _script_line(key: str, value: Any) -> str:
     """One run.sh argument; a path override is made absolute with $HERE."""
-    if key in PATH_OVERRIDES:
+    if key in PATH_OVERRIDES or (key == MODEL_PATH and value == MODEL_DIR):
         return f'"{key}=$HERE/{value}"'
     return shlex.quote(format_override(key, value))
 
