@@ -170,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export_parser.add_argument("target", choices=("trl", "verl"))
     export_parser.add_argument(
-        "run_dir", nargs="?", metavar="RUN_DIR", default=None,
+        "source_run", nargs="?", metavar="RUN_DIR", default=None,
         help="a run folder: export its config, starting from its warm-up's "
         "checkpoint (instead of profile, --config and flags)",
     )  # fmt: skip
@@ -600,13 +600,13 @@ def run_doctor(arguments: argparse.Namespace) -> int:
 
 def run_export(arguments: argparse.Namespace) -> int:
     """Write the launch folder of ``grpo-lab export trl|verl [RUN_DIR]``."""
-    if arguments.run_dir is None:
+    if arguments.source_run is None:
         config = train_config(arguments)
     else:
         from grpo_lab.integrations.cluster import warmed_up_config
 
         try:
-            config = warmed_up_config(arguments.run_dir)
+            config = warmed_up_config(arguments.source_run)
         except ValueError as error:
             raise UserError(
                 str(error), "give the folder grpo-lab train wrote"
