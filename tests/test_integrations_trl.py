@@ -947,7 +947,10 @@ def test_export_from_a_run_folder_starts_from_its_warm_up(
     monkeypatch.setattr(test_trl_parity, "fresh_model", model_copy)
     randn = torch.randn
     monkeypatch.setattr(torch, "randn", lambda *a, **k: randn(*a, **k) * 0)
+    # share_prompt_prefix off, as in the harness (with it on, the parameter
+    # gradients differ by 3e-8 of their size in float64).
     batch = {"rollout_batch_size": 12, "train_batch_size": 12}
+    batch["share_prompt_prefix"] = False
     harness_config = dataclasses.replace(config, **batch)
     trl_run = grpo_trl.trl_first_step_loss(
         harness_config, model_copy(None), tokenizer, ROW_PROMPTS,
@@ -961,10 +964,7 @@ def test_export_from_a_run_folder_starts_from_its_warm_up(
     gradients = {k: v for k, v in deltas.items() if "loss" not in k or "/" in k}
     scale = max(g.abs().max().item() for g in trl_run.parameter_gradients)
     print(f"\nexported run's first step: {gradients}, gradient scale {scale:.2e}")
-    # The gradient by each log-prob is exact; the parameter gradients agree to
-    # 3e-8 of their size (float64), a residual this test does not explain.
-    assert gradients["d_loss/d_log_prob"] <= TOLERANCE, deltas
-    assert gradients["parameter_gradients"] <= 1e-6 * scale, deltas
+    assert max(gradients.values()) <= TOLERANCE * max(1.0, scale), deltas
     assert trl_run.log_prob_gradients.abs().max() > 0
 
 
