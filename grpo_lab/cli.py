@@ -9,6 +9,7 @@
     grpo-lab notebooks DIR [--force]                      # copy the course notebooks
     grpo-lab doctor RUN_DIR [--json]                      # name a run's problems
     grpo-lab export trl|verl --profile gpu --out DIR      # a launch folder for TRL/verl
+    grpo-lab export trl --gpus 8 --nodes 2 [--vllm-mode server] --out DIR
     grpo-lab grade SUBMISSIONS_DIR --out grades.csv      # grade submitted notebooks
 
 Every ``train`` flag is generated from a ``TrainConfig`` field, so the command
@@ -171,11 +172,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export_parser.add_argument("target", choices=("trl", "verl"))
     export_parser.add_argument(
+        "source_run", nargs="?", metavar="RUN_DIR", default=None,
+        help="a run folder: export its config, starting from its warm-up's "
+        "checkpoint (instead of profile, --config and flags)",
+    )  # fmt: skip
+    export_parser.add_argument(
         "--out", metavar="DIR", dest="out_dir", required=True, help="a new folder"
     )
     export_parser.add_argument(
         "--config", metavar="FILE", dest="config_file", default=None,
         help="a YAML or JSON file of TrainConfig fields; flags override it",
+    )  # fmt: skip
+    export_parser.add_argument(
+        "--gpus", type=int, default=1, metavar="N",
+        help="GPUs per machine (default: 1); N x M processes in all",
+    )  # fmt: skip
+    export_parser.add_argument(
+        "--nodes", type=int, default=1, metavar="M",
+        help="machines (default: 1): accelerate's machine ranks, verl's Ray cluster",
+    )  # fmt: skip
+    export_parser.add_argument(
+        "--vllm-mode", choices=("colocate", "server"), default="colocate",
+        help="trl only: vLLM beside each process, or TRL's `trl vllm-serve` server",
     )  # fmt: skip
     export_parser.set_defaults(resume_dir=None)
     add_config_arguments(export_parser, exclude=("resume",))
@@ -584,8 +602,18 @@ def run_doctor(arguments: argparse.Namespace) -> int:
 
 
 def run_export(arguments: argparse.Namespace) -> int:
-    """Write the launch folder of ``grpo-lab export trl|verl``."""
-    config = train_config(arguments)
+    """Write the launch folder of ``grpo-lab export trl|verl [RUN_DIR]``."""
+    if arguments.source_run is None:
+        config = train_config(arguments)
+    else:
+        from grpo_lab.integrations.cluster import warmed_up_config
+
+        try:
+            config = warmed_up_config(arguments.source_run)
+        except ValueError as error:
+            raise UserError(
+                str(error), "give the folder grpo-lab train wrote"
+            ) from error
     out_dir = Path(arguments.out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise UserError(f"{out_dir} is not an empty folder", "give --out a new folder")
@@ -594,8 +622,16 @@ def run_export(arguments: argparse.Namespace) -> int:
     if arguments.target == "trl" and importlib.util.find_spec("trl") is None:
         raise UserError("trl is not installed", "pip install trl==1.16.0")
     writer = importlib.import_module(module).write_launch_folder
+    cluster = {"gpus": arguments.gpus, "nodes": arguments.nodes}
+    if arguments.target == "trl":
+        cluster["vllm_mode"] = arguments.vllm_mode
+    elif arguments.vllm_mode != "colocate":
+        raise UserError(
+            "--vllm-mode is TRL's choice; verl runs its own vLLM engines",
+            "leave --vllm-mode out for verl",
+        )
     try:
-        written = writer(config, out_dir)
+        written = writer(config, out_dir, **cluster)
     except ValueError as error:
         raise UserError(str(error), "see grpo-lab export --help") from error
     except (RuntimeError, OSError) as error:  # the task's data could not be read

@@ -11,11 +11,13 @@ print each configuration's largest |difference| (loss and gradients).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import os
 import subprocess
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -43,6 +45,8 @@ from grpo_lab import cli
 from grpo_lab.advantages import compute_group_normalized_rewards
 from grpo_lab.errors import UserError
 from grpo_lab.integrations import trl as grpo_trl
+from grpo_lab.integrations import trl_launch as grpo_trl_launch
+from grpo_lab.integrations.cluster import Cluster
 from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2, load_tokenizer
 from grpo_lab.tasks import get_task
 from grpo_lab.training.config import TrainConfig
@@ -500,18 +504,26 @@ def exported(tmp_path_factory) -> Path:
     return out_dir
 
 
+ONE_GPU_CONFIGS = (
+    "single_gpu",
+    "deepspeed_zero1",
+    "deepspeed_zero2",
+    "deepspeed_zero3",
+    "fsdp",
+)
+
+
 def test_the_exported_folder_holds_loadable_configs(exported):
     names = {p.relative_to(exported).as_posix() for p in exported.rglob("*")}
     expected = {
         "train.py",
+        "launch.sh",
         "README.md",
         "grpo_config.json",
         "train_config.json",
-        "accelerate/single_gpu.yaml",
-        "accelerate/multi_gpu.yaml",
-        "accelerate/deepspeed_zero3.yaml",
+        *(f"accelerate/{name}.yaml" for name in ONE_GPU_CONFIGS),
     }
-    assert expected <= names
+    assert expected <= names and "accelerate/multi_gpu.yaml" not in names
     arguments = json.loads((exported / "grpo_config.json").read_text())
     config = TrainConfig.from_dict(
         json.loads((exported / "train_config.json").read_text())
@@ -523,19 +535,25 @@ def test_the_exported_folder_holds_loadable_configs(exported):
     assert loaded.num_generations == 4 and loaded.max_completion_length == 6
     assert loaded.steps_per_generation == 4  # 8 rollouts / microbatches of 2
     kinds = {}
-    for name in ("single_gpu", "multi_gpu", "deepspeed_zero3"):
+    for name in ONE_GPU_CONFIGS:
         values = yaml.safe_load((exported / "accelerate" / f"{name}.yaml").read_text())
         kinds[name] = values["distributed_type"]
         assert values["mixed_precision"] == "bf16"  # the gpu profile autocasts
+        assert (values["num_processes"], values["num_machines"]) == (1, 1)
     assert kinds == {
         "single_gpu": "NO",
-        "multi_gpu": "MULTI_GPU",
+        "deepspeed_zero1": "DEEPSPEED",
+        "deepspeed_zero2": "DEEPSPEED",
         "deepspeed_zero3": "DEEPSPEED",
+        "fsdp": "FSDP",
     }
-    zero3 = yaml.safe_load((exported / "accelerate/deepspeed_zero3.yaml").read_text())
-    assert zero3["deepspeed_config"]["zero_stage"] == 3
+    for stage in (1, 2, 3):
+        values = yaml.safe_load(
+            (exported / f"accelerate/deepspeed_zero{stage}.yaml").read_text()
+        )
+        assert values["deepspeed_config"]["zero_stage"] == stage
     readme = (exported / "README.md").read_text()
-    for name in ("single_gpu", "multi_gpu", "deepspeed_zero3"):
+    for name in ONE_GPU_CONFIGS:
         command = f"accelerate launch --config_file accelerate/{name}.yaml train.py"
         assert command in readme
 
@@ -593,3 +611,373 @@ def test_export_of_the_tiny_model_saves_it_beside_train_py(tmp_path):
     written = grpo_trl.write_launch_folder(config, tmp_path)
     assert tmp_path / "tiny_model" in written
     assert load_tokenizer(str(tmp_path / "tiny_model")).encode("12>")
+
+
+# --- one GPU to many nodes -------------------------------------------------------
+
+
+def export_trl(tmp_path, *flags: str) -> Path:
+    out = tmp_path / "trl_run"
+    assert cli.main(["export", "trl", *SMALL_GPU_RUN, *flags, "--out", str(out)]) == 0
+    return out
+
+
+def accelerate_files(folder: Path) -> dict[str, dict]:
+    return {
+        path.stem: yaml.safe_load(path.read_text())
+        for path in sorted((folder / "accelerate").glob("*.yaml"))
+    }
+
+
+def with_world_size(monkeypatch, processes: int) -> None:
+    """GRPOConfig validates against this process count (accelerate's world size)."""
+    monkeypatch.setattr(
+        GRPOConfig, "world_size", property(lambda self: processes), raising=False
+    )
+
+
+def test_export_for_eight_gpus_writes_every_config_with_eight_processes(
+    tmp_path, monkeypatch
+):
+    flags = ["--rollout-batch-size", "16", "--train-batch-size", "8"]
+    out = export_trl(tmp_path, "--gpus", "8", *flags)
+    files = accelerate_files(out)
+    assert set(files) == {
+        "multi_gpu",
+        "deepspeed_zero1",
+        "deepspeed_zero2",
+        "deepspeed_zero3",
+        "fsdp",
+    }
+    for name, values in files.items():
+        assert values["num_processes"] == 8 and values["num_machines"] == 1, name
+    arguments = json.loads((out / "grpo_config.json").read_text())
+    config = TrainConfig.from_dict(json.loads((out / "train_config.json").read_text()))
+    # 8 rows a step over 8 processes: 1 row each, no accumulation.
+    assert arguments["per_device_train_batch_size"] == 1
+    assert arguments["gradient_accumulation_steps"] == 1
+    with_world_size(monkeypatch, 8)
+    on_cpu = {"use_vllm": False, "bf16": False, "use_cpu": True}
+    loaded = GRPOConfig(output_dir=str(tmp_path / "o"), **{**arguments, **on_cpu})
+    global_batch = loaded.per_device_train_batch_size * 8 * 1
+    assert global_batch == config.train_batch_size
+    assert loaded.steps_per_generation == 2  # two optimizer steps per rollout batch
+    assert config.rollout_batch_size // config.train_batch_size == 2
+
+
+def test_the_batch_rule_is_trls_own(monkeypatch, tmp_path):
+    """trl_batch_problem agrees with GRPOConfig's own validation on a grid."""
+    outcomes = []
+    grid = itertools.product([1, 2, 3, 4, 8], [1, 2, 3], [8, 12, 24], [False, True])
+    for processes, per_device, generation_batch, evaluates in grid:
+        arguments = {
+            "per_device_train_batch_size": per_device,
+            "generation_batch_size": generation_batch,
+            "num_generations": 4,
+            "eval_strategy": "steps" if evaluates else "no",
+            "eval_steps": 1,
+            "per_device_eval_batch_size": 2,
+        }
+        with_world_size(monkeypatch, processes)
+        try:
+            GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, **arguments)
+            trl_refuses = False
+        except ValueError:
+            trl_refuses = True
+        ours = grpo_trl.trl_batch_problem(arguments, processes)
+        assert (ours is not None) == trl_refuses, (arguments, processes, ours)
+        outcomes.append(trl_refuses)
+    assert any(outcomes) and not all(outcomes)  # both kinds of case were seen
+
+
+def test_a_batch_that_does_not_split_names_the_counts_that_work(tmp_path, capsys):
+    out = tmp_path / "v"
+    code = cli.main(["export", "trl", *SMALL_GPU_RUN, "--gpus", "3", "--out", str(out)])
+    error = capsys.readouterr().err
+    assert code == 2
+    assert "train_batch_size 4" in error and "over 3 processes" in error
+    assert "it splits over 1, 2, 4 processes" in error
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_two_nodes_write_machine_ranks_and_a_rendezvous(tmp_path):
+    out = export_trl(tmp_path, "--gpus", "2", "--nodes", "2")
+    for name, values in accelerate_files(out).items():
+        assert (values["num_processes"], values["num_machines"]) == (4, 2), name
+        assert values["main_process_port"] == 29500
+    script = (out / "launch.sh").read_text()
+    assert "--machine_rank" in script and "--main_process_ip" in script
+    assert "--main_process_port" in script
+    readme = (out / "README.md").read_text()
+    assert "MACHINE_RANK=1 MAIN_PROCESS_IP=ADDRESS_OF_MACHINE_0" in readme
+    arguments = json.loads((out / "grpo_config.json").read_text())
+    assert arguments["per_device_train_batch_size"] == 1  # 4 rows over 4 processes
+    assert arguments["gradient_accumulation_steps"] == 1
+
+
+def test_vllm_server_mode_writes_a_server_command_and_the_gpu_split(tmp_path):
+    # 5 GPUs on one machine: GPU 4 serves, GPUs 0-3 train (4 processes).
+    out = export_trl(tmp_path, "--gpus", "5", "--vllm-mode", "server")
+    arguments = json.loads((out / "grpo_config.json").read_text())
+    assert arguments["vllm_mode"] == "server" and arguments["use_vllm"]
+    assert "vllm_gpu_memory_utilization" not in arguments
+    serve = (out / "vllm_serve.sh").read_text()
+    assert "trl vllm-serve --model" in serve
+    assert 'CUDA_VISIBLE_DEVICES="${VLLM_GPUS:-4}"' in serve
+    launch = (out / "launch.sh").read_text()
+    assert 'CUDA_VISIBLE_DEVICES="${TRAIN_GPUS:-0,1,2,3}"' in launch
+    assert {v["num_processes"] for v in accelerate_files(out).values()} == {4}
+    # Two machines: the server is a third machine with all its GPUs.
+    two = export_trl(tmp_path / "two", "--gpus", "2", "--nodes", "2", "--vllm-mode",
+                     "server")  # fmt: skip
+    assert "--data-parallel-size 2" in (two / "vllm_serve.sh").read_text()
+    assert {v["num_processes"] for v in accelerate_files(two).values()} == {4}
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--vllm-mode", "server", "--backend", "hf", "--task", "reverse"],
+         "needs backend 'vllm'"),
+        (["--vllm-mode", "server"], "needs --gpus 2 or more"),
+        (["--gpus", "0"], "--gpus must be a positive int"),
+        (["--nodes", "0"], "--nodes must be a positive int"),
+    ],
+)  # fmt: skip
+def test_a_launch_that_cannot_work_is_refused(tmp_path, capsys, flags, message):
+    out = tmp_path / "v"
+    code = cli.main(["export", "trl", *SMALL_GPU_RUN, *flags, "--out", str(out)])
+    assert code == 2 and message in capsys.readouterr().err
+
+
+def test_the_readme_says_what_the_export_changed_from_trls_defaults(exported):
+    readme = (exported / "README.md").read_text()
+    assert "vllm_importance_sampling_correction=False" in readme
+    assert "| `vllm_importance_sampling_correction` | `True` | `False` |" in readme
+    assert "| `use_bias_correction_kl` | `True` | `False` |" in readme
+    assert "| `loss_type` | `'dapo'` | `'grpo'` |" in readme
+    assert 'pip install "PATH/TO/grpo-lab[bench,vllm]"' in readme
+    assert "pip install verl" not in readme and "grpo-lab==" not in readme
+    changes = grpo_trl_launch.engine_default_changes({"loss_type": "dapo"})
+    assert changes == []  # TRL's own default is not a change
+
+
+def absolute_paths_in(folder: Path, *roots: Path) -> list[str]:
+    """Files under ``folder`` whose bytes hold one of ``roots`` (this machine's)."""
+    places = (*roots, Path(tempfile.gettempdir()), Path.home())
+    needles = {str(place).encode() for place in places}
+    found = []
+    for path in folder.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            found += [f"{path}: {n!r}" for n in needles if n in data]
+    return found
+
+
+def test_no_exported_file_holds_an_absolute_path(tmp_path, tiny_model_dir):
+    # The tiny model (its weights are written), a task read from local files,
+    # a run folder and several machines: every file is scanned, bytes and all.
+    data = Path(__file__).parent / "data"
+    options = json.dumps(
+        {"train_path": str(data / "gsm8k_train.jsonl"),
+         "eval_path": str(data / "gsm8k_test.jsonl")}
+    )  # fmt: skip
+    repo = Path(__file__).resolve().parents[1]
+    common = ["--task", "gsm8k", "--task-options", options, "--eval-size", "4",
+              "--run-dir", str(tmp_path / "run"), "--gpus", "2", "--nodes", "2"]  # fmt: skip
+    trl_out, verl_out = tmp_path / "trl", tmp_path / "verl"
+    trl_flags = ["--profile", "smoke", "--sft-max-steps", "0", "--backend", "vllm",
+                 "--device", "cuda"]  # fmt: skip
+    assert cli.main(["export", "trl", *trl_flags, *common, "--out", str(trl_out)]) == 0
+    verl_flags = ["--profile", "gpu", "--model", "Qwen/Qwen2.5-0.5B-Instruct"]
+    assert (
+        cli.main(["export", "verl", *verl_flags, *common, "--out", str(verl_out)]) == 0
+    )
+    for folder in (trl_out, verl_out):
+        assert (folder / "task_files").is_dir()
+        assert absolute_paths_in(folder, tmp_path, repo, Path(sys.prefix)) == []
+    config = json.loads((trl_out / "train_config.json").read_text())
+    assert config["run_dir"] is None
+    assert (
+        config["task_options"]["train_path"]
+        == "task_files/train_path_gsm8k_train.jsonl"
+    )
+
+
+def test_export_verl_of_the_gpu_profile_works_offline_from_local_files(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setitem(sys.modules, "datasets", None)  # any hub read would fail
+    data = Path(__file__).parent / "data"
+    options = json.dumps(
+        {"train_path": str(data / "gsm8k_train.jsonl"),
+         "eval_path": str(data / "gsm8k_test.jsonl")}
+    )  # fmt: skip
+    out = tmp_path / "verl"
+    flags = ["--profile", "gpu", "--task-options", options, "--eval-size", "4"]
+    assert cli.main(["export", "verl", *flags, "--out", str(out)]) == 0
+    rows = [
+        json.loads(line) for line in (out / "data/train.jsonl").read_text().splitlines()
+    ]
+    questions = {json.loads(line)["question"] for line in
+                 (data / "gsm8k_train.jsonl").read_text().splitlines()}  # fmt: skip
+    assert len(rows) == 200 * 32  # steps x prompts per step, from 6 local questions
+    assert all(any(q in r["prompt"][0]["content"] for q in questions) for r in rows)
+    namespace: dict = {"__file__": str(out / "data" / "reward.py")}
+    exec((out / "data" / "reward.py").read_text(), namespace)  # builds the task there
+    truth = rows[0]["reward_model"]["ground_truth"]
+    answer = f" x </think> <answer> {truth} </answer>"
+    assert namespace["compute_score"]("grpo_lab/gsm8k", answer, truth) == 1.0
+
+
+def test_export_verl_for_one_gpu_fits_its_rollout_on_it():
+    from grpo_lab.integrations import verl_launch
+
+    config = TrainConfig.for_profile("gpu", task="reverse", eval_size=8)
+    overrides = verl_launch.launch_overrides(config)
+    assert overrides["actor_rollout_ref.rollout.tensor_model_parallel_size"] == 1
+    assert overrides["trainer.n_gpus_per_node"] == 1
+    assert overrides["trainer.nnodes"] == 1
+    many = verl_launch.launch_overrides(config, cluster=Cluster(8, 2))
+    assert (many["trainer.n_gpus_per_node"], many["trainer.nnodes"]) == (8, 2)
+    # 128 responses a step over 16 GPUs: 8 each, in micro-batches of 2 (the
+    # config's 64 accumulation steps of 2 rows).
+    assert many["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] == 2
+    with pytest.raises(ValueError, match="splits over 1, 2, 4, 8, 16, 32, 64"):
+        verl_launch.launch_overrides(config, cluster=Cluster(3, 1))
+
+
+def test_report_to_in_any_case_reaches_both_engines_lower_case(tmp_path):
+    from grpo_lab.integrations import verl_launch
+
+    config = TrainConfig.for_profile("gpu", task="reverse", report_to="TensorBoard")
+    assert grpo_trl.to_trl_config(config)["report_to"] == ["tensorboard"]
+    logger = verl_launch.launch_overrides(config)["trainer.logger"]
+    assert logger == ["console", "tensorboard"]
+    both = TrainConfig.for_profile("gpu", task="reverse", report_to="none")
+    assert grpo_trl.to_trl_config(both)["report_to"] == "none"
+    assert verl_launch.launch_overrides(both)["trainer.logger"] == ["console"]
+    out = tmp_path / "v"
+    flags = ["--profile", "gpu", "--task", "reverse", "--eval-size", "8"]
+    assert cli.main(["export", "verl", *flags, "--report-to", "TensorBoard",
+                     "--out", str(out)]) == 0  # fmt: skip
+    assert "trainer.logger=[console,tensorboard]" in (out / "overrides.txt").read_text()
+
+
+# --- rows made true ------------------------------------------------------------------
+
+
+def test_mask_truncated_completions_is_refused_where_trl_disagrees():
+    # tests/test_trl_parity.py shows the disagreement: TRL masks 3 of 4
+    # completions cut at "</answer>", grpo_lab none.
+    with pytest.raises(UserError, match="mask_truncated_completions True") as error:
+        grpo_trl.to_trl_config(gpu_config(mask_truncated_completions=True))
+    assert "</answer>" in str(error.value)
+    plain = gpu_config(task="reverse", mask_truncated_completions=True)
+    assert grpo_trl.to_trl_config(plain)["mask_truncated_completions"] is True
+
+
+def test_weight_decay_reaches_every_parameter_as_in_grpo_lab(tokenizer, tmp_path):
+    config = TrainConfig.for_profile("cpu", **{**HARNESS, "weight_decay": 0.1})
+    assert "weight_decay 0.1 on every parameter" in grpo_trl.grpo_lab_trainer_reasons(
+        config
+    )
+    groups = {}
+    for name, trainer_class in (
+        ("trl", GRPOTrainer),
+        ("grpo_lab", grpo_trl.GrpoLabTrainer),
+    ):
+        keywords = {} if trainer_class is GRPOTrainer else {"train_config": config}
+        trainer = grpo_trl.fixed_completions_trainer(
+            {"num_generations": GROUP_SIZE, "max_completion_length": 6,
+             "weight_decay": 0.1},
+            fresh_model(tokenizer), tokenizer, ROW_PROMPTS,
+            [encode(tokenizer, c) for c in COMPLETIONS], REWARDS, tmp_path,
+            trainer_class=trainer_class, **keywords,
+        )  # fmt: skip
+        optimizer = trainer.create_optimizer()
+        groups[name] = {
+            decay: sum(len(g["params"]) for g in optimizer.param_groups
+                       if g["weight_decay"] == decay)
+            for decay in (0.0, 0.1)
+        }  # fmt: skip
+    total = len(list(fresh_model(tokenizer).parameters()))
+    # HF's Trainer leaves biases and norm weights undecayed; grpo_lab decays all.
+    assert groups["trl"][0.0] > 0 and groups["trl"][0.1] < total
+    assert groups["grpo_lab"] == {0.0: 0, 0.1: total}
+    print(f"\nundecayed tensors: HF's Trainer {groups['trl'][0.0]} of {total}, "
+          "GrpoLabTrainer 0")  # fmt: skip
+
+
+# --- export trl RUN_DIR ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def warmed_up_run(tmp_path_factory) -> Path:
+    """A smoke-profile run: a 2-step warm-up, then 2 GRPO steps (step 0 kept)."""
+    run_dir = tmp_path_factory.mktemp("run") / "run"
+    flags = ["--profile", "smoke", "--max-new-tokens", "6", "--checkpoint-every", "5"]
+    assert cli.main(["train", *flags, "--run-dir", str(run_dir)]) == 0
+    return run_dir
+
+
+@pytest.mark.slow
+def test_export_from_a_run_folder_starts_from_its_warm_up(
+    warmed_up_run, tmp_path, tokenizer, monkeypatch
+):
+    import test_trl_parity
+
+    out = tmp_path / "trl"
+    assert cli.main(["export", "trl", str(warmed_up_run), "--out", str(out)]) == 0
+    config = TrainConfig.from_dict(json.loads((out / "train_config.json").read_text()))
+    assert (config.model, config.sft_max_steps, config.run_dir) == ("model", 0, None)
+    assert absolute_paths_in(out, tmp_path, warmed_up_run) == []
+    warm = (warmed_up_run / "checkpoints" / "step_000000").resolve()
+    exported = grpo_trl_load_model(out / "model")
+    started = grpo_trl_load_model(warm)
+    fresh = build_tiny_qwen2(tokenizer, seed=0, hidden_size=16, num_layers=2,
+                             intermediate_size=64)  # fmt: skip
+    for ours, theirs in zip(exported.parameters(), started.parameters()):
+        assert torch.equal(ours, theirs)  # the warmed-up weights, unchanged
+    assert not all(
+        torch.equal(a, b) for a, b in zip(exported.parameters(), fresh.parameters())
+    )
+    # Its first step on TRL against grpo_lab's, on the harness's completions
+    # with the exported model (on-policy REINFORCE: the gradients agree).
+    model_copy = lambda _tokenizer: grpo_trl_load_model(out / "model").double()  # noqa: E731
+    monkeypatch.setattr(test_trl_parity, "fresh_model", model_copy)
+    randn = torch.randn
+    monkeypatch.setattr(torch, "randn", lambda *a, **k: randn(*a, **k) * 0)
+    # share_prompt_prefix off, as in the harness (with it on, the parameter
+    # gradients differ by 3e-8 of their size in float64).
+    batch = {"rollout_batch_size": 12, "train_batch_size": 12}
+    batch["share_prompt_prefix"] = False
+    harness_config = dataclasses.replace(config, **batch)
+    trl_run = grpo_trl.trl_first_step_loss(
+        harness_config, model_copy(None), tokenizer, ROW_PROMPTS,
+        [encode(tokenizer, c) for c in COMPLETIONS], REWARDS, tmp_path, **off_policy(),
+    )  # fmt: skip
+    monkeypatch.undo()
+    monkeypatch.setattr(test_trl_parity, "fresh_model", model_copy)
+    deltas = max_deltas(
+        trl_run, run_grpo_lab(tokenizer, trl_run, harness_config.update_settings())
+    )
+    gradients = {k: v for k, v in deltas.items() if "loss" not in k or "/" in k}
+    scale = max(g.abs().max().item() for g in trl_run.parameter_gradients)
+    print(f"\nexported run's first step: {gradients}, gradient scale {scale:.2e}")
+    assert max(gradients.values()) <= TOLERANCE * max(1.0, scale), deltas
+    assert trl_run.log_prob_gradients.abs().max() > 0
+
+
+def grpo_trl_load_model(folder: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(folder))
+
+
+def test_export_from_a_folder_that_is_no_run_is_refused(tmp_path, capsys):
+    code = cli.main(["export", "trl", str(tmp_path), "--out", str(tmp_path / "o")])
+    assert code == 2 and "RUN_DIR must be a folder grpo-lab train wrote" in (
+        capsys.readouterr().err
+    )

@@ -530,3 +530,103 @@ def test_every_trl_field_in_the_translation_table_exists():
         if value is not None:  # a value that field's help text documents
             help_text = fields[name].metadata["help"]
             assert re.search(rf"\b{re.escape(value)}\b", help_text), (name, value)
+
+
+# --- where TRL and grpo_lab differ, measured ---------------------------------------
+
+
+def test_entropy_bonus_under_accumulation_differs_by_a_measured_amount(
+    tokenizer, tmp_path
+):
+    # Two microbatches of 14 and 13 tokens. TRL subtracts coef x (each
+    # microbatch's own token mean of the entropy) / 2; grpo_lab's token
+    # normalization takes the whole batch's token mean. The policy term agrees
+    # (test_dapo_under_uneven_accumulation_matches_and_bnpo_does_not), so the
+    # whole difference is the bonus's.
+    fields = {"loss_type": "dapo", "entropy_coef": 0.05}
+    trainer = make_trainer(
+        tokenizer, tmp_path, REWARDS, gradient_accumulation_steps=2, **fields
+    )
+    trl_run = run_trl(trainer)
+    ours = run_grpo_lab(
+        tokenizer,
+        trl_run,
+        settings_for({**LOSS_TYPES["dapo"], "entropy_coef": 0.05}),
+        2,
+    )
+    deltas = max_deltas(trl_run, ours)
+    scale = max(g.abs().max().item() for g in trl_run.parameter_gradients)
+    relative = deltas["parameter_gradients"] / scale
+    REPORT["entropy_coef=0.05, dapo, 2 uneven microbatches (relative)"] = relative
+    print(
+        f"\nentropy bonus under accumulation: relative gradient difference {relative:.1e}"
+    )
+    assert relative > 1e-7  # differs: the translation table says so
+    assert relative < 1e-2  # and only by the bonus's share
+
+
+class _Gather:
+    """accelerate's pad_across_processes and gather for processes whose other
+    ranks hold ``others`` (an empty tensor: one process)."""
+
+    def __init__(self, others: torch.Tensor):
+        self.others = others
+
+    def pad_across_processes(self, tensor, dim=0, pad_index=0):
+        return tensor
+
+    def gather(self, tensor):
+        return torch.cat([tensor, self.others.to(tensor.dtype)])
+
+
+def test_top_entropy_quantile_spans_every_process_in_trl(tokenizer):
+    from types import SimpleNamespace
+
+    from trl import GRPOTrainer
+
+    from grpo_lab.losses import high_entropy_mask
+
+    generator = torch.Generator().manual_seed(0)
+    entropy = torch.rand(4, 5, generator=generator)  # (B, T) this process's
+    mask = torch.arange(5)[None, :] < torch.tensor([[5], [3], [4], [2]])  # (B, T)
+    others = 0.5 + torch.rand(14, generator=generator)  # a second process's tokens
+    ours = high_entropy_mask(entropy, mask, 0.3)  # (B, T)
+    one = GRPOTrainer.get_high_entropy_mask(
+        SimpleNamespace(accelerator=_Gather(torch.empty(0))), entropy, mask, 0.7
+    )
+    two = GRPOTrainer.get_high_entropy_mask(
+        SimpleNamespace(accelerator=_Gather(others)), entropy, mask, 0.7
+    )
+    assert torch.equal(one, ours)  # one process: the same tokens
+    changed = int((two != ours).sum())
+    REPORT["top_entropy_quantile=0.3, 2 processes: tokens chosen differently"] = changed
+    print(f"\ntop_entropy_quantile over 2 processes: {changed} of 14 tokens differ")
+    assert changed > 0
+
+
+def test_mask_truncated_completions_disagrees_at_a_stop_string(tmp_path):
+    from grpo_lab.models import DEFAULT_CHARACTERS
+    from grpo_lab.training.overlong import truncated_rows
+
+    tokenizer = build_char_tokenizer(DEFAULT_CHARACTERS + "</answer>")
+    model = build_tiny_qwen2(tokenizer, seed=0, **SIZES).double()
+    # Three answers stop at "</answer>" (no EOS, as vLLM's stop leaves them),
+    # one ends in EOS; none ran out of its 20 tokens.
+    texts = ["<answer>1</answer>", "<answer>2</answer>", "<answer>3</answer>", "12"]
+    ids = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+    ids[3] = [*ids[3], tokenizer.eos_token_id]
+    trainer = fixed_completions_trainer(
+        {"num_generations": 4, "max_completion_length": 20,
+         "mask_truncated_completions": True},
+        model, tokenizer, ["12>"] * 4, ids, [1.0, 0.0, 1.0, 0.0], tmp_path,
+    )  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        inputs = trainer._generate_and_score_completions([{"prompt": "12>"}] * 4)
+    trl_masked = (inputs["completion_mask"].sum(dim=1) == 0).tolist()
+    ours = truncated_rows(
+        texts, ids, [len(i) for i in ids], eos_token_ids=[tokenizer.eos_token_id],
+        stop_strings=("</answer>",), max_new_tokens=20,
+    )  # fmt: skip
+    assert trl_masked == [True, True, True, False]  # 3 of 4 masked by TRL
+    assert ours.tolist() == [False, False, False, False]  # 0 by grpo_lab

@@ -34,8 +34,10 @@ import torch
 
 from grpo_lab.advantages import compute_group_normalized_rewards
 from grpo_lab.errors import UserError
+from grpo_lab.integrations.cluster import refusal_counts, split_rows
 from grpo_lab.tasks import Task, get_task
 from grpo_lab.training.config import TrainConfig, inert_settings
+from grpo_lab.training.trackers import parse_report_to
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -73,26 +75,51 @@ def data_parallel_batch(config: TrainConfig, num_processes: int) -> dict[str, in
     the global train batch: rows x processes x steps = train_batch_size.
 
     The microbatch (memory per device) is kept and the accumulation shrinks
-    when ``num_processes`` divides it; else the microbatch is split.
+    when ``num_processes`` divides it; else the microbatch is split; else the
+    largest per-device batch up to the microbatch that divides the process's
+    share. TRL's own rule then holds (:func:`trl_batch_problem`).
     """
     rows = config.train_batch_size // config.gradient_accumulation_steps
     steps = config.gradient_accumulation_steps
     if steps % num_processes == 0:
-        return {
-            "per_device_train_batch_size": rows,
-            "gradient_accumulation_steps": steps // num_processes,
-        }
-    if rows % num_processes == 0:
-        return {
-            "per_device_train_batch_size": rows // num_processes,
-            "gradient_accumulation_steps": steps,
-        }
-    raise _refuse(
-        "train_batch_size",
-        config.train_batch_size,
-        f"neither its {steps} accumulation steps nor its microbatch of {rows} "
-        f"rows split over {num_processes} processes",
-    )
+        per_device, steps = rows, steps // num_processes
+    elif rows % num_processes == 0:
+        per_device = rows // num_processes
+    else:
+        split = split_rows(config.train_batch_size, num_processes, rows)
+        if split is None:
+            raise _refuse(
+                "train_batch_size",
+                config.train_batch_size,
+                f"its rows do not split over {num_processes} processes; "
+                + refusal_counts(lambda n: config.train_batch_size % n == 0),
+            )
+        per_device, steps = split
+    return {
+        "per_device_train_batch_size": per_device,
+        "gradient_accumulation_steps": steps,
+    }
+
+
+def trl_batch_problem(arguments: dict[str, Any], num_processes: int) -> str | None:
+    """What TRL 1.16's ``GRPOConfig`` would refuse in ``arguments`` on
+    ``num_processes`` processes (None: nothing), by its own rules: the
+    generation batch divides by per_device_train_batch_size x processes and
+    by num_generations, and the global eval batch by num_generations."""
+    global_batch = arguments["per_device_train_batch_size"] * num_processes
+    generations = arguments["num_generations"]
+    if arguments["generation_batch_size"] % global_batch:
+        return (
+            f"generation_batch_size ({arguments['generation_batch_size']}) must be "
+            f"divisible by the global batch size ({global_batch})"
+        )
+    if arguments["generation_batch_size"] % generations:
+        return "generation_batch_size must be divisible by num_generations"
+    evaluates = arguments.get("eval_strategy", "no") != "no"
+    eval_batch = arguments.get("per_device_eval_batch_size", 8) * num_processes
+    if evaluates and eval_batch % generations:
+        return f"the global eval batch ({eval_batch}) must divide by {generations}"
+    return None
 
 
 def _train_batch(config: TrainConfig, num_processes: int) -> dict[str, Any]:
@@ -329,6 +356,18 @@ def _dynamic_sampling(config: TrainConfig, num_processes: int) -> dict[str, Any]
 
 
 def _mask_truncated(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    """TRL masks every completion whose last id is not EOS (or pad); grpo_lab
+    masks those cut at max_new_tokens. They agree unless the task stops at a
+    string: a completion ending in "</answer>" is truncated for TRL only."""
+    stops = get_task(config.task, **config.task_options).stop_strings
+    if config.mask_truncated_completions and stops:
+        raise _refuse(
+            "mask_truncated_completions",
+            True,
+            f"TRL counts a completion that stops at {list(stops)} (no EOS) as "
+            "truncated and masks it, where grpo_lab keeps it; use False, or "
+            "overlong_buffer, for this task",
+        )
     return {"mask_truncated_completions": config.mask_truncated_completions}
 
 
@@ -397,10 +436,7 @@ def _checkpoint_every(config: TrainConfig, num_processes: int) -> dict[str, Any]
 
 
 def _report_to(config: TrainConfig, num_processes: int) -> dict[str, Any]:
-    names = config.report_to
-    if isinstance(names, str):
-        names = [n.strip() for n in names.split(",") if n.strip()]
-    names = [n for n in names if n != "none"]
+    names = list(parse_report_to(config.report_to))  # TRL's names are lower case
     return {"report_to": names or "none", "logging_steps": 1}
 
 
@@ -463,7 +499,8 @@ TRANSLATIONS: dict[str, Translation] = {
         ("per_device_train_batch_size",),
         _train_batch,
         "train_batch_size / gradient_accumulation_steps (/ processes if the "
-        "steps do not split)",
+        "steps do not split); refused, naming the process counts that work, "
+        "where TRL's batch rules fail",
     ),
     "epochs_per_rollout_batch": T(("num_iterations",), _epochs, "exact"),
     "gradient_accumulation_steps": T(
@@ -476,7 +513,10 @@ TRANSLATIONS: dict[str, Translation] = {
         "constant; a warm-up is GrpoLabTrainer's, in GRPO steps",
     ),
     "weight_decay": T(
-        ("weight_decay",), lambda c, n: {"weight_decay": c.weight_decay}, "exact"
+        ("weight_decay",),
+        lambda c, n: {"weight_decay": c.weight_decay},
+        "exact: > 0 decays every parameter, as grpo_lab does, through "
+        "GrpoLabTrainer (HF's Trainer skips biases and norm weights)",
     ),
     "adam_beta2": T(
         ("adam_beta1", "adam_beta2", "adam_epsilon"),
@@ -521,8 +561,18 @@ TRANSLATIONS: dict[str, Translation] = {
     "kl_importance_weighting": T(
         ("use_bias_correction_kl",), _kl_weighting, "always given (TRL's default: on)"
     ),
-    "entropy_coef": T(("entropy_coef",), _entropy, "loss_normalization token only"),
-    "top_entropy_quantile": T(("top_entropy_quantile",), _top_entropy, "exact"),
+    "entropy_coef": T(
+        ("entropy_coef",),
+        _entropy,
+        "loss_normalization token only; exact on one microbatch, differs under "
+        "accumulation (TRL: each microbatch's own token mean)",
+    ),
+    "top_entropy_quantile": T(
+        ("top_entropy_quantile",),
+        _top_entropy,
+        "exact on one process; differs on several (TRL's quantile spans every "
+        "process's microbatch)",
+    ),
     "temperature": T(("temperature",), _temperature, "exact"),
     "top_p": T(
         ("top_p", "top_k", "min_p", "repetition_penalty"),
@@ -563,7 +613,10 @@ TRANSLATIONS: dict[str, Translation] = {
         (), lambda c, n: {}, "read only with dynamic_sampling"
     ),
     "mask_truncated_completions": T(
-        ("mask_truncated_completions",), _mask_truncated, "exact"
+        ("mask_truncated_completions",),
+        _mask_truncated,
+        "exact without stop strings; refused with them (TRL masks what ends "
+        "without EOS)",
     ),
     "overlong_buffer": T((), _overlong, "None only: a reward function in TRL"),
     "overlong_penalty": T((), lambda c, n: {}, "read only with overlong_buffer"),
@@ -633,7 +686,30 @@ def to_trl_config(config: TrainConfig, *, num_processes: int = 1) -> dict[str, A
             continue
         arguments.update(translation.convert(config, num_processes))
     arguments.setdefault("epsilon", 0.2)
+    problem = trl_batch_problem(arguments, num_processes)
+    if problem is not None:
+        raise _refuse(
+            "rollout_batch_size",
+            config.rollout_batch_size,
+            f"TRL refuses it on {num_processes} processes ({problem}); "
+            + refusal_counts(lambda n: _fits_trl(config, n)),
+        )
     return arguments
+
+
+def _fits_trl(config: TrainConfig, num_processes: int) -> bool:
+    """Whether TRL's batch rules hold for ``config`` on ``num_processes``."""
+    try:
+        batch = data_parallel_batch(config, num_processes)
+    except UserError:
+        return False
+    arguments = {
+        **batch,
+        "generation_batch_size": config.rollout_batch_size,
+        "num_generations": config.group_size,
+        **_eval_every(config, num_processes),
+    }
+    return trl_batch_problem(arguments, num_processes) is None
 
 
 def grpo_lab_trainer_reasons(
@@ -654,6 +730,8 @@ def grpo_lab_trainer_reasons(
         reasons.append(f"normalization_constant {config.normalization_constant!r}")
     if config.lr_warmup_steps > 0:
         reasons.append(f"lr_warmup_steps {config.lr_warmup_steps}")
+    if config.weight_decay > 0:
+        reasons.append(f"weight_decay {config.weight_decay!r} on every parameter")
     return reasons
 
 
@@ -731,7 +809,8 @@ def __getattr__(name: str) -> Any:
 
 def _grpo_lab_trainer(base: type) -> type:
     class GrpoLabTrainer(base):
-        """GRPOTrainer with grpo_lab's advantages, constant divisor and warm-up.
+        """GRPOTrainer with grpo_lab's advantages, constant divisor, warm-up and
+        weight decay on every parameter.
 
         ``train_config`` is the run's TrainConfig. Advantages are recomputed
         from TRL's gathered rewards by
@@ -781,6 +860,11 @@ def _grpo_lab_trainer(base: type) -> type:
             # dr_grpo divided by rows x length x steps; grpo_lab divides by C.
             scale = rows * steps * self.max_completion_length
             return loss * (scale / self.train_config.normalization_constant)
+
+        def get_decay_parameter_names(self, model) -> list[str]:
+            # grpo_lab's AdamW decays every parameter; HF's Trainer would skip
+            # biases and norm weights.
+            return [name for name, _ in model.named_parameters()]
 
         def create_scheduler(self, num_training_steps, optimizer=None):
             warmup = self.train_config.lr_warmup_steps
@@ -1092,217 +1176,11 @@ def save_frozen_config(config: TrainConfig, out_dir: Path) -> list[Path]:
     return [grpo_path, train_path]
 
 
-# --- the launch folder of ``grpo-lab export trl`` ------------------------------------
-
-TRAIN_SCRIPT = '''"""Train train_config.json's run on TRL's GRPOTrainer (TRL {version}).
-
-    accelerate launch --config_file accelerate/single_gpu.yaml train.py
-    python train.py --model PATH --max-steps 1 --use-cpu      # a dry run
-
-grpo_config.json holds the GRPOConfig arguments that ``grpo-lab export trl``
-translated from train_config.json (one process); with more processes the
-per-device batch and the accumulation steps are set so that the global batch
-stays the config's. See README.md.
-"""
-
-import argparse
-import json
-import os
-from pathlib import Path
-
-from trl import GRPOConfig, GRPOTrainer
-
-from grpo_lab.integrations.trl import (
-    data_parallel_batch,
-    task_dataset,
-    trainer_class_for,
-    trl_reward_function,
-)
-from grpo_lab.models import load_tokenizer
-from grpo_lab.tasks import get_task
-from grpo_lab.training.config import TrainConfig
-
-HERE = Path(__file__).resolve().parent
-# A CPU dry run: no vLLM engine (nor its stop strings), no autocast, float32.
-CPU_ARGUMENTS = {{
-    "generation_kwargs": None,
-    "use_cpu": True,
-    "use_vllm": False,
-    "bf16": False,
-    "fp16": False,
-    "gradient_checkpointing": False,
-    "model_init_kwargs": {{"dtype": "float32"}},
-}}
+# --- the launch folder (grpo_lab.integrations.trl_launch) ---------------------------
 
 
-def parse_arguments() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="Train on TRL's GRPOTrainer.")
-    parser.add_argument("--model", help="a model folder or hub name to use instead")
-    parser.add_argument("--max-steps", type=int, help="stop after N optimizer steps")
-    parser.add_argument("--use-cpu", action="store_true", help="run on the CPU")
-    parser.add_argument("--output-dir", default=str(HERE / "output"))
-    return parser.parse_args()
+def write_launch_folder(config: TrainConfig, out_dir: str | Path, **options: Any):
+    """:func:`grpo_lab.integrations.trl_launch.write_launch_folder`."""
+    from grpo_lab.integrations.trl_launch import write_launch_folder as write
 
-
-def main() -> None:
-    options = parse_arguments()
-    config = TrainConfig.from_dict(json.loads((HERE / "train_config.json").read_text()))
-    arguments = json.loads((HERE / "grpo_config.json").read_text())
-    processes = int(os.environ.get("WORLD_SIZE", "1"))
-    arguments.update(data_parallel_batch(config, processes))
-    if options.max_steps is not None:
-        arguments["max_steps"] = options.max_steps
-    if options.use_cpu:
-        arguments.update(CPU_ARGUMENTS)
-    grpo_config = GRPOConfig(output_dir=options.output_dir, **arguments)
-
-    task = get_task(config.task, **config.task_options)
-    model = options.model or (
-        str(HERE / "tiny_model") if config.model == "tiny" else config.model
-    )
-    prompts = config.steps * config.prompts_per_step
-    chat = {{"chat_template": config.chat_template}}
-    train_dataset = task_dataset(task, "train", prompts, config.seed, **chat)
-    eval_dataset = None
-    if config.eval_every:
-        eval_dataset = task_dataset(task, "eval", config.eval_size, config.seed, **chat)
-    trainer_class = trainer_class_for(config, num_processes=processes)
-    extra = {{}} if trainer_class is GRPOTrainer else {{"train_config": config}}
-    trainer = trainer_class(
-        model=model,
-        reward_funcs=trl_reward_function(task),
-        args=grpo_config,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
-        processing_class=load_tokenizer(model),
-        **extra,
-    )
-    trainer.train(resume_from_checkpoint=True if config.resume else None)
-    trainer.save_model(str(Path(options.output_dir) / "final_model"))
-
-
-if __name__ == "__main__":
-    main()
-'''
-
-ACCELERATE_COMMON = {
-    "compute_environment": "LOCAL_MACHINE",
-    "debug": False,
-    "downcast_bf16": "no",
-    "machine_rank": 0,
-    "main_training_function": "main",
-    "num_machines": 1,
-    "rdzv_backend": "static",
-    "same_network": True,
-    "tpu_env": [],
-    "tpu_use_cluster": False,
-    "tpu_use_sudo": False,
-    "use_cpu": False,
-}
-ZERO3 = {
-    "deepspeed_multinode_launcher": "standard",
-    "offload_optimizer_device": "none",
-    "offload_param_device": "none",
-    "zero3_init_flag": True,
-    "zero3_save_16bit_model": True,
-    "zero_stage": 3,
-}
-DEFAULT_GPUS = 8
-
-
-def accelerate_configs(config: TrainConfig) -> dict[str, dict[str, Any]]:
-    """accelerate 1.x ``accelerate config`` files: one GPU, DDP, DeepSpeed ZeRO-3."""
-    precision = {"bfloat16": "bf16", "float16": "fp16"}.get(config.autocast_dtype)
-    common = {**ACCELERATE_COMMON, "mixed_precision": precision or "no"}
-    return {
-        "single_gpu.yaml": {
-            **common,
-            "distributed_type": "NO",
-            "gpu_ids": "0",
-            "num_processes": 1,
-        },
-        "multi_gpu.yaml": {
-            **common,
-            "distributed_type": "MULTI_GPU",
-            "gpu_ids": "all",
-            "num_processes": DEFAULT_GPUS,
-        },
-        "deepspeed_zero3.yaml": {
-            **common,
-            "distributed_type": "DEEPSPEED",
-            "deepspeed_config": ZERO3,
-            "num_processes": DEFAULT_GPUS,
-        },
-    }
-
-
-def _launch_readme(config: TrainConfig) -> str:
-    reasons = grpo_lab_trainer_reasons(config)
-    trainer = (
-        "GrpoLabTrainer (a GRPOTrainer subclass) for: " + ", ".join(reasons)
-        if reasons
-        else "trl.GRPOTrainer itself"
-    )
-    commands = "\n".join(
-        f"accelerate launch --config_file accelerate/{name} train.py"
-        for name in accelerate_configs(config)
-    )
-    return f"""# A grpo_lab run on TRL's GRPOTrainer
-
-Written by `grpo-lab export trl` for TRL {TESTED_TRL_VERSION}.
-`train_config.json` is the run's TrainConfig; `grpo_config.json` holds the
-GRPOConfig arguments translated from it (one process). The trainer is
-{trainer}.
-
-Launch from this folder, on one GPU, on {DEFAULT_GPUS} GPUs with DDP, or on
-{DEFAULT_GPUS} GPUs with DeepSpeed ZeRO-3 (change `num_processes` in the file,
-or add `--num_processes N`; the global batch stays the config's):
-
-```
-{commands}
-```
-
-A dry run on the CPU with a small local model:
-
-```
-python train.py --model PATH --max-steps 1 --use-cpu
-```
-
-Checkpoints and the final model go to `output/` (`--output-dir DIR`).
-"""
-
-
-def write_launch_folder(config: TrainConfig, out_dir: str | Path) -> list[Path]:
-    """Write ``out_dir`` for TRL: train.py, grpo_config.json, train_config.json,
-    accelerate/*.yaml, README.md (and tiny_model/ for the tiny model).
-
-    Raises ``UserError`` for a setting TRL cannot run, before writing anything.
-    """
-    import yaml
-
-    out_dir = Path(out_dir)
-    to_trl_config(config)  # refuse first
-    (out_dir / "accelerate").mkdir(parents=True, exist_ok=True)
-    written = save_frozen_config(config, out_dir)
-    script = out_dir / "train.py"
-    script.write_text(TRAIN_SCRIPT.format(version=TESTED_TRL_VERSION))
-    written.append(script)
-    for name, values in accelerate_configs(config).items():
-        path = out_dir / "accelerate" / name
-        path.write_text(yaml.safe_dump(values, sort_keys=True))
-        written.append(path)
-    readme = out_dir / "README.md"
-    readme.write_text(_launch_readme(config))
-    written.append(readme)
-    if config.model == "tiny":
-        written.append(_save_tiny_model(config, out_dir / "tiny_model"))
-    return written
-
-
-def _save_tiny_model(config: TrainConfig, folder: Path) -> Path:
-    from grpo_lab.training.loop import tiny_model
-
-    model, tokenizer = tiny_model(config)
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+    return write(config, out_dir, **options)
