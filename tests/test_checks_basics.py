@@ -412,3 +412,56 @@ def _helper_calling_the_package(logits):
 
 def entropy_via_helper(logits):
     return _helper_calling_the_package(logits)
+
+
+# --- every check: how many of its cases passed ------------------------------------
+
+
+def test_a_passing_check_reports_every_case_passed(capsys):
+    assert check_group_normalized_advantages(advantages_reference) is True
+    assert "correct ✔ (4 of 4 cases passed)" in capsys.readouterr().out
+
+
+def test_a_failing_check_counts_the_cases_it_passed():
+    # Wrong only on groups of two: the last of the four cases.
+    def wrong_for_pairs(raw_rewards, group_size, advantage_eps):
+        if group_size == 2:
+            return torch.zeros_like(raw_rewards)
+        return advantages_reference(raw_rewards, group_size, advantage_eps)
+
+    with pytest.raises(ExerciseFailed, match="group_size=2") as failure:
+        check_group_normalized_advantages(wrong_for_pairs)
+    assert (failure.value.cases_passed, failure.value.cases_run) == (3, 4)
+    assert str(failure.value).endswith("3 of 4 cases passed")
+
+
+def test_a_half_done_answer_fails_rather_than_reading_not_attempted():
+    def half_done(raw_rewards, group_size, advantage_eps):
+        if group_size == 4:
+            return advantages_reference(raw_rewards, group_size, advantage_eps)
+        raise NotImplementedError  # the other group sizes: still the stub
+
+    with pytest.raises(ExerciseFailed, match="still raises NotImplementedError"):
+        check_group_normalized_advantages(half_done)
+
+
+def test_a_student_exception_keeps_its_type_and_gets_the_count():
+    def breaks_on_pairs(raw_rewards, group_size, advantage_eps):
+        if group_size == 2:
+            raise IndexError("off by one")
+        return advantages_reference(raw_rewards, group_size, advantage_eps)
+
+    with pytest.raises(IndexError, match="off by one") as failure:
+        check_group_normalized_advantages(breaks_on_pairs)
+    assert failure.value.__notes__ == ["3 of 4 cases passed"]
+    assert failure.value.cases_passed == 3
+
+
+def test_the_public_signature_hides_the_case_count():
+    import inspect
+
+    assert list(inspect.signature(check_greedy_next_token).parameters) == [
+        "student_fn",
+        "model",
+        "tokenizer",
+    ]

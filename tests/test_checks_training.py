@@ -1,10 +1,7 @@
-"""Exercise checks of notebooks 06-10 accept the reference, reject plausible wrong
+"""Exercise checks of notebooks 06-10 and 12 accept the reference, reject plausible wrong
 answers with a counter-example, and report a stub as not attempted."""
 
 from __future__ import annotations
-
-import hashlib
-import json
 
 import pytest
 import torch
@@ -20,6 +17,7 @@ from grpo_lab.teaching.checks.loop import (
     check_needs_old_log_probs,
     check_train_batch_slices,
 )
+from grpo_lab.teaching.checks.scaling import check_device_token_loss
 from grpo_lab.teaching.checks.train_step import (
     check_active_rows,
     check_microbatch_loss_scale,
@@ -43,6 +41,7 @@ ALL_CHECKS = [
     check_train_batch_slices,
     check_cache_key,
     check_clip_higher_loss,
+    check_device_token_loss,
 ]
 
 
@@ -204,9 +203,11 @@ def make_train_step(
             )["log_probs"]  # (b, T)
             per_token = -advantages[rows].unsqueeze(-1) * log_probs
             loss = masked_mean(per_token, batch["response_mask"][rows], dim=1).mean()
-            factor = {"share": len(rows) / batch_size, "none": 1.0}.get(
-                scale, 1 / len(microbatches)
-            )
+            factor = {
+                "share": len(rows) / batch_size,
+                "none": 1.0,
+                "configured": len(microbatches[0]) / batch_size,
+            }.get(scale, 1 / len(microbatches))
             (loss * factor).backward()
             if clip_each and max_grad_norm is not None:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
@@ -220,9 +221,29 @@ def make_train_step(
     return train_step
 
 
+def train_step_by_token_sums(model, optimizer, batch, advantages, steps, norm):
+    # Written another way: each response's token sum over its own length, over
+    # B, summed by slicing ranges; the clip and the step once at the end.
+    optimizer.zero_grad()
+    batch_size = advantages.shape[0]
+    size = (batch_size + steps - 1) // steps
+    for start in range(0, batch_size, size):
+        stop = min(start + size, batch_size)
+        log_probs = get_response_log_probs(
+            model, batch["input_ids"][start:stop], batch["labels"][start:stop]
+        )["log_probs"]  # (b, T)
+        mask = batch["response_mask"][start:stop].float()  # (b, T)
+        per_response = (log_probs * mask).sum(dim=1) / mask.sum(dim=1)  # (b,)
+        (-(advantages[start:stop] * per_response).sum() / batch_size).backward()
+    if norm is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), norm)
+    optimizer.step()
+
+
 def test_train_step_accepts_the_reference(capsys):
     assert check_microbatch_train_step(make_train_step()) is True
-    assert "correct" in capsys.readouterr().out
+    assert "correct ✔ (6 of 6 cases passed)" in capsys.readouterr().out
+    assert check_microbatch_train_step(train_step_by_token_sums) is True
 
 
 @pytest.mark.parametrize(
@@ -234,12 +255,32 @@ def test_train_step_accepts_the_reference(capsys):
         ({"clip_each": True}, "clipped before every microbatch"),
         ({"zero_each": True}, "zero the gradients once, before the loop"),
         ({"clip": False}, "clip the accumulated gradient once"),
+        ({"scale": "configured"}, "scaled by the configured size"),
     ],
-    ids=["no_scale", "one_over_k", "step_each", "clip_each", "zero_each", "no_clip"],
+    ids=[
+        "no_scale",
+        "one_over_k",
+        "step_each",
+        "clip_each",
+        "zero_each",
+        "no_clip",
+        "configured_size",
+    ],
 )
 def test_train_step_names_the_classic_mistakes(options, message):
-    with pytest.raises(ExerciseFailed, match=message):
+    with pytest.raises(ExerciseFailed, match=message) as failure:
         check_microbatch_train_step(make_train_step(**options))
+    assert failure.value.cases_run == 6
+    assert f"{failure.value.cases_passed} of 6 cases passed" in str(failure.value)
+
+
+def test_the_configured_size_passes_only_the_even_and_zero_advantage_splits():
+    # Even splits (B=4 in 2 or 1) and rows (0, 1, 2), whose short microbatch holds
+    # the zero advantage, cannot tell the configured size from each row's share;
+    # rows (1, 2, 3) and (3, 0, 1) put a nonzero advantage alone in the short one.
+    with pytest.raises(ExerciseFailed, match="B=3 responses") as failure:
+        check_microbatch_train_step(make_train_step(scale="configured"))
+    assert failure.value.cases_passed == 4
 
 
 def test_train_step_refuses_a_loss_without_gradient():
@@ -376,14 +417,72 @@ def test_slices_reject_plausible_mistakes(wrong):
 # --- 09: cache key --------------------------------------------------------------------
 
 
+def notebook_functions(source):
+    """The functions a notebook cell defines (module ``__main__``, as in a kernel)."""
+    names = {"__name__": "__main__"}
+    exec(source, names)
+    return names
+
+
+KEYS = notebook_functions(
+    """
+import hashlib
+import json
+
+
+def _kept(config):
+    return {k: v for k, v in config.items() if k not in ("run_dir", "resume")}
+
+
 def reference_key(config):
-    kept = {k: v for k, v in config.items() if k not in ("run_dir", "resume")}
-    text = json.dumps(kept, sort_keys=True)
+    text = json.dumps(_kept(config), sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def test_cache_key_accepts_the_reference_and_refuses_the_package_key():
-    assert check_cache_key(reference_key) is True
+def canonical(value):
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{canonical(value[k])}" for k in sorted(value)) + "}"
+    return repr(value)
+
+
+def md5_of_sorted_items(config):
+    # Written another way: a hand-made canonical text and another digest.
+    return hashlib.md5(canonical(_kept(config)).encode()).hexdigest()
+
+
+def unsorted(config):
+    # Key order leaks into the hash.
+    return hashlib.sha256(json.dumps(_kept(config)).encode()).hexdigest()
+
+
+def with_run_dir(config):
+    # The run folder is part of the key: nothing is ever found again.
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
+
+
+def subset(config):
+    # Only the swept fields: different runs collide.
+    return hashlib.sha256(f"{config['lr']}-{config['group_size']}".encode()).hexdigest()
+
+
+def python_hash(config):
+    # Python's hash() as hex digits: right in one process, different in the next.
+    return format(hash(json.dumps(_kept(config), sort_keys=True)) % 2**64, "016x")
+
+
+def python_hash_int(config):
+    return hash(json.dumps(_kept(config), sort_keys=True))
+"""
+)
+
+
+def test_cache_key_accepts_two_written_answers(capsys):
+    assert check_cache_key(KEYS["reference_key"]) is True
+    assert "correct ✔ (10 of 10 cases passed)" in capsys.readouterr().out
+    assert check_cache_key(KEYS["md5_of_sorted_items"]) is True
+
+
+def test_cache_key_refuses_the_package_key():
     # The package's own key, applied to a real config with these values.
     # (an off-policy noclip run, so every variant the check makes is valid: with
     # or without a clip range, one epoch or two)
@@ -399,26 +498,24 @@ def test_cache_key_accepts_the_reference_and_refuses_the_package_key():
 
 
 @pytest.mark.parametrize(
-    "wrong",
+    ("wrong", "message"),
     [
-        # Key order leaks into the hash.
-        lambda c: hashlib.sha256(
-            json.dumps(
-                {k: v for k, v in c.items() if k not in ("run_dir", "resume")}
-            ).encode()
-        ).hexdigest(),
-        # The run folder is part of the key: nothing is ever found again.
-        lambda c: hashlib.sha256(json.dumps(c, sort_keys=True).encode()).hexdigest(),
-        # Only the swept fields: different runs collide.
-        lambda c: hashlib.sha256(f"{c['lr']}-{c['group_size']}".encode()).hexdigest(),
-        # Python's hash(): an int, and different in every process.
-        lambda c: hash(json.dumps(c, sort_keys=True)),
+        ("unsorted", "keys in another order"),
+        ("with_run_dir", "expected the same key"),
+        ("subset", "expected a different key"),
+        ("python_hash", "fresh Python process \\(PYTHONHASHSEED=1\\)"),
+        ("python_hash_int", "expected a hexadecimal string"),
     ],
-    ids=["unsorted", "with_run_dir", "subset", "python_hash"],
 )
-def test_cache_key_rejects_plausible_mistakes(wrong):
-    with pytest.raises(ExerciseFailed, match="config"):
-        check_cache_key(wrong)
+def test_cache_key_rejects_plausible_mistakes(wrong, message):
+    with pytest.raises(ExerciseFailed, match=message) as failure:
+        check_cache_key(KEYS[wrong])
+    assert failure.value.cases_run == 10
+
+
+def test_the_built_in_hash_passes_every_case_but_the_fresh_process():
+    with pytest.raises(ExerciseFailed, match="9 of 10 cases passed"):
+        check_cache_key(KEYS["python_hash"])
 
 
 # --- 10: clip-higher -------------------------------------------------------------
@@ -474,3 +571,45 @@ def test_clip_higher_check(capsys):
         with pytest.raises(ExerciseFailed, match="For advantages=") as error:
             check_clip_higher_loss(wrong)
         assert "expected" in str(error.value) or "gradient" in str(error.value)
+
+
+# --- 12: one device's share of a global token mean ----------------------------------
+
+
+def device_loss_reference(per_token_loss, response_mask, global_tokens, num_devices):
+    token_sum = (per_token_loss * response_mask).sum()
+    return num_devices * token_sum / global_tokens
+
+
+def device_loss_by_local_mean(per_token_loss, response_mask, global_tokens, devices):
+    # Written another way: the local token mean, times this device's share of
+    # the global tokens, times D.
+    local_tokens = response_mask.sum()
+    local_mean = per_token_loss[response_mask.bool()].sum() / local_tokens
+    return local_mean * (local_tokens / global_tokens) * devices
+
+
+def test_device_loss_accepts_two_written_answers(capsys):
+    assert check_device_token_loss(device_loss_reference) is True
+    assert "correct ✔ (5 of 5 cases passed)" in capsys.readouterr().out
+    assert check_device_token_loss(device_loss_by_local_mean) is True
+
+
+@pytest.mark.parametrize(
+    ("wrong", "passed"),
+    [
+        # The integer division N // D agrees only where D divides N.
+        (lambda loss, mask, n, d: (loss * mask).sum() / (n // d), 3),
+        # A local token mean: right only on one device holding every token.
+        (lambda loss, mask, n, d: (loss * mask).sum() / mask.sum(), 1),
+        # The factor D forgotten: the all-reduce's average divides by D again.
+        (lambda loss, mask, n, d: (loss * mask).sum() / n, 1),
+        # Padding counted.
+        (lambda loss, mask, n, d: d * loss.sum() / n, 0),
+    ],
+    ids=["integer_division", "local_mean", "no_factor_d", "padding"],
+)
+def test_device_loss_rejects_plausible_mistakes(wrong, passed):
+    with pytest.raises(ExerciseFailed, match="global_tokens=") as failure:
+        check_device_token_loss(wrong)
+    assert (failure.value.cases_passed, failure.value.cases_run) == (passed, 5)

@@ -659,6 +659,41 @@ def test_the_memory_estimate_is_the_training_copies_plus_working_share():
     assert 40 * gib < gpu_need < 42 * gib  # needs an 80 GB card (or 48 GB)
 
 
+def test_zero_shards_the_copies_but_not_the_working_share():
+    cpu = TrainConfig.for_profile("cpu")
+    count = 1_000_000
+    estimate = config_module.training_memory_bytes
+    assert estimate(cpu, count, sharded=(), gpus=8) == estimate(cpu, count)
+    # ZeRO-3 on 8 GPUs, float32: (4 + 4 + 8) / 8 = 2 bytes of copies per
+    # parameter, plus the unsharded working share, a quarter of 16 bytes: 4.
+    zero3 = ("moments", "gradient", "weight")
+    assert estimate(cpu, count, sharded=zero3, gpus=8) == count * (2 + 4)
+    # ZeRO-1: 4 + 4 + 8 / 8 = 9 bytes, plus 4.
+    assert estimate(cpu, count, sharded=("moments",), gpus=8) == count * (9 + 4)
+    # Qwen2.5-Math-1.5B, the gpu profile (vLLM keeps 30% of each GPU): about 13 GB.
+    gpu = TrainConfig.for_profile("gpu")
+    big = config_module.KNOWN_PARAMETER_COUNTS["Qwen/Qwen2.5-Math-1.5B"]
+    per_gpu = estimate(gpu, big, sharded=zero3, gpus=8)
+    assert per_gpu == pytest.approx(big * 6 / 0.7)
+    assert 13.2e9 < per_gpu < 13.3e9
+
+
+@pytest.mark.parametrize(
+    ("sharded", "gpus", "message"),
+    [
+        (("optimizer",), 8, "sharded must be a tuple of names"),
+        ("moments", 8, "sharded must be a tuple of names"),
+        ((), 0, "gpus must be an integer >= 1, got 0"),
+        ((), 2.0, "gpus must be an integer >= 1, got 2.0"),
+    ],
+)
+def test_bad_sharding_is_refused_by_name(sharded, gpus, message):
+    with pytest.raises(ValueError, match=message):
+        config_module.training_memory_bytes(
+            TrainConfig.for_profile("cpu"), 10, sharded=sharded, gpus=gpus
+        )
+
+
 @pytest.mark.parametrize(
     ("gigabytes", "profile"), [(15, "small-gpu"), (24, "small-gpu"), (80, "gpu")]
 )

@@ -684,26 +684,61 @@ KNOWN_PARAMETER_COUNTS = {
 # Bytes per parameter while training with AdamW: the weight, its gradient and
 # two moments, each in the parameter dtype (float32: 4 + 4 + 8 = 16).
 _TRAINING_COPIES = 4
+# The same copies by name, as ZeRO shards them: stage 1 the moments, stage 2 the
+# gradients too, stage 3 (FSDP's full sharding) the weights as well.
+SHARDABLE_COPIES = {"weight": 1, "gradient": 1, "moments": 2}
 # Activations, the chunked head's scratch and the allocator's slack, as a share
 # of the above (with gradient checkpointing; measured runs stay inside it).
 _WORKING_MEMORY_SHARE = 0.25
 
 
-def training_memory_bytes(config: TrainConfig, parameter_count: int) -> float:
+def training_memory_bytes(
+    config: TrainConfig,
+    parameter_count: int,
+    *,
+    sharded: tuple[str, ...] = (),
+    gpus: int = 1,
+) -> float:
     """GPU bytes a run of ``config`` needs for a model of ``parameter_count``.
 
     needed = params x 4 copies (weight, gradient, two AdamW moments) x bytes per
     parameter x (1 + working share), divided by the share of the GPU left to
     training when a vLLM engine takes ``vllm_gpu_memory_utilization`` of it.
     An estimate to choose a profile by, not a guarantee.
+
+    ``sharded`` names the copies (of ``SHARDABLE_COPIES``) that ZeRO divides
+    over ``gpus`` data-parallel GPUs; the result is then one GPU's bytes. The
+    working share (activations above all) is not sharded: each GPU keeps the
+    activations of its own rows, so it stays a quarter of the unsharded copies.
+    Taught in ``notebooks/12_scaling_out.ipynb``.
     """
+    _check_sharding(sharded, gpus)
     per_parameter = (
         _TRAINING_COPIES * torch.finfo(getattr(torch, config.dtype)).bits / 8
     )
-    training = parameter_count * per_parameter * (1 + _WORKING_MEMORY_SHARE)
+    copies = sum(
+        count / gpus if name in sharded else count
+        for name, count in SHARDABLE_COPIES.items()
+    )
+    training = (
+        parameter_count
+        * per_parameter
+        * (copies / _TRAINING_COPIES + _WORKING_MEMORY_SHARE)
+    )
     if config.backend == "vllm":
         return training / (1 - config.vllm_gpu_memory_utilization)
     return training
+
+
+def _check_sharding(sharded: tuple[str, ...], gpus: int) -> None:
+    unknown = set(sharded) - set(SHARDABLE_COPIES)
+    if isinstance(sharded, str) or unknown:
+        raise ValueError(
+            f"sharded must be a tuple of names from {tuple(SHARDABLE_COPIES)}, "
+            f"got {sharded!r}"
+        )
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise ValueError(f"gpus must be an integer >= 1, got {gpus!r}")
 
 
 def profile_fits(profile: str, gpu_bytes: float) -> bool:

@@ -13,7 +13,11 @@ from collections.abc import Callable
 import torch
 
 from grpo_lab.advantages import compute_group_normalized_rewards
-from grpo_lab.teaching.checks.framework import assert_close, exercise_check
+from grpo_lab.teaching.checks.framework import (
+    CaseCount,
+    assert_close,
+    exercise_check,
+)
 
 # (raw rewards, group_size): one group, two groups with different means (a
 # batch-wide mean fails), an all-equal group (eps keeps it at 0, not NaN),
@@ -29,17 +33,19 @@ ADVANTAGE_CASES = (
 @exercise_check("Group-normalized advantages (GRPO)")
 def check_group_normalized_advantages(
     student_fn: Callable[[torch.Tensor, int, float], torch.Tensor],
+    cases: CaseCount,
     advantage_eps: float = 1e-6,
 ) -> None:
     """``student_fn(raw_rewards (B,), group_size, advantage_eps)`` -> (B,)."""
     for rewards, group_size in ADVANTAGE_CASES:
-        raw_rewards = torch.tensor(rewards)  # (B,)
-        expected, _ = compute_group_normalized_rewards(
-            raw_rewards, group_size, "mean", advantage_eps, "std"
-        )
-        received = student_fn(raw_rewards.clone(), group_size, advantage_eps)
-        inputs = (
-            f"raw_rewards={rewards}, group_size={group_size}, "
-            f"advantage_eps={advantage_eps}"
-        )
-        assert_close(received, expected, inputs, atol=1e-4)
+        with cases.case():
+            raw_rewards = torch.tensor(rewards)  # (B,)
+            expected, _ = compute_group_normalized_rewards(
+                raw_rewards, group_size, "mean", advantage_eps, "std"
+            )
+            received = student_fn(raw_rewards.clone(), group_size, advantage_eps)
+            inputs = (
+                f"raw_rewards={rewards}, group_size={group_size}, "
+                f"advantage_eps={advantage_eps}"
+            )
+            assert_close(received, expected, inputs, atol=1e-4)

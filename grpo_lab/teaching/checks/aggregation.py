@@ -24,6 +24,7 @@ from grpo_lab.losses import (
     compute_policy_gradient_loss,
 )
 from grpo_lab.teaching.checks.framework import (
+    CaseCount,
     ExerciseFailed,
     assert_value_and_gradient,
     exercise_check,
@@ -54,24 +55,27 @@ def _describe(loss, mask, normalization, constant) -> str:
 
 
 @exercise_check("Exercise 06a (sequence vs constant aggregation)")
-def check_aggregate_loss(student_fn: Callable[..., torch.Tensor]) -> None:
+def check_aggregate_loss(
+    student_fn: Callable[..., torch.Tensor], cases: CaseCount
+) -> None:
     """``student_fn(per_token_loss, response_mask, loss_normalization, constant)``;
     its gradient w.r.t. ``per_token_loss`` (each token's weight) must match too."""
     for loss, mask, normalization, constant in _cases():
-        reference_loss = loss.clone().requires_grad_(True)
-        expected = aggregate_loss_across_microbatch(
-            reference_loss, mask, normalization, constant
-        )
-        student_loss = loss.clone().requires_grad_(True)
-        received = student_fn(student_loss, mask.clone(), normalization, constant)
-        assert_value_and_gradient(
-            received,
-            expected,
-            student_loss,
-            reference_loss,
-            _describe(loss, mask, normalization, constant),
-            "per_token_loss",
-        )
+        with cases.case():
+            reference_loss = loss.clone().requires_grad_(True)
+            expected = aggregate_loss_across_microbatch(
+                reference_loss, mask, normalization, constant
+            )
+            student_loss = loss.clone().requires_grad_(True)
+            received = student_fn(student_loss, mask.clone(), normalization, constant)
+            assert_value_and_gradient(
+                received,
+                expected,
+                student_loss,
+                reference_loss,
+                _describe(loss, mask, normalization, constant),
+                "per_token_loss",
+            )
 
 
 GrpoLoss = Callable[..., torch.Tensor]
@@ -124,34 +128,44 @@ _SETTINGS = (("sequence", None, 0.2), ("constant", 12, 0.2), ("token", None, 0.1
 
 
 @exercise_check("Exercise 06b (the scalar GRPO loss)")
-def check_grpo_loss(student_fn: GrpoLoss) -> None:
+def check_grpo_loss(student_fn: GrpoLoss, cases: CaseCount) -> None:
     """``student_fn(policy_log_probs, old_log_probs, advantages, response_mask,
     cliprange, loss_normalization, normalization_constant)`` -> scalar; its
     gradient w.r.t. ``policy_log_probs`` must match too."""
     for policy, old, advantages, mask in _grpo_cases():
         for normalization, constant, cliprange in _SETTINGS:
-            settings = (cliprange, normalization, constant)
-            reference_input = policy.clone().requires_grad_(True)
-            expected = reference_grpo_loss(
-                reference_input, old, advantages, mask, *settings
-            )
-            student_input = policy.clone().requires_grad_(True)
-            received = student_fn(
-                student_input, old.clone(), advantages.clone(), mask.clone(), *settings
-            )
-            ratios = (policy - old).exp().round(decimals=3)  # (B, T)
-            inputs = (
-                f"token ratios={ratios.tolist()}, advantages={advantages.tolist()}, "
-                f"response_mask={mask.tolist()}, cliprange={cliprange}, "
-                f"loss_normalization={normalization!r}, "
-                f"normalization_constant={constant}"
-            )
-            _name_a_classic_mistake(
-                received, expected, (policy, old, advantages, mask), settings, inputs
-            )
-            assert_value_and_gradient(
-                received, expected, student_input, reference_input, inputs
-            )
+            with cases.case():
+                settings = (cliprange, normalization, constant)
+                reference_input = policy.clone().requires_grad_(True)
+                expected = reference_grpo_loss(
+                    reference_input, old, advantages, mask, *settings
+                )
+                student_input = policy.clone().requires_grad_(True)
+                received = student_fn(
+                    student_input,
+                    old.clone(),
+                    advantages.clone(),
+                    mask.clone(),
+                    *settings,
+                )
+                ratios = (policy - old).exp().round(decimals=3)  # (B, T)
+                inputs = (
+                    f"token ratios={ratios.tolist()}, "
+                    f"advantages={advantages.tolist()}, "
+                    f"response_mask={mask.tolist()}, cliprange={cliprange}, "
+                    f"loss_normalization={normalization!r}, "
+                    f"normalization_constant={constant}"
+                )
+                _name_a_classic_mistake(
+                    received,
+                    expected,
+                    (policy, old, advantages, mask),
+                    settings,
+                    inputs,
+                )
+                assert_value_and_gradient(
+                    received, expected, student_input, reference_input, inputs
+                )
 
 
 def _name_a_classic_mistake(

@@ -16,6 +16,7 @@ import torch
 
 from grpo_lab.losses import compute_policy_gradient_loss
 from grpo_lab.teaching.checks.framework import (
+    CaseCount,
     assert_value_and_gradient,
     exercise_check,
 )
@@ -46,21 +47,24 @@ def _clip_higher_cases() -> list[
 
 
 @exercise_check("Clip-higher per-token loss (DAPO)")
-def check_clip_higher_loss(student_fn: ClipHigherLoss) -> None:
+def check_clip_higher_loss(student_fn: ClipHigherLoss, cases: CaseCount) -> None:
     """``student_fn(advantages (B,), policy_log_probs, old_log_probs, cliprange_low,
     cliprange_high)`` -> per-token loss (B, T); its gradient must match too."""
     for advantages, policy, old, low, high in _clip_higher_cases():
-        reference_input = policy.clone().requires_grad_(True)
-        expected, _ = compute_policy_gradient_loss(
-            advantages, reference_input, "grpo", old, low, cliprange_high=high
-        )
-        student_input = policy.clone().requires_grad_(True)
-        received = student_fn(advantages.clone(), student_input, old.clone(), low, high)
-        ratios = [round(r, 3) for r in (policy - old).exp().flatten().tolist()]
-        inputs = (
-            f"advantages={advantages.tolist()}, ratios={ratios}, "
-            f"cliprange_low={low}, cliprange_high={high}"
-        )
-        assert_value_and_gradient(
-            received, expected, student_input, reference_input, inputs
-        )
+        with cases.case():
+            reference_input = policy.clone().requires_grad_(True)
+            expected, _ = compute_policy_gradient_loss(
+                advantages, reference_input, "grpo", old, low, cliprange_high=high
+            )
+            student_input = policy.clone().requires_grad_(True)
+            received = student_fn(
+                advantages.clone(), student_input, old.clone(), low, high
+            )
+            ratios = [round(r, 3) for r in (policy - old).exp().flatten().tolist()]
+            inputs = (
+                f"advantages={advantages.tolist()}, ratios={ratios}, "
+                f"cliprange_low={low}, cliprange_high={high}"
+            )
+            assert_value_and_gradient(
+                received, expected, student_input, reference_input, inputs
+            )

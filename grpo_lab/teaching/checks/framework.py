@@ -5,15 +5,21 @@ body still raises ``NotImplementedError``) prints "not attempted yet" and return
 False, so a student copy still runs to the end. A wrong answer raises
 :class:`ExerciseFailed` with a concrete counter-example: the inputs, the expected
 value and the value received.
+
+A check runs each of its cases in ``with cases.case():`` (:class:`CaseCount`):
+a case that fails is kept and the next one still runs, so the verdict says how
+many of the cases passed ("3 of 4 cases passed"), in its message and in the
+raised error's ``cases_passed`` and ``cases_run``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import inspect
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -22,16 +28,85 @@ from grpo_lab.teaching.checks.exercises import PACKAGE_COUNTERPARTS
 
 
 class ExerciseFailed(AssertionError):
-    """The student's answer disagrees with the reference on a concrete input."""
+    """The student's answer disagrees with the reference on a concrete input.
+
+    ``cases_passed`` and ``cases_run`` count the check's cases when the error
+    is a check's verdict (None when it was raised before any case ran).
+    """
+
+    cases_passed: int | None = None
+    cases_run: int | None = None
+
+
+class CaseCount:
+    """The cases of one check: each runs in ``with cases.case():``.
+
+    A case passes when its block raises nothing. A failure (any exception) is
+    kept and the next case still runs; a ``NotImplementedError`` marks the case
+    as a stub.
+    """
+
+    def __init__(self) -> None:
+        self.passed = 0
+        self.stubbed = 0
+        self.failures: list[Exception] = []
+
+    @contextlib.contextmanager
+    def case(self) -> Iterator[None]:
+        try:
+            yield
+        except NotImplementedError:
+            self.stubbed += 1
+        except Exception as error:  # the verdict raises it again
+            self.failures.append(error)
+        else:
+            self.passed += 1
+
+    @property
+    def run(self) -> int:
+        return self.passed + self.stubbed + len(self.failures)
+
+    def tally(self) -> str:
+        return f"{self.passed} of {self.run} cases passed"
+
+    def verdict(self, title: str) -> bool:
+        """True (all passed), False (a stub: nothing passed), or raise."""
+        if self.failures:
+            raise self._counted(self.failures[0])
+        if self.stubbed and not self.passed:
+            print(f"{title}: not attempted yet (the stub raises NotImplementedError)")
+            return False
+        if self.stubbed:
+            raise self._counted(
+                ExerciseFailed(
+                    f"part of the answer still raises NotImplementedError "
+                    f"({self.stubbed} of {self.run} cases reached it)"
+                )
+            )
+        print(f"{title}: correct ✔ ({self.tally()})")
+        return True
+
+    def _counted(self, first: Exception) -> Exception:
+        if isinstance(first, ExerciseFailed):
+            counted = ExerciseFailed(f"{first}\n  {self.tally()}")
+            counted.__cause__ = first.__cause__
+        else:  # the student's own exception keeps its type and traceback
+            counted = first
+            counted.add_note(self.tally())
+        counted.cases_passed, counted.cases_run = self.passed, self.run
+        return counted
 
 
 def exercise_check(title: str) -> Callable[[Callable[..., None]], Callable[..., bool]]:
-    """Decorate ``checker(student_fn, ...)``, which raises ExerciseFailed or returns.
+    """Decorate ``checker(student_fn, cases, ...)``, which runs each case in
+    ``with cases.case():`` (see :class:`CaseCount`); the decorated check is
+    called ``check(student_fn, ...)``.
 
     Before the checker runs, a student function that is or calls the package
     function the check compares against is refused
     (:func:`refuse_package_function`); the checker's name must be a row of
-    PACKAGE_COUNTERPARTS.
+    PACKAGE_COUNTERPARTS. An ExerciseFailed raised outside a case counts as one
+    failed case and ends the check.
     """
 
     def decorate(checker: Callable[..., None]) -> Callable[..., bool]:
@@ -44,16 +119,20 @@ def exercise_check(title: str) -> Callable[[Callable[..., None]], Callable[..., 
         @functools.wraps(checker)
         def run(student_fn: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
             refuse_package_function(student_fn, checker.__name__)
+            cases = CaseCount()
             try:
-                checker(student_fn, *args, **kwargs)
+                checker(student_fn, cases, *args, **kwargs)
             except NotImplementedError:
-                print(
-                    f"{title}: not attempted yet (the stub raises NotImplementedError)"
-                )
-                return False
-            print(f"{title}: correct ✔")
-            return True
+                cases.stubbed += 1
+            except ExerciseFailed as error:
+                cases.failures.append(error)
+            return cases.verdict(title)
 
+        signature = inspect.signature(checker)
+        parameters = list(signature.parameters.values())
+        run.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=parameters[:1] + parameters[2:]
+        )
         return run
 
     return decorate

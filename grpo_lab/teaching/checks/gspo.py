@@ -17,6 +17,7 @@ import torch
 
 from grpo_lab.losses import compute_policy_gradient_loss
 from grpo_lab.teaching.checks.framework import (
+    CaseCount,
     assert_value_and_gradient,
     exercise_check,
 )
@@ -58,22 +59,24 @@ def _ratio_cases() -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
 @exercise_check("GSPO sequence-level ratio")
 def check_sequence_ratio(
     student_fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+    cases: CaseCount,
 ) -> None:
     """``student_fn(policy_log_probs, old_log_probs, response_mask)`` -> (B,)."""
     for policy_log_probs, old_log_probs, response_mask in _ratio_cases():
-        reference_input = policy_log_probs.clone().requires_grad_(True)
-        expected = reference_sequence_ratio(
-            reference_input, old_log_probs, response_mask
-        )
-        student_input = policy_log_probs.clone().requires_grad_(True)
-        received = student_fn(
-            student_input, old_log_probs.clone(), response_mask.clone()
-        )
-        token_ratios = (policy_log_probs - old_log_probs).exp().round(decimals=3)
-        inputs = (
-            f"token ratios={token_ratios.tolist()}, "
-            f"response_mask={response_mask.tolist()}"
-        )
-        assert_value_and_gradient(
-            received, expected, student_input, reference_input, inputs
-        )
+        with cases.case():
+            reference_input = policy_log_probs.clone().requires_grad_(True)
+            expected = reference_sequence_ratio(
+                reference_input, old_log_probs, response_mask
+            )
+            student_input = policy_log_probs.clone().requires_grad_(True)
+            received = student_fn(
+                student_input, old_log_probs.clone(), response_mask.clone()
+            )
+            token_ratios = (policy_log_probs - old_log_probs).exp().round(decimals=3)
+            inputs = (
+                f"token ratios={token_ratios.tolist()}, "
+                f"response_mask={response_mask.tolist()}"
+            )
+            assert_value_and_gradient(
+                received, expected, student_input, reference_input, inputs
+            )

@@ -16,6 +16,7 @@ import torch
 
 from grpo_lab.logprobs import compute_entropy, get_response_log_probs
 from grpo_lab.teaching.checks.framework import (
+    CaseCount,
     assert_value_and_gradient,
     exercise_check,
 )
@@ -61,43 +62,53 @@ def _logit_cases() -> list[tuple[str, torch.Tensor, torch.Tensor]]:
 @exercise_check("Per-token log-probabilities")
 def check_token_log_probs(
     student_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    cases: CaseCount,
 ) -> None:
     """``student_fn(logits (B, T, V), labels (B, T))`` -> log-probs (B, T)."""
     for name, logits, labels in _logit_cases():
-        reference_logits = logits.clone().requires_grad_(True)
-        expected = reference_token_log_probs(reference_logits, labels)
-        student_logits = logits.clone().requires_grad_(True)
-        received = student_fn(student_logits, labels.clone())
-        inputs = f"{name}, logits={logits.tolist()}, labels={labels.tolist()}"
-        assert_value_and_gradient(
-            received, expected, student_logits, reference_logits, inputs, "logits", 1e-4
-        )
+        with cases.case():
+            reference_logits = logits.clone().requires_grad_(True)
+            expected = reference_token_log_probs(reference_logits, labels)
+            student_logits = logits.clone().requires_grad_(True)
+            received = student_fn(student_logits, labels.clone())
+            inputs = f"{name}, logits={logits.tolist()}, labels={labels.tolist()}"
+            assert_value_and_gradient(
+                received,
+                expected,
+                student_logits,
+                reference_logits,
+                inputs,
+                "logits",
+                1e-4,
+            )
 
 
 @exercise_check("Per-token entropy")
 def check_token_entropy(
     student_fn: Callable[[torch.Tensor], torch.Tensor],
+    cases: CaseCount,
 ) -> None:
     """``student_fn(logits (..., V))`` -> entropy in nats (...), with its
     gradient (an entropy bonus trains through it)."""
     generator = torch.Generator().manual_seed(1)
-    cases = [
+    settings = [
         ("uniform logits over 4 tokens (entropy log 4)", torch.zeros(2, 4)),
         ("one certain token (entropy ~0)", torch.tensor([[200.0, 0.0, 0.0]])),
         ("random logits of shape (2, 3, 5)", torch.randn(2, 3, 5, generator=generator)),
         ("logits around 1000 (overflow test)", torch.tensor([[1000.0, 999.0]])),
     ]
-    for name, logits in cases:
-        reference_logits = logits.clone().requires_grad_(True)
-        expected = compute_entropy(reference_logits)
-        student_logits = logits.clone().requires_grad_(True)
-        received = student_fn(student_logits)
-        assert_value_and_gradient(
-            received,
-            expected,
-            student_logits,
-            reference_logits,
-            f"{name}, logits={logits.tolist()}",
-            "logits",
-            1e-4,
-        )
+    for name, logits in settings:
+        with cases.case():
+            reference_logits = logits.clone().requires_grad_(True)
+            expected = compute_entropy(reference_logits)
+            student_logits = logits.clone().requires_grad_(True)
+            received = student_fn(student_logits)
+            assert_value_and_gradient(
+                received,
+                expected,
+                student_logits,
+                reference_logits,
+                f"{name}, logits={logits.tolist()}",
+                "logits",
+                1e-4,
+            )

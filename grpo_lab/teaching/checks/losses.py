@@ -14,6 +14,7 @@ import torch
 
 from grpo_lab.losses import compute_policy_gradient_loss
 from grpo_lab.teaching.checks.framework import (
+    CaseCount,
     assert_value_and_gradient,
     exercise_check,
 )
@@ -40,25 +41,28 @@ def check_clipped_loss(
     student_fn: Callable[
         [torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor
     ],
+    cases: CaseCount,
 ) -> None:
     """``student_fn(advantages (B,), policy_log_probs, old_log_probs, cliprange)``
     -> per-token loss (B, T); its gradient must match too."""
     for advantages, policy_log_probs, old_log_probs, cliprange in _loss_cases():
-        reference_input = policy_log_probs.clone().requires_grad_(True)
-        expected, _ = compute_policy_gradient_loss(
-            advantages, reference_input, "grpo", old_log_probs, cliprange
-        )
-        student_input = policy_log_probs.clone().requires_grad_(True)
-        received = student_fn(
-            advantages.clone(), student_input, old_log_probs.clone(), cliprange
-        )
-        ratios = [
-            round(r, 3)
-            for r in (policy_log_probs - old_log_probs).exp().flatten().tolist()
-        ]
-        inputs = (
-            f"advantages={advantages.tolist()}, ratios={ratios}, cliprange={cliprange}"
-        )
-        assert_value_and_gradient(
-            received, expected, student_input, reference_input, inputs
-        )
+        with cases.case():
+            reference_input = policy_log_probs.clone().requires_grad_(True)
+            expected, _ = compute_policy_gradient_loss(
+                advantages, reference_input, "grpo", old_log_probs, cliprange
+            )
+            student_input = policy_log_probs.clone().requires_grad_(True)
+            received = student_fn(
+                advantages.clone(), student_input, old_log_probs.clone(), cliprange
+            )
+            ratios = [
+                round(r, 3)
+                for r in (policy_log_probs - old_log_probs).exp().flatten().tolist()
+            ]
+            inputs = (
+                f"advantages={advantages.tolist()}, ratios={ratios}, "
+                f"cliprange={cliprange}"
+            )
+            assert_value_and_gradient(
+                received, expected, student_input, reference_input, inputs
+            )

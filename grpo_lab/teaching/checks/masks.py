@@ -13,6 +13,7 @@ import torch
 
 from grpo_lab.masks import pad_prompt_and_response_ids
 from grpo_lab.teaching.checks.framework import (
+    CaseCount,
     ExerciseFailed,
     assert_close,
     exercise_check,
@@ -29,21 +30,26 @@ MASK_CASES = (
 
 
 @exercise_check("Response mask and one-token shift")
-def check_response_mask(student_fn: Callable[..., dict[str, torch.Tensor]]) -> None:
+def check_response_mask(
+    student_fn: Callable[..., dict[str, torch.Tensor]], cases: CaseCount
+) -> None:
     """``student_fn(prompt_ids, response_ids, pad_token_id)`` -> the three tensors."""
     for prompt_ids, response_ids, pad_token_id in MASK_CASES:
-        expected = pad_prompt_and_response_ids(prompt_ids, response_ids, pad_token_id)
-        received = student_fn(prompt_ids, response_ids, pad_token_id)
-        inputs = (
-            f"prompt_ids={prompt_ids}, response_ids={response_ids}, "
-            f"pad_token_id={pad_token_id}"
-        )
-        if not isinstance(received, dict):
-            raise ExerciseFailed(
-                f"For {inputs}: expected a dict with input_ids, labels and "
-                f"response_mask, got {type(received).__name__}"
+        with cases.case():
+            expected = pad_prompt_and_response_ids(
+                prompt_ids, response_ids, pad_token_id
             )
-        for key in ("input_ids", "labels", "response_mask"):
-            if key not in received:
-                raise ExerciseFailed(f"For {inputs}: the result has no {key!r} key")
-            assert_close(received[key], expected[key], f"{inputs} ({key})", atol=0)
+            received = student_fn(prompt_ids, response_ids, pad_token_id)
+            inputs = (
+                f"prompt_ids={prompt_ids}, response_ids={response_ids}, "
+                f"pad_token_id={pad_token_id}"
+            )
+            if not isinstance(received, dict):
+                raise ExerciseFailed(
+                    f"For {inputs}: expected a dict with input_ids, labels and "
+                    f"response_mask, got {type(received).__name__}"
+                )
+            for key in ("input_ids", "labels", "response_mask"):
+                if key not in received:
+                    raise ExerciseFailed(f"For {inputs}: the result has no {key!r} key")
+                assert_close(received[key], expected[key], f"{inputs} ({key})", atol=0)

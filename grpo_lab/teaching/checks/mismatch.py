@@ -20,6 +20,7 @@ import torch
 
 from grpo_lab.sampler_correction import sampler_correction_weights
 from grpo_lab.teaching.checks.framework import (
+    CaseCount,
     ExerciseFailed,
     assert_close,
     exercise_check,
@@ -114,24 +115,25 @@ def _describe(
 
 
 @exercise_check("Truncated importance-sampling weights")
-def check_tis_weights(student_fn: TisFunction) -> None:
+def check_tis_weights(student_fn: TisFunction, cases: CaseCount) -> None:
     """``student_fn(trainer_log_probs, sampler_log_probs, response_mask, cap)``
     -> (B, T) weights."""
     for trainer, sampler, mask, cap in _tis_cases():
-        expected = reference_tis_weights(trainer, sampler, mask, cap)
-        student_trainer = trainer.clone().requires_grad_(True)
-        received = student_fn(student_trainer, sampler.clone(), mask.clone(), cap)
-        inputs = _describe(trainer, sampler, mask, cap)
-        slip = _which_slip(received, trainer, sampler, mask, cap)
-        try:
-            assert_close(received, expected, inputs, atol=1e-5)
-        except ExerciseFailed as failure:
-            if slip is None:
-                raise
-            raise ExerciseFailed(f"{failure}\n  hint: {slip}") from None
-        if received.requires_grad:
-            raise ExerciseFailed(
-                f"For {inputs}: the weights carry a gradient to trainer_log_probs. "
-                "Detach them: a TIS weight rescales each token's gradient, it is "
-                "not differentiated."
-            )
+        with cases.case():
+            expected = reference_tis_weights(trainer, sampler, mask, cap)
+            student_trainer = trainer.clone().requires_grad_(True)
+            received = student_fn(student_trainer, sampler.clone(), mask.clone(), cap)
+            inputs = _describe(trainer, sampler, mask, cap)
+            slip = _which_slip(received, trainer, sampler, mask, cap)
+            try:
+                assert_close(received, expected, inputs, atol=1e-5)
+            except ExerciseFailed as failure:
+                if slip is None:
+                    raise
+                raise ExerciseFailed(f"{failure}\n  hint: {slip}") from None
+            if received.requires_grad:
+                raise ExerciseFailed(
+                    f"For {inputs}: the weights carry a gradient to trainer_log_probs. "
+                    "Detach them: a TIS weight rescales each token's gradient, it is "
+                    "not differentiated."
+                )

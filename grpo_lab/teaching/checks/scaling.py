@@ -12,7 +12,9 @@ devices to be the global token mean (verl's ``token-mean`` with
 :func:`grpo_lab.losses.aggregate_loss_across_microbatch` (``"token"``) times
 :func:`grpo_lab.losses.microbatch_loss_scale`, times D. The cases have
 devices of unequal token counts, where a plain local token mean (or a missing
-factor D) answers differently; values and gradients are compared.
+factor D) answers differently, and global token counts N that D does not
+divide, where an integer division N // D does; values and gradients are
+compared.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 
 from grpo_lab.losses import aggregate_loss_across_microbatch, microbatch_loss_scale
 from grpo_lab.teaching.checks.framework import (
+    CaseCount,
     assert_value_and_gradient,
     exercise_check,
 )
@@ -54,26 +57,35 @@ def _cases() -> list[tuple[torch.Tensor, torch.Tensor, int, int]]:
     generator = torch.Generator().manual_seed(3)
     random_loss = torch.randn(3, 5, generator=generator, dtype=torch.float64)
     random_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 0, 0, 0, 0]])
-    return [(loss, mask, 12, 2), (random_loss, random_mask, 40, 4), (loss, mask, 3, 1)]
+    # N not divisible by D: 13 tokens over 2 devices and 11 over 3, where a
+    # divisor N // D (6 and 3) differs from N / D (6.5 and 3.67).
+    return [
+        (loss, mask, 12, 2),
+        (random_loss, random_mask, 40, 4),
+        (loss, mask, 3, 1),
+        (loss, mask, 13, 2),
+        (random_loss, random_mask, 11, 3),
+    ]
 
 
 @exercise_check("Exercise 12 (one device's share of a global token mean)")
-def check_device_token_loss(student_fn: DeviceLoss) -> None:
+def check_device_token_loss(student_fn: DeviceLoss, cases: CaseCount) -> None:
     """``student_fn(per_token_loss, response_mask, global_tokens, num_devices)``
     -> a scalar; its gradient w.r.t. ``per_token_loss`` must match too."""
     for loss, mask, global_tokens, devices in _cases():
-        reference_input = loss.clone().requires_grad_(True)
-        expected = reference_device_token_loss(
-            reference_input, mask, global_tokens, devices
-        )
-        student_input = loss.clone().requires_grad_(True)
-        received = student_fn(student_input, mask.clone(), global_tokens, devices)
-        assert_value_and_gradient(
-            received,
-            expected,
-            student_input,
-            reference_input,
-            f"per_token_loss={loss.tolist()}, response_mask={mask.tolist()}, "
-            f"global_tokens={global_tokens}, num_devices={devices}",
-            "per_token_loss",
-        )
+        with cases.case():
+            reference_input = loss.clone().requires_grad_(True)
+            expected = reference_device_token_loss(
+                reference_input, mask, global_tokens, devices
+            )
+            student_input = loss.clone().requires_grad_(True)
+            received = student_fn(student_input, mask.clone(), global_tokens, devices)
+            assert_value_and_gradient(
+                received,
+                expected,
+                student_input,
+                reference_input,
+                f"per_token_loss={loss.tolist()}, response_mask={mask.tolist()}, "
+                f"global_tokens={global_tokens}, num_devices={devices}",
+                "per_token_loss",
+            )

@@ -12,7 +12,11 @@ from collections.abc import Callable
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from grpo_lab.teaching.checks.framework import assert_close, exercise_check
+from grpo_lab.teaching.checks.framework import (
+    CaseCount,
+    assert_close,
+    exercise_check,
+)
 
 
 def reference_next_token(
@@ -33,17 +37,19 @@ def reference_next_token(
 @exercise_check("Greedy next token")
 def check_greedy_next_token(
     student_fn: Callable[[PreTrainedModel, torch.Tensor], torch.Tensor],
+    cases: CaseCount,
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
 ) -> None:
     """``student_fn(model, input_ids (B, T))`` -> next token ids (B,)."""
     for prompts in (["12+7="], ["hello", "world"], ["a", "b", "c"]):
-        input_ids = torch.tensor(
-            [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
-        )  # (B, T)
-        expected = reference_next_token(model, input_ids, tokenizer.pad_token_id)
-        with torch.no_grad():
-            received = student_fn(model, input_ids.clone())
-        assert_close(
-            received, expected, f"prompts={prompts}, input_ids={input_ids.tolist()}"
-        )
+        with cases.case():
+            input_ids = torch.tensor(
+                [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+            )  # (B, T)
+            expected = reference_next_token(model, input_ids, tokenizer.pad_token_id)
+            with torch.no_grad():
+                received = student_fn(model, input_ids.clone())
+            assert_close(
+                received, expected, f"prompts={prompts}, input_ids={input_ids.tolist()}"
+            )

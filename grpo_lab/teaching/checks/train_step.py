@@ -28,6 +28,7 @@ from grpo_lab.losses import (
 from grpo_lab.masks import tokenize_prompt_and_output
 from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2
 from grpo_lab.teaching.checks.framework import (
+    CaseCount,
     ExerciseFailed,
     assert_close,
     exercise_check,
@@ -45,59 +46,79 @@ def _reference_scale(
 
 
 @exercise_check("Exercise 07a (microbatch loss scale)")
-def check_microbatch_loss_scale(student_fn: Callable[[int, int, str], float]) -> None:
+def check_microbatch_loss_scale(
+    student_fn: Callable[[int, int, str], float], cases: CaseCount
+) -> None:
     """``student_fn(microbatch_rows, batch_size, loss_normalization) -> float``."""
     # A batch of 5 split into microbatches of 3 and 2: the shares are 3/5 and 2/5,
     # not 1/2 each (1/2 would weight the two rows of the short microbatch more).
-    cases = [(3, 5, "sequence"), (2, 5, "sequence"), (4, 4, "sequence")]
-    cases += [(2, 8, "sequence"), (3, 5, "constant"), (1, 4, "constant")]
-    for rows, batch_size, normalization in cases:
-        received = student_fn(rows, batch_size, normalization)
-        if isinstance(received, torch.Tensor):
-            received = received.item()
-        assert_close(
-            received,
-            _reference_scale(rows, batch_size, normalization),
-            f"microbatch_rows={rows}, batch_size={batch_size}, "
-            f"loss_normalization={normalization!r}",
-        )
+    settings = [(3, 5, "sequence"), (2, 5, "sequence"), (4, 4, "sequence")]
+    settings += [(2, 8, "sequence"), (3, 5, "constant"), (1, 4, "constant")]
+    for rows, batch_size, normalization in settings:
+        with cases.case():
+            received = student_fn(rows, batch_size, normalization)
+            if isinstance(received, torch.Tensor):
+                received = received.item()
+            assert_close(
+                received,
+                _reference_scale(rows, batch_size, normalization),
+                f"microbatch_rows={rows}, batch_size={batch_size}, "
+                f"loss_normalization={normalization!r}",
+            )
 
 
 @exercise_check("Exercise 07b (responses that need a backward pass)")
-def check_active_rows(student_fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+def check_active_rows(
+    student_fn: Callable[[torch.Tensor], torch.Tensor], cases: CaseCount
+) -> None:
     """``student_fn(advantages) -> indices`` (1-D long tensor, ascending)."""
-    cases = [
+    for advantages in (
         torch.tensor([0.0, 1.2, 0.0, -0.7]),  # negative advantages count too
         torch.tensor([0.0, 0.0, 0.0]),  # a group where every reward is equal
         torch.tensor([0.5, -0.5, 1e-7, 2.0]),  # tiny but nonzero is still active
-    ]
-    for advantages in cases:
-        expected = torch.nonzero(advantages != 0, as_tuple=False).flatten()
-        received = student_fn(advantages.clone())
-        if not isinstance(received, torch.Tensor):
-            raise ExerciseFailed(
-                f"For advantages={advantages.tolist()}: expected a tensor of indices, "
-                f"got {type(received).__name__}"
-            )
-        if received.dtype.is_floating_point or received.dtype == torch.bool:
-            raise ExerciseFailed(
-                f"For advantages={advantages.tolist()}: expected integer indices "
-                f"{expected.tolist()}, got a {received.dtype} tensor "
-                f"{received.tolist()}"
-            )
-        assert_close(
-            received.flatten(), expected, f"advantages={advantages.tolist()}", atol=0
+    ):
+        with cases.case():
+            _check_active_rows_case(student_fn, advantages)
+
+
+def _check_active_rows_case(
+    student_fn: Callable[[torch.Tensor], torch.Tensor], advantages: torch.Tensor
+) -> None:
+    expected = torch.nonzero(advantages != 0, as_tuple=False).flatten()
+    received = student_fn(advantages.clone())
+    if not isinstance(received, torch.Tensor):
+        raise ExerciseFailed(
+            f"For advantages={advantages.tolist()}: expected a tensor of indices, "
+            f"got {type(received).__name__}"
         )
+    if received.dtype.is_floating_point or received.dtype == torch.bool:
+        raise ExerciseFailed(
+            f"For advantages={advantages.tolist()}: expected integer indices "
+            f"{expected.tolist()}, got a {received.dtype} tensor "
+            f"{received.tolist()}"
+        )
+    assert_close(
+        received.flatten(), expected, f"advantages={advantages.tolist()}", atol=0
+    )
 
 
 TrainStep = Callable[..., Any]
 
-# (responses used, gradient_accumulation_steps, clip the gradient?)
-_STEP_CASES = ((4, 2, False), (3, 2, False), (4, 1, False), (4, 2, True))
+# (rows of the problem used, gradient_accumulation_steps, clip the gradient?).
+# Rows 1, 2, 3 in 2 microbatches of ceil(3 / 2) = 2 rows put the advantage 1.5
+# alone in the short one, whose share is 1/3, not the configured 2/3.
+_STEP_CASES = (
+    ((0, 1, 2, 3), 2, False),
+    ((0, 1, 2), 2, False),
+    ((1, 2, 3), 2, False),
+    ((0, 1, 2, 3), 1, False),
+    ((0, 1, 2, 3), 2, True),
+    ((3, 0, 1), 2, True),
+)
 
 
 @exercise_check("Exercise 07c (a microbatch train step)")
-def check_microbatch_train_step(student_fn: TrainStep) -> None:
+def check_microbatch_train_step(student_fn: TrainStep, cases: CaseCount) -> None:
     """``student_fn(model, optimizer, batch, advantages,
     gradient_accumulation_steps, max_grad_norm)``: one on-policy step
     (per-token loss -A_i log pi, per-response mean) accumulated over
@@ -109,44 +130,58 @@ def check_microbatch_train_step(student_fn: TrainStep) -> None:
     """
     model, full_batch, full_advantages = _tiny_step_problem()
     for rows, steps, clips in _STEP_CASES:
-        batch = {key: value[:rows] for key, value in full_batch.items()}
-        advantages = full_advantages[:rows]  # (B,)
-        unclipped = _reference_step(model, batch, advantages, steps, None)[0]
-        max_grad_norm = float(unclipped.norm()) / 4 if clips else None
-        inputs = (
-            f"a tiny model, B={rows} responses of lengths "
-            f"{batch['response_mask'].sum(dim=1).tolist()}, advantages="
-            f"{advantages.tolist()}, gradient_accumulation_steps={steps}, "
-            f"max_grad_norm={max_grad_norm}"
-        )
-        _, expected_parameters = _reference_step(
-            model, batch, advantages, steps, max_grad_norm
-        )
-        student_model = copy.deepcopy(model)
-        optimizer = GradientRecorder(student_model.parameters(), lr=1.0)
-        with _LastGradient(student_model) as last:
-            _run_step(
-                student_fn,
-                (student_model, optimizer, batch, advantages, steps, max_grad_norm),
+        picked = torch.tensor(rows)
+        batch = {key: value[picked] for key, value in full_batch.items()}
+        with cases.case():
+            _check_step_case(
+                student_fn, model, batch, full_advantages[picked], steps, clips
             )
-        _check_step_count(optimizer.steps, inputs)
-        _check_accumulated_gradient(
-            last.gradient(), model, batch, advantages, steps, clips, inputs
+
+
+def _check_step_case(
+    student_fn: TrainStep,
+    model: torch.nn.Module,
+    batch: dict[str, torch.Tensor],
+    advantages: torch.Tensor,
+    steps: int,
+    clips: bool,
+) -> None:
+    unclipped = _reference_step(model, batch, advantages, steps, None)[0]
+    max_grad_norm = float(unclipped.norm()) / 4 if clips else None
+    inputs = (
+        f"a tiny model, B={advantages.shape[0]} responses of lengths "
+        f"{batch['response_mask'].sum(dim=1).tolist()}, advantages="
+        f"{advantages.tolist()}, gradient_accumulation_steps={steps}, "
+        f"max_grad_norm={max_grad_norm}"
+    )
+    _, expected_parameters = _reference_step(
+        model, batch, advantages, steps, max_grad_norm
+    )
+    student_model = copy.deepcopy(model)
+    optimizer = GradientRecorder(student_model.parameters(), lr=1.0)
+    with _LastGradient(student_model) as last:
+        _run_step(
+            student_fn,
+            (student_model, optimizer, batch, advantages, steps, max_grad_norm),
         )
-        received = torch.cat([p.detach().flatten() for p in student_model.parameters()])
-        if not torch.allclose(received, expected_parameters, atol=1e-6, rtol=1e-4):
-            hint = (
-                "clip the accumulated gradient once, after the last backward and "
-                "before optimizer.step(): torch.nn.utils.clip_grad_norm_("
-                "model.parameters(), max_grad_norm)"
-                if clips
-                else "the optimizer must step on the accumulated gradient as it is"
-            )
-            raise ExerciseFailed(
-                f"For {inputs}: the gradient before clipping is right, but the "
-                f"parameters after the step are not (largest difference "
-                f"{(received - expected_parameters).abs().max():.2e}); {hint}"
-            )
+    _check_step_count(optimizer.steps, inputs)
+    _check_accumulated_gradient(
+        last.gradient(), model, batch, advantages, steps, clips, inputs
+    )
+    received = torch.cat([p.detach().flatten() for p in student_model.parameters()])
+    if not torch.allclose(received, expected_parameters, atol=1e-6, rtol=1e-4):
+        hint = (
+            "clip the accumulated gradient once, after the last backward and "
+            "before optimizer.step(): torch.nn.utils.clip_grad_norm_("
+            "model.parameters(), max_grad_norm)"
+            if clips
+            else "the optimizer must step on the accumulated gradient as it is"
+        )
+        raise ExerciseFailed(
+            f"For {inputs}: the gradient before clipping is right, but the "
+            f"parameters after the step are not (largest difference "
+            f"{(received - expected_parameters).abs().max():.2e}); {hint}"
+        )
 
 
 def _run_step(student_fn: TrainStep, arguments: tuple[Any, ...]) -> None:
@@ -263,6 +298,10 @@ def _check_accumulated_gradient(
         ),
         "only the last microbatch's gradient is left: zero the gradients once, "
         "before the loop, not inside it": shares[-1] * pieces[-1][1],
+        "each microbatch is scaled by the configured size ceil(B / K) / B, but "
+        "the last one is shorter: scale each by its own rows / B": sum(
+            pieces[0][0] / batch_size * gradient for _, gradient in pieces
+        ),
     }
     for mistake, wrong in mistakes.items():
         if torch.allclose(received, wrong, atol=1e-6, rtol=1e-4):
