@@ -165,6 +165,7 @@ def _train(config: TrainConfig, progress: bool) -> RunResult:
 def _train_in(config: TrainConfig, progress: bool) -> RunResult:
     """The run itself, in the locked folder ``config.run_dir``."""
     run_dir = Path(config.run_dir)
+    checkpoints.remove_leftover_temporaries(run_dir)  # a killed write's
     policy = build_policy(config)
     task = build_task(config, policy.tokenizer)
     eval_examples = task.eval(config.eval_size, seed=config.seed)
