@@ -958,3 +958,67 @@ def print_audit_table(cases: list[Case] = CASES) -> None:
 
 if __name__ == "__main__":
     print_audit_table()
+
+
+# ------------------------------------------------------------------ the CLI
+
+# A run that finishes in about a second: no warm-up, a 1-layer model, 16 rollouts.
+TINY_RUN = [
+    "--profile", "cpu", "--tiny-hidden-size", "32", "--tiny-num-layers", "1",
+    "--tiny-intermediate-size", "64", "--task-options", '{"n_digits": 3}',
+    "--max-new-tokens", "5", "--steps", "1", "--rollout-batch-size", "16",
+    "--group-size", "4", "--train-batch-size", "16", "--eval-size", "4",
+    "--eval-every", "0", "--sft-max-steps", "0", "--checkpoint-every", "0",
+    "--no-progress",
+]  # fmt: skip
+
+
+def reward_once(value: float, index: int = 5):
+    """ReverseTask.reward_fn, returning ``value`` as the reward of call ``index``."""
+    from grpo_lab.tasks.toy import ReverseTask
+
+    original = ReverseTask.reward_fn
+    calls = Counter()
+
+    def reward_fn(self, response, ground_truth):
+        scores = original(self, response, ground_truth)
+        calls["n"] += 1
+        return {**scores, "reward": value} if calls["n"] == index + 1 else scores
+
+    return reward_fn
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_a_non_finite_reward_stops_train_with_one_line_and_exit_2(
+    value, tmp_path, monkeypatch, capsys
+):
+    from grpo_lab import cli
+    from grpo_lab.tasks.toy import ReverseTask
+
+    monkeypatch.setattr(ReverseTask, "reward_fn", reward_once(value))
+    code = cli.main(["train", *TINY_RUN, "--run-dir", str(tmp_path / "run")])
+    error = capsys.readouterr().err
+    assert code == 2
+    lines = error.strip().splitlines()
+    assert len(lines) == 1, error
+    line = lines[0]
+    assert line.startswith("grpo-lab train: task 'reverse'")
+    assert "ReverseTask.reward_fn" in line or "reward_fn" in line
+    assert f"returned reward {value!r} for sample 5 of the rollout batch" in line
+    assert "prompt '" in line and "response '" in line
+    if math.isnan(value):
+        assert "nan_rewards: ignore" in line and "--nan-rewards ignore" in line
+    else:
+        assert "must be finite" in line
+
+
+def test_a_nan_reward_is_ignored_when_the_config_says_so(tmp_path, monkeypatch):
+    from grpo_lab import cli
+    from grpo_lab.tasks.toy import ReverseTask
+    from grpo_lab.training.metrics import read_metrics
+
+    monkeypatch.setattr(ReverseTask, "reward_fn", reward_once(math.nan))
+    run_dir = tmp_path / "run"
+    argv = ["train", *TINY_RUN, "--nan-rewards", "ignore", "--run-dir", str(run_dir)]
+    assert cli.main(argv) == 0
+    assert read_metrics(run_dir)[-1]["step"] == 1
