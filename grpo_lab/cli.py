@@ -33,6 +33,7 @@ import errno
 import importlib
 import importlib.util
 import json
+import re
 import sys
 import types
 import typing
@@ -85,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a YAML or JSON file of TrainConfig fields (e.g. 'lr: 3.0e-4'); "
         "flags override its values, its profile (or --profile) supplies the rest",
     )
+    _add_from_trl_flag(train_parser)
     train_parser.add_argument(
         "--resume",
         metavar="RUN_DIR",
@@ -195,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--vllm-mode", choices=("colocate", "server"), default="colocate",
         help="trl only: vLLM beside each process, or TRL's `trl vllm-serve` server",
     )  # fmt: skip
+    _add_from_trl_flag(export_parser)
     export_parser.set_defaults(resume_dir=None)
     add_config_arguments(export_parser, exclude=("resume",))
     grade_parser = commands.add_parser(
@@ -220,6 +223,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_from_trl_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--from-trl",
+        action="store_true",
+        help="read --config's keys as TRL GRPOConfig names (learning_rate, "
+        "num_generations, max_steps, beta, epsilon, ...) and translate them "
+        "through the TRL translation table",
+    )
+
+
 # --- the config to train with -------------------------------------------------------
 
 
@@ -233,7 +246,8 @@ def train_config(arguments: argparse.Namespace) -> TrainConfig:
             return resumed_config(arguments)
         values = {}
         if arguments.config_file is not None:
-            values = read_config_file(arguments.config_file)
+            from_trl = getattr(arguments, "from_trl", False)
+            values = read_config_file(arguments.config_file, from_trl=from_trl)
         merged = {**values, **_flags(arguments)}  # flags win over the file
         return config_from_arguments(argparse.Namespace(**merged))
     except UserError:
@@ -270,12 +284,19 @@ def _flags(arguments: argparse.Namespace) -> dict[str, Any]:
     return {k: v for k, v in vars(arguments).items() if k in FIELD_NAMES}
 
 
-def read_config_file(path: str | Path) -> dict[str, Any]:
+def read_config_file(path: str | Path, *, from_trl: bool = False) -> dict[str, Any]:
     """The TrainConfig fields of a YAML or JSON file, each checked against its type.
 
-    Unknown keys are refused by name; ``resume`` is refused (use ``--resume``).
-    A float field also takes a string that parses as a float (YAML reads
-    ``3e-4`` as a string).
+    Parsed strictly: a key given twice is refused (YAML and JSON would keep the
+    last); so is a plain YAML scalar that YAML 1.1 (PyYAML) reads differently
+    from YAML 1.2 and JSON: hexadecimal, octal, binary, sexagesimal or
+    underscored numbers (``0x10``, ``010``, ``1_000``, ``1:30``) and
+    ``yes``/``no``/``on``/``off`` booleans (quote them for a string; write
+    ``16`` or ``true``). Unknown keys are refused with the nearest field's name
+    and, for a TRL ``GRPOConfig`` name, its grpo_lab name from the TRL table;
+    ``resume`` is refused (use ``--resume``). A float field also takes a string
+    in decimal or scientific notation (YAML 1.1 reads ``3e-4`` as a string).
+    ``from_trl``: the keys are TRL names, translated through that table.
     """
     path = Path(path)
     if path.suffix.lower() not in CONFIG_SUFFIXES:
@@ -297,16 +318,101 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
             f"{type(values).__name__}",
             "write one 'name: value' line per setting",
         )
+    if from_trl:
+        values = _translated_from_trl(values, path)
     for key in values:
         _check_config_key(key, path)
     hints = typing.get_type_hints(TrainConfig)
     return {key: _config_value(key, v, hints[key], path) for key, v in values.items()}
 
 
+def _translated_from_trl(values: dict[str, Any], path: Path) -> dict[str, Any]:
+    from grpo_lab.integrations.trl import from_trl_values
+
+    try:
+        return from_trl_values(values)
+    except UserError as error:
+        raise UserError(f"config file {path}: {error.problem}", error.fix) from error
+
+
+# Plain YAML scalars that read the same in YAML 1.1 (PyYAML) and YAML 1.2 / JSON.
+_YAML12_INT = re.compile(r"[-+]?(0|[1-9][0-9]*)")
+_YAML12_FLOAT = re.compile(
+    r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?"
+    r"|[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)"
+)
+_YAML12_BOOL = re.compile(r"true|True|TRUE|false|False|FALSE")
+
+
+class _AmbiguousYaml(Exception):
+    """A key given twice, or a scalar YAML 1.1 reads as something else."""
+
+    def __init__(self, line: int, problem: str) -> None:
+        self.line, self.problem = line, problem
+        super().__init__(problem)
+
+
+def _strict_yaml_loader() -> type:
+    """PyYAML's SafeLoader, refusing duplicate keys and YAML 1.1 surprises."""
+    import yaml
+
+    class StrictLoader(yaml.SafeLoader):
+        pass
+
+    def mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict:
+        loader.flatten_mapping(node)
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise _AmbiguousYaml(
+                    line, f"key {key!r} is given twice (lines {seen[key]} and {line})"
+                )
+            seen[key] = line
+        return loader.construct_mapping(node, deep=True)
+
+    def strict(tag: str, pattern: re.Pattern, fix: str) -> None:
+        construct = yaml.SafeLoader.yaml_constructors[f"tag:yaml.org,2002:{tag}"]
+
+        def constructor(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
+            value = construct(loader, node)
+            if not pattern.fullmatch(node.value):
+                raise _AmbiguousYaml(
+                    node.start_mark.line + 1,
+                    f"{node.value!r} is read by YAML 1.1 as the {tag} {value!r}, a "
+                    "YAML 1.1 surprise (numbers are read in decimal only, booleans "
+                    f"as true or false only); {fix}",
+                )
+            return value
+
+        StrictLoader.add_constructor(f"tag:yaml.org,2002:{tag}", constructor)
+
+    StrictLoader.add_constructor("tag:yaml.org,2002:map", mapping)
+    strict("int", _YAML12_INT, "write the number in decimal, or quote a string")
+    strict("float", _YAML12_FLOAT, "write the number in decimal, or quote a string")
+    strict("bool", _YAML12_BOOL, "write true or false, or quote a string")
+    return StrictLoader
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all different (json keeps the last)."""
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _AmbiguousYaml(0, f"key {key!r} is given twice")
+        seen[key] = value
+    return seen
+
+
 def _parse_config_text(text: str, path: Path) -> Any:
     if path.suffix.lower() == ".json":
         try:
-            return json.loads(text)
+            return json.loads(text, object_pairs_hook=_unique_keys)
+        except _AmbiguousYaml as error:
+            raise UserError(
+                f"config file {path}: {error.problem}", "keep one of them"
+            ) from error
         except json.JSONDecodeError as error:
             raise UserError(
                 f"config file {path} is not valid JSON: {error}", "fix that line"
@@ -319,7 +425,11 @@ def _parse_config_text(text: str, path: Path) -> Any:
             "pip install pyyaml, or write the config as JSON",
         ) from error
     try:
-        values = yaml.safe_load(text)
+        values = yaml.load(text, Loader=_strict_yaml_loader())
+    except _AmbiguousYaml as error:
+        raise UserError(
+            f"config file {path} line {error.line}: {error.problem}", USAGE_HINT
+        ) from error
     except yaml.YAMLError as error:
         problem = " ".join(str(error).split())
         raise UserError(
@@ -336,12 +446,24 @@ def _check_config_key(key: Any, path: Path) -> None:
         )
     if key in FIELD_NAMES:
         return
-    close = difflib.get_close_matches(str(key).replace("-", "_"), FIELD_NAMES, n=1)
-    hint = f"did you mean {close[0]!r}? " if close else ""
     raise UserError(
         f"config file {path} has an unknown key {key!r}",
-        f"{hint}the keys are TrainConfig fields; {USAGE_HINT}",
+        f"{_unknown_name_hint(str(key))}the keys are TrainConfig fields; {USAGE_HINT}",
     )
+
+
+def _unknown_name_hint(name: str) -> str:
+    """ "TRL's `x` is grpo_lab's `y` (...); " for a TRL name, else "did you mean
+    'nearest'? " (difflib), else ""."""
+    name = name.replace("-", "_")
+    if name not in FIELD_NAMES:
+        from grpo_lab.integrations.trl import trl_name_hint
+
+        trl = trl_name_hint(name)
+        if trl is not None:
+            return f"{trl}; or read a TRL-style file with --from-trl; "
+    close = difflib.get_close_matches(name, FIELD_NAMES, n=1)
+    return f"did you mean {close[0]!r}? " if close else ""
 
 
 def _config_value(name: str, value: Any, kind: Any, path: Path) -> Any:
@@ -352,7 +474,7 @@ def _config_value(name: str, value: Any, kind: Any, path: Path) -> Any:
         return None
     for option in options:
         base = typing.get_origin(option) or option
-        if base is float and isinstance(value, str):
+        if base is float and isinstance(value, str) and _YAML12_FLOAT.fullmatch(value):
             with contextlib.suppress(ValueError):
                 return float(value)
         if _fits(value, base):
@@ -686,7 +808,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     A :class:`UserError` prints ``grpo-lab COMMAND: <what> (<how to fix>)`` and
     returns 2 (with ``--debug`` it is raised, traceback and all).
     """
-    arguments = build_parser().parse_args(argv)
+    parser = build_parser()
+    arguments, unknown = parser.parse_known_args(argv)
+    if unknown:
+        parser.error(
+            f"unrecognized arguments: {' '.join(unknown)}{_flag_hints(unknown)}"
+        )
     prefix = f"grpo-lab {arguments.command}"
     try:
         with _warnings_as_lines(prefix):
@@ -696,6 +823,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"{prefix}: {_one_line(error)}", file=sys.stderr)
         return 2
+
+
+def _flag_hints(unknown: list[str]) -> str:
+    """ "; TRL's `learning_rate` is grpo_lab's `lr` (...)" for each unknown
+    ``--flag`` that is a TRL GRPOConfig name; "" when none is."""
+    hints = []
+    for token in unknown:
+        if token.startswith("--"):
+            name = token[2:].split("=", 1)[0].replace("-", "_")
+            if name not in FIELD_NAMES:
+                from grpo_lab.integrations.trl import trl_name_hint
+
+                hint = trl_name_hint(name)
+                if hint is not None:
+                    flag = "--" + hint.split("grpo_lab's `")[1].split("`")[0]
+                    hints.append(f"{hint}: use {flag.replace('_', '-')}")
+    return "".join(f"; {hint}" for hint in hints)
 
 
 @contextlib.contextmanager

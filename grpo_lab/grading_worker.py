@@ -57,6 +57,7 @@ import itertools
 import json
 import math
 import os
+import re
 import select
 import signal
 import subprocess
@@ -442,7 +443,7 @@ def serve(limits: GraderLimits) -> None:
     try:
         _quiet_math_verify()
         for answer, ground_truth in WARM_UP_PAIRS:
-            math_verify_equal(answer, ground_truth)
+            verdict_in_this_process(answer, ground_truth)
     except BaseException as error:
         _send(replies, {"error": f"{type(error).__name__}: {error}"})
         return
@@ -453,10 +454,105 @@ def serve(limits: GraderLimits) -> None:
     _TemplateLoop(replies, devnull, limits).run()
 
 
-def math_verify_equal(answer: str, ground_truth: str) -> bool:
-    """math-verify's verdict on \\boxed{answer} against \\boxed{ground_truth},
-    LaTeX extraction only; its own signal-based timeouts are off (the CPU budget
-    bounds the time instead)."""
+def math_verify_equal(
+    answer: str, ground_truth: str, *, grader: MathGrader | None = None
+) -> bool:
+    """Whether ``answer`` equals ``ground_truth`` (math-verify's verdict under the
+    rules of :func:`answer_rule_broken`, with the symbolic fallback of
+    :func:`verdict_in_this_process`), computed by ``grader`` (default
+    ``default_math_grader()``) in a worker process.
+
+    Bounded whoever calls it: at most the grader's ``cpu_seconds`` of worker CPU
+    and its wall ceiling, like every grade; a grade that runs out is not equal.
+    """
+    return (grader or default_math_grader()).grade(answer, ground_truth).equal
+
+
+# Relations that let one answer name two values (math-verify grades "4 \\approx 5"
+# as 4): an answer may use one only where its ground truth uses it too.
+HEDGING_RELATIONS = {
+    "approximately": (
+        "approx",
+        "approxeq",
+        "thickapprox",
+        "sim",
+        "simeq",
+        "thicksim",
+        "backsim",
+        "backsimeq",
+        "eqsim",
+        "cong",
+        "doteq",
+        "doteqdot",
+        "fallingdotseq",
+        "risingdotseq",
+    ),
+    "plus or minus": ("pm", "mp"),
+    "congruent": ("equiv",),
+    "proportional": ("propto",),
+}
+_HEDGING_SYMBOLS = {
+    "approximately": "\u2248\u2243\u2245\u223c\u2242",
+    "plus or minus": "\u00b1\u2213",
+    "congruent": "\u2261",
+    "proportional": "\u221d",
+}
+_HEDGING_PATTERNS = {
+    family: re.compile(r"\\(?:" + "|".join(names) + r")(?![A-Za-z])")
+    for family, names in HEDGING_RELATIONS.items()
+}
+_PERCENT_PATTERN = re.compile(r"%|\uff05|percent", re.IGNORECASE)
+
+
+def answer_rule_broken(answer: str, ground_truth: str) -> str | None:
+    """The grading rule ``answer`` breaks against ``ground_truth``, or None.
+
+    Rules (applied before math-verify, in time linear in the input; an answer
+    that breaks one is not equal):
+
+    * percent: an answer with a percent sign ("%", "\\%", "percent") matches
+      only a ground truth with one, and a ground truth with one only such an
+      answer. math-verify reads "4\\%" as both 4 and 0.04, so a percent sign
+      would hedge a factor of 100 ("400\\%" would match 4 and 400);
+    * relations: an answer may use an approximate relation (\\approx, \\sim,
+      \\simeq, \\cong, ...), \\pm / \\mp, \\equiv or \\propto (or their
+      Unicode signs) only when its ground truth uses the same family; math-verify
+      keeps one side of "4 \\approx 5", so the other side would be a free guess.
+
+    Units in ``\\text{...}`` are left to math-verify: they do not change a
+    number's value, as a percent sign does.
+    """
+    if _has_percent(answer) != _has_percent(ground_truth):
+        return "percent"
+    for family in HEDGING_RELATIONS:
+        if _uses_relation(answer, family) and not _uses_relation(ground_truth, family):
+            return family
+    return None
+
+
+def _has_percent(text: str) -> bool:
+    return _PERCENT_PATTERN.search(text) is not None
+
+
+def _uses_relation(text: str, family: str) -> bool:
+    if any(symbol in text for symbol in _HEDGING_SYMBOLS[family]):
+        return True
+    return _HEDGING_PATTERNS[family].search(text) is not None
+
+
+def verdict_in_this_process(answer: str, ground_truth: str) -> bool:
+    """The verdict a worker computes, unbounded: call it only under a CPU limit.
+
+    Not equal when :func:`answer_rule_broken` names a rule; else math-verify on
+    \\boxed{answer} against \\boxed{ground_truth}, LaTeX extraction only, with
+    its own signal-based timeouts off (the worker's CPU budget bounds the time).
+    When math-verify says not equal and both sides are plain expressions (no
+    relation, set or matrix), they are still equal when sympy simplifies their
+    difference to 0: math-verify compares a bare symbol by name only, so
+    "\\frac{x}{2}+\\frac{x}{2}" would not equal "x".
+    """
+    if answer_rule_broken(answer, ground_truth) is not None:
+        return False
     from math_verify import LatexExtractionConfig, parse, verify
 
     config = [LatexExtractionConfig()]
@@ -464,7 +560,25 @@ def math_verify_equal(answer: str, ground_truth: str) -> bool:
     predicted = parse("\\boxed{" + answer + "}", config, parsing_timeout=None)
     if not gold or not predicted:
         return False
-    return bool(verify(gold, predicted, timeout_seconds=None))
+    if verify(gold, predicted, timeout_seconds=None):
+        return True
+    return _simplify_to_equal(gold[0], predicted[0])
+
+
+def _simplify_to_equal(gold: object, predicted: object) -> bool:
+    """Both plain sympy expressions whose difference simplifies to 0."""
+    import sympy
+
+    plain = all(
+        isinstance(value, sympy.Expr) and not isinstance(value, sympy.MatrixBase)
+        for value in (gold, predicted)
+    )
+    if not plain:
+        return False
+    try:
+        return bool(sympy.simplify(gold - predicted).is_zero)
+    except Exception:
+        return False
 
 
 def _quiet_math_verify() -> None:
@@ -675,7 +789,7 @@ def _grade_one(request: dict, cpu_seconds: float) -> dict:
     start = time.process_time()
     signal.setitimer(signal.ITIMER_PROF, cpu_seconds)
     try:
-        verdict = math_verify_equal(request["answer"], request["ground_truth"])
+        verdict = verdict_in_this_process(request["answer"], request["ground_truth"])
     except Exception:
         verdict = False
     signal.setitimer(signal.ITIMER_PROF, 0)

@@ -37,7 +37,16 @@ def compute_kl_penalty(
     float64. Masked positions hold whatever their inputs give: aggregate with
     the response mask.
     """
-    check_kl_estimator(estimator)
+    check_kl_estimator(estimator, argument="compute_kl_penalty's estimator")
+    for name, value in (
+        ("policy_log_probs", policy_log_probs),
+        ("reference_log_probs", reference_log_probs),
+    ):
+        if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+            received = value.dtype if isinstance(value, torch.Tensor) else type(value)
+            raise ValueError(
+                f"{name} must be a floating-point tensor of log-probs, got {received}"
+            )
     if policy_log_probs.shape != reference_log_probs.shape:
         raise ValueError(
             f"reference_log_probs must have shape {tuple(policy_log_probs.shape)} "
@@ -57,11 +66,13 @@ def compute_kl_penalty(
     return torch.exp(log_ratio) - log_ratio - 1
 
 
-def check_kl_estimator(estimator: str) -> None:
-    """The one check of a KL estimator's name."""
+def check_kl_estimator(estimator: str, *, argument: str | None = None) -> None:
+    """The one check of a KL estimator's name (``argument``: how a direct
+    caller's argument is named in the message, beside the setting)."""
     if estimator not in KL_ESTIMATORS:
+        where = f" ({argument})" if argument else ""
         raise ValueError(
-            f"kl_estimator must be one of {KL_ESTIMATORS}, got {estimator!r}"
+            f"kl_estimator must be one of {KL_ESTIMATORS}, got {estimator!r}{where}"
         )
 
 

@@ -553,19 +553,40 @@ def microbatch_loss_scale(
               N the response tokens of the whole batch, sums to the batch's
               token mean (DAPO), however unevenly the tokens split.
     Either way the accumulated gradient equals the full batch's. Rows skipped
-    by the caller still count in B and N. Taught in
+    by the caller still count in B and N. A batch with no response token
+    (N = 0) scales by 0: there is no token to average. Taught in
     ``notebooks/07_training_step.ipynb``.
     """
     if loss_normalization == "sequence":
+        if not _is_count(batch_rows) or batch_rows < 1:
+            raise ValueError(
+                f"batch_rows must be a positive int (rows per batch), got "
+                f"{batch_rows!r}"
+            )
         return microbatch_rows / batch_rows
     if loss_normalization == "token":
-        if microbatch_tokens is None or batch_tokens is None:
+        if not (_is_count(microbatch_tokens) and _is_count(batch_tokens)):
             raise ValueError(
                 "microbatch_tokens and batch_tokens must be token counts for token "
                 f"normalization, got {microbatch_tokens!r} and {batch_tokens!r}"
             )
+        if batch_tokens < 0 or not 0 <= microbatch_tokens <= batch_tokens:
+            raise ValueError(
+                f"batch_tokens must be >= microbatch_tokens ({microbatch_tokens}) "
+                f"and >= 0, got {batch_tokens!r}"
+            )
         return microbatch_tokens / max(batch_tokens, 1)
+    if loss_normalization != "constant":
+        raise ValueError(
+            f"loss_normalization must be one of {LOSS_NORMALIZATIONS}, "
+            f"got {loss_normalization!r}"
+        )
     return 1.0
+
+
+def _is_count(value: object) -> bool:
+    """A plain int (or an int-like 0-dim integer tensor is not accepted)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def high_entropy_mask(
@@ -579,19 +600,42 @@ def high_entropy_mask(
     interpolation) of the masked-in entropies at 1 - quantile, and a token is
     kept when its entropy is >= the threshold. quantile = 1 keeps every token.
     The entropy is read without gradient.
+
+    A NaN entropy (a token whose logits were NaN) is never kept and is left out
+    of the threshold (``torch.nanquantile``), so one NaN does not empty the
+    mask; every entropy NaN keeps no token. The loss of such a token is NaN
+    anyway, which the train step refuses.
     """
-    check_entropy_settings(0.0, quantile)
+    check_entropy_settings(0.0, quantile, quantile_name="quantile")
+    if not isinstance(token_entropy, torch.Tensor) or not isinstance(
+        response_mask, torch.Tensor
+    ):
+        raise ValueError(
+            "token_entropy and response_mask must be (B, T) tensors, got "
+            f"{type(token_entropy).__name__} and {type(response_mask).__name__}"
+        )
+    if token_entropy.shape != response_mask.shape:
+        raise ValueError(
+            f"token_entropy must have the shape of response_mask "
+            f"{tuple(response_mask.shape)}, got {tuple(token_entropy.shape)}"
+        )
     token_mask = response_mask.bool()  # (B, T)
     entropy = token_entropy.detach()  # (B, T)
     values = entropy[token_mask]  # (n,)
     if quantile == 1.0 or values.numel() == 0:
         return token_mask
-    threshold = torch.quantile(values, 1 - quantile)
-    return (entropy >= threshold) & token_mask
+    threshold = torch.nanquantile(values, 1 - quantile)
+    return (entropy >= threshold) & token_mask  # NaN >= t is False
 
 
-def check_entropy_settings(entropy_coef: float, top_entropy_quantile: float) -> None:
-    """entropy_coef is a finite number >= 0; top_entropy_quantile is in (0, 1]."""
+def check_entropy_settings(
+    entropy_coef: float,
+    top_entropy_quantile: float,
+    *,
+    quantile_name: str | None = None,
+) -> None:
+    """entropy_coef is a finite number >= 0; top_entropy_quantile is in (0, 1]
+    (``quantile_name``: a direct caller's name for it, named beside it)."""
     if not (
         isinstance(entropy_coef, (int, float))
         and not isinstance(entropy_coef, bool)
@@ -606,6 +650,7 @@ def check_entropy_settings(entropy_coef: float, top_entropy_quantile: float) -> 
         raise ValueError(
             "top_entropy_quantile must be a number in (0, 1] (1: every token), "
             f"got {top_entropy_quantile!r}"
+            + (f" (argument {quantile_name})" if quantile_name else "")
         )
 
 
@@ -653,9 +698,10 @@ def _check_objective_tensors(
 ) -> None:
     if method not in RATIO_METHODS:
         return
-    if old_log_probs is None:
+    if not isinstance(old_log_probs, torch.Tensor):
         raise ValueError(
-            f"old_log_probs must be a tensor for {method!r} reweighting, got None"
+            f"old_log_probs must be a tensor for {method!r} reweighting, got "
+            f"{type(old_log_probs).__name__ if old_log_probs is not None else None}"
         )
     if old_log_probs.shape != policy_log_probs.shape:
         raise ValueError(

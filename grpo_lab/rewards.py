@@ -16,7 +16,12 @@ import re
 from collections import Counter
 from fractions import Fraction
 
-from grpo_lab.grading_worker import MathGrade, MathGrader, default_math_grader
+from grpo_lab.grading_worker import (
+    MathGrade,
+    MathGrader,
+    answer_rule_broken,
+    default_math_grader,
+)
 
 # Responses longer than this are not graded by the toy-task rewards (reward 0).
 MAX_RESPONSE_CHARS = 10_000
@@ -251,9 +256,15 @@ def grade_math_answer(
       3. two plain integers ("-?[0-9]+" after normalizing) are equal when their
          values are (math-verify's verdict on two integers, without a worker);
       4. a ground truth longer than ``MAX_ANSWER_CHARS`` is not equal;
-      5. otherwise ``grader.grade`` (default ``default_math_grader()``):
-         math-verify in a worker process under a CPU budget.
-    Steps 1-4 run in the calling process in time linear in the input.
+      5. an answer that hedges is not equal (``answer_rule_broken``): a percent
+         sign on one side only ("4\\%" or "400\\%" against 4, and 4 against
+         "4\\%"), or an approximate relation, \\pm, \\equiv or \\propto the
+         ground truth does not use ("4 \\approx 5" against 4);
+      6. otherwise ``grader.grade`` (default ``default_math_grader()``):
+         math-verify in a worker process under a CPU budget, where two plain
+         expressions whose difference sympy simplifies to 0 are equal too
+         ("\\frac{x}{2}+\\frac{x}{2}" and "x").
+    Steps 1-5 run in the calling process in time linear in the input.
     """
     answer, ground_truth = answer.strip(), ground_truth.strip()
     if len(answer) > MAX_ANSWER_CHARS:
@@ -265,6 +276,8 @@ def grade_math_answer(
     if _both_integers(normalized_answer, normalized_truth):
         return MathGrade(int(normalized_answer) == int(normalized_truth), "graded")
     if len(ground_truth) > MAX_ANSWER_CHARS:
+        return MathGrade(False, "graded")
+    if answer_rule_broken(answer, ground_truth) is not None:
         return MathGrade(False, "graded")
     return (grader or default_math_grader()).grade(answer, ground_truth)
 

@@ -69,36 +69,46 @@ CORRECTION_KEYS = (
 )
 
 
-def check_sampler_correction(mode: str, cap: float, low: float, high: float) -> None:
+def check_sampler_correction(
+    mode: str, cap: float, low: float, high: float, *, caller: str | None = None
+) -> None:
     """The one check of a correction mode and its bounds (config and callers).
 
     mode in ``CORRECTION_MODES``; cap > 0 (inf: plain, untruncated IS);
     0 <= low < high, low finite, high may be inf (no upper bound). NaN is
     refused everywhere. Like TRL (clip_min >= clip_max is refused), an empty
     or single-point range is refused. Bounds a mode does not read are still
-    range-checked.
+    range-checked. ``caller``: a function whose arguments are named mode, cap,
+    low and high; its messages name them beside the settings.
     """
+
+    def named(argument: str) -> str:
+        return f" ({caller}'s {argument})" if caller else ""
+
     if mode not in CORRECTION_MODES:
         raise ValueError(
             f"sampler_correction must be one of {CORRECTION_MODES}, got {mode!r}"
+            + named("mode")
         )
     if not _is_number(cap) or not cap > 0:
         raise ValueError(
             f"sampler_correction_cap must be a number > 0 (inf: no cap), got {cap!r}"
+            + named("cap")
         )
     if not _is_number(low) or not (math.isfinite(low) and low >= 0):
         raise ValueError(
             f"sampler_correction_low must be a finite number >= 0, got {low!r}"
+            + named("low")
         )
     if not _is_number(high) or not high > 0:
         raise ValueError(
             f"sampler_correction_high must be a number > 0 (inf: no upper bound), "
-            f"got {high!r}"
+            f"got {high!r}" + named("high")
         )
     if not low < high:
         raise ValueError(
             f"sampler_correction_low must be below sampler_correction_high "
-            f"({high!r}), got {low!r}"
+            f"({high!r}), got {low!r}" + named("low")
         )
 
 
@@ -171,7 +181,7 @@ def correction_weights(
     No diagnostics and no host synchronization: the form to call once per
     microbatch.
     """
-    check_sampler_correction(mode, cap, low, high)
+    check_sampler_correction(mode, cap, low, high, caller="correction_weights")
     _check_shapes(trainer_log_probs, sampler_log_probs, response_mask)
     mask = response_mask.bool()  # (B, T)
     if mode == "none":

@@ -32,6 +32,8 @@ from grpo_lab.advantages import (
     compute_group_normalized_rewards,
     compute_rollout_rewards,
 )
+from grpo_lab.integrations.verl import aggregate_like_verl
+from grpo_lab.kl import check_kl_settings, compute_kl_penalty
 from grpo_lab.logprobs import (
     compute_entropy,
     get_response_log_probs,
@@ -39,6 +41,8 @@ from grpo_lab.logprobs import (
 from grpo_lab.losses import (
     aggregate_loss_across_microbatch,
     compute_policy_gradient_loss,
+    high_entropy_mask,
+    microbatch_loss_scale,
 )
 from grpo_lab.masks import (
     masked_mean,
@@ -53,7 +57,32 @@ from grpo_lab.models import (
     tokenizer_training_corpus,
 )
 from grpo_lab.prefix_sharing import prompt_only_columns, split_at_prefix
+from grpo_lab.rollouts.base import Rollouts
+from grpo_lab.sampler_correction import (
+    correction_weights,
+    sampler_correction_weights,
+    sampler_log_prob_gap,
+)
 from grpo_lab.train_step import grpo_train_step, policy_gradient_update
+from grpo_lab.training.dynamic_sampling import (
+    collect_groups_with_signal,
+    groups_with_signal,
+    replay_reward_fn,
+)
+from grpo_lab.training.evaluation import (
+    correct_counts,
+    held_out_scores,
+    pass_at_k,
+    pass_at_k_curve,
+)
+from grpo_lab.training.overlong import (
+    check_overlong_settings,
+    mask_truncated,
+    shape_reward_results,
+    soft_overlong_punishment,
+    truncated_rows,
+    truncation_metrics,
+)
 
 CLEAR, OBSCURE = "clear error", "obscure error"
 SILENT_WRONG, SILENT_NAN, CORRECT = "silent wrong", "silent NaN", "correct"
@@ -888,6 +917,734 @@ def train_step_cases() -> list[Case]:
     ]
 
 
+# ------------------------------------------------------------------ the newer API
+
+
+def kl(policy=LOG_PROBS, reference=LOG_PROBS, estimator="k3"):
+    return compute_kl_penalty(policy, reference, estimator)
+
+
+def kl_cases() -> list[Case]:
+    f, g = "compute_kl_penalty", "check_kl_settings"
+    return (
+        [
+            Case(f, "estimator typo", partial(kl, estimator="K3"), "estimator"),
+            Case(f, "estimator None", partial(kl, estimator=None), "estimator"),
+            Case(
+                f,
+                "reference shape differs",
+                partial(kl, reference=LOG_PROBS[:, :2]),
+                "reference_log_probs",
+            ),
+            Case(
+                f,
+                "policy a list",
+                partial(kl, policy=LOG_PROBS.tolist()),
+                "policy_log_probs",
+            ),
+            Case(
+                f, "reference None", partial(kl, reference=None), "reference_log_probs"
+            ),
+            Case(
+                f,
+                "int log-probs",
+                partial(kl, policy=LOG_PROBS.long()),
+                "policy_log_probs",
+            ),
+            Case(f, "equal policies", kl, expected=equals(torch.zeros(2, 3))),
+            Case(
+                f,
+                "bfloat16 inputs: float32 result",
+                lambda: kl(LOG_PROBS.bfloat16(), LOG_PROBS.bfloat16(), "k1").dtype,
+                expected=lambda dtype: dtype == torch.float32,
+            ),
+            # exp(-1) - (-1) - 1 = e^-1 for log r = -1 (policy -1, reference -2)
+            Case(
+                f,
+                "k3 by hand",
+                lambda: kl(torch.tensor([[-1.0]]), torch.tensor([[-2.0]])),
+                expected=equals([[math.exp(-1)]]),
+            ),
+        ]
+        + [
+            Case(
+                g,
+                f"kl_coef {value!r}",
+                partial(check_kl_settings, value, "k3"),
+                "kl_coef",
+            )
+            for value in (-0.1, math.nan, math.inf, "0.1", True, None)
+        ]
+        + [
+            Case(
+                g,
+                "kl_estimator typo",
+                partial(check_kl_settings, 0.1, "k4"),
+                "kl_estimator",
+            ),
+        ]
+    )
+
+
+SAMPLER = LOG_PROBS - 0.1  # (2, 3): rho = e^0.1 on every token
+
+
+def weights(mode="token_truncate", trainer=LOG_PROBS, sampler=SAMPLER, **options):
+    return sampler_correction_weights(trainer, sampler, MASK, mode=mode, **options)
+
+
+def sampler_cases() -> list[Case]:
+    f, g = "sampler_correction_weights", "correction_weights"
+    nan_sampler = SAMPLER.clone()
+    nan_sampler[0, 0] = math.nan  # a response token the sampler did not score
+    return [
+        Case(f, "mode typo", partial(weights, "TIS"), "mode"),
+        Case(f, "cap 0", partial(weights, cap=0.0), "cap"),
+        Case(f, "cap NaN", partial(weights, cap=math.nan), "cap"),
+        Case(f, "cap a str", partial(weights, cap="3"), "cap"),
+        Case(f, "low < 0", partial(weights, "token_mask", low=-1.0), "low"),
+        Case(f, "high 0", partial(weights, "token_mask", high=0.0), "high"),
+        Case(f, "low = high", partial(weights, "token_mask", low=2.0, high=2.0), "low"),
+        Case(
+            f,
+            "trainer a list",
+            partial(weights, trainer=LOG_PROBS.tolist()),
+            "trainer_log_probs",
+        ),
+        Case(
+            f,
+            "sampler shape differs",
+            partial(weights, sampler=SAMPLER[:, :2]),
+            "sampler_log_probs",
+        ),
+        Case(
+            f,
+            "mask 1-D",
+            lambda: sampler_correction_weights(
+                LOG_PROBS, SAMPLER, MASK[0], mode="token_mask"
+            ),
+            "response_mask",
+        ),
+        Case(
+            f,
+            "NaN sampler log-prob on a response token: rho 1 there (TRL)",
+            lambda: weights(sampler=nan_sampler, cap=1.0)[0],
+            expected=equals(MASK.float()),
+        ),
+        Case(
+            f,
+            "-inf sampler log-prob where masked out",
+            lambda: weights(sampler=with_masked(-math.inf, SAMPLER), cap=1.0)[0],
+            expected=equals(MASK.float()),
+        ),
+        Case(
+            f,
+            "rho above the mask's high: weight 0",
+            lambda: weights("token_mask", high=1.05)[0],
+            expected=equals(torch.zeros(2, 3)),
+        ),
+        Case(
+            g,
+            "mode typo",
+            lambda: correction_weights(LOG_PROBS, SAMPLER, MASK, mode="mask"),
+            "mode",
+        ),
+        Case(
+            "sampler_log_prob_gap",
+            "every sampler log-prob NaN: nothing to measure",
+            lambda: sampler_log_prob_gap(LOG_PROBS, torch.full((2, 3), math.nan), MASK),
+            expected=lambda result: (
+                result
+                == {"sampler_log_prob_diff_mean": 0.0, "sampler_log_prob_diff_max": 0.0}
+            ),
+        ),
+    ]
+
+
+ENTROPY = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])  # masked in: 1, 3, 6
+
+
+def objective_cases() -> list[Case]:
+    f, g, h = (
+        "compute_policy_gradient_loss",
+        "high_entropy_mask",
+        "microbatch_loss_scale",
+    )
+    nan_entropy = ENTROPY.clone()
+    nan_entropy[0, 0] = math.nan
+    only_last = torch.tensor([[False, False, False], [False, False, True]])
+    return [
+        Case(
+            f,
+            "gspo without a response mask",
+            partial(pg_loss, importance_reweighting_method="gspo", response_mask=None),
+            "response_mask",
+        ),
+        Case(
+            f,
+            "cliprange_high < 0",
+            partial(pg_loss, cliprange_high=-0.1),
+            "cliprange_high",
+        ),
+        Case(
+            f, "ratio_cap below the clip", partial(pg_loss, ratio_cap=1.1), "ratio_cap"
+        ),
+        Case(
+            f,
+            "sapo temperature 0",
+            partial(
+                pg_loss, importance_reweighting_method="sapo", sapo_temperature_pos=0.0
+            ),
+            "sapo_temperature_pos",
+        ),
+        Case(
+            f,
+            "gmpo without cliprange",
+            partial(pg_loss, importance_reweighting_method="gmpo", cliprange=None),
+            "cliprange",
+        ),
+        Case(
+            f,
+            "cispo old log-probs a list",
+            partial(
+                pg_loss,
+                importance_reweighting_method="cispo",
+                old_log_probs=LOG_PROBS.tolist(),
+            ),
+            "old_log_probs",
+        ),
+        Case(
+            f,
+            "gspo old log-probs shape differs",
+            partial(
+                pg_loss,
+                importance_reweighting_method="gspo",
+                old_log_probs=LOG_PROBS[:, :2],
+            ),
+            "old_log_probs",
+        ),
+        Case(
+            f,
+            "gmpo -inf old log-probs where masked out",
+            partial(
+                pg_loss,
+                importance_reweighting_method="gmpo",
+                old_log_probs=with_masked(-math.inf, LOG_PROBS),
+            ),
+            expected=finite_where_masked_in,
+        ),
+        # NaN entropy: never kept, and left out of the threshold (its rule):
+        # the finite masked-in entropies are 3 and 6, the median 4.5 keeps 6.
+        Case(
+            g,
+            "one NaN entropy, quantile 0.5",
+            partial(high_entropy_mask, nan_entropy, MASK, 0.5),
+            expected=lambda result: torch.equal(result, only_last),
+        ),
+        Case(
+            g,
+            "every entropy NaN: no token",
+            partial(high_entropy_mask, torch.full((2, 3), math.nan), MASK, 0.5),
+            expected=lambda result: not result.any(),
+        ),
+        Case(
+            g,
+            "NaN entropy where masked out",
+            partial(high_entropy_mask, with_masked(math.nan, ENTROPY), MASK, 0.5),
+            expected=lambda result: torch.equal(
+                result, torch.tensor([[False, False, True], [False, False, True]])
+            ),
+        ),
+        Case(
+            g, "quantile 0", partial(high_entropy_mask, ENTROPY, MASK, 0.0), "quantile"
+        ),
+        Case(
+            g,
+            "quantile 1.5",
+            partial(high_entropy_mask, ENTROPY, MASK, 1.5),
+            "quantile",
+        ),
+        Case(
+            g,
+            "quantile NaN",
+            partial(high_entropy_mask, ENTROPY, MASK, math.nan),
+            "quantile",
+        ),
+        Case(
+            g,
+            "entropy shape differs",
+            partial(high_entropy_mask, ENTROPY[:, :2], MASK, 0.5),
+            "token_entropy",
+        ),
+        Case(
+            g,
+            "entropy a list",
+            partial(high_entropy_mask, ENTROPY.tolist(), MASK, 0.5),
+            "token_entropy",
+        ),
+        Case(
+            h,
+            "batch_rows 0",
+            partial(microbatch_loss_scale, "sequence", 2, 0),
+            "batch_rows",
+        ),
+        Case(
+            h,
+            "normalization typo",
+            partial(microbatch_loss_scale, "tokens", 2, 4),
+            "loss_normalization",
+        ),
+        Case(
+            h,
+            "batch_tokens < 0",
+            partial(
+                microbatch_loss_scale,
+                "token",
+                2,
+                4,
+                microbatch_tokens=0,
+                batch_tokens=-1,
+            ),
+            "batch_tokens",
+        ),
+        Case(
+            h,
+            "batch_tokens below the microbatch's",
+            partial(
+                microbatch_loss_scale,
+                "token",
+                2,
+                4,
+                microbatch_tokens=5,
+                batch_tokens=3,
+            ),
+            "batch_tokens",
+        ),
+        Case(
+            h,
+            "microbatch_tokens None",
+            partial(microbatch_loss_scale, "token", 2, 4, batch_tokens=3),
+            "microbatch_tokens",
+        ),
+        Case(
+            h,
+            "no token in the batch: scale 0",
+            partial(
+                microbatch_loss_scale,
+                "token",
+                2,
+                4,
+                microbatch_tokens=0,
+                batch_tokens=0,
+            ),
+            expected=lambda result: result == 0.0,
+        ),
+    ]
+
+
+def verl(info=None, mode="token-mean", loss=VALUES, mask=MASK):
+    return aggregate_like_verl(loss, mask, mode, info)
+
+
+def verl_cases() -> list[Case]:
+    f = "aggregate_like_verl"
+    counts = {"global_batch_size": 4, "batch_num_tokens": 6}
+    cases = [
+        Case(
+            f,
+            f"dp_size {value!r}",
+            partial(verl, {**counts, "dp_size": value}),
+            "dp_size",
+        )
+        for value in (0, -1, "2", 1.5, True)
+    ]
+    return [
+        *cases,
+        Case(
+            f,
+            "batch_num_tokens 0",
+            partial(verl, {"global_batch_size": 4, "batch_num_tokens": 0}),
+            "batch_num_tokens",
+        ),
+        Case(
+            f,
+            "global_batch_size 0",
+            partial(
+                verl,
+                {"global_batch_size": 0, "batch_num_tokens": 6},
+                "seq-mean-token-mean",
+            ),
+            "global_batch_size",
+        ),
+        Case(
+            f,
+            "batch_num_tokens below the micro-batch's 3",
+            partial(verl, {"global_batch_size": 4, "batch_num_tokens": 2}),
+            "batch_num_tokens",
+        ),
+        Case(
+            f,
+            "dp_size 2 without global counts",
+            partial(verl, {"dp_size": 2}),
+            "global_batch_info",
+        ),
+        Case(f, "mode typo", partial(verl, counts, "token_mean"), "loss_agg_mode"),
+        Case(
+            f,
+            "loss_scale_factor 0",
+            partial(
+                verl, {**counts, "loss_scale_factor": 0}, "seq-mean-token-sum-norm"
+            ),
+            "loss_scale_factor",
+        ),
+        Case(
+            f,
+            "mask shape differs",
+            partial(verl, counts, mask=MASK[:, :2]),
+            "response_mask",
+        ),
+        Case(
+            f,
+            "loss a list",
+            partial(verl, counts, loss=VALUES.tolist()),
+            "per_token_loss",
+        ),
+        # token mean 10 / 3 x n / N = 3 / 6 x D = 2
+        Case(
+            f,
+            "dp_size 2, global counts",
+            partial(verl, {**counts, "dp_size": 2}),
+            expected=equals(10 / 3),
+        ),
+        Case(f, "no global counts: this micro-batch's", verl, expected=equals(10 / 3)),
+    ]
+
+
+def rollouts_of(rewards: list[float], group_size: int = 2) -> tuple[Rollouts, list]:
+    responses = [str(index) for index in range(len(rewards))]
+    rollouts = Rollouts(
+        prompts=["p"] * len(rewards),
+        responses=responses,
+        prompt_token_ids=None,
+        response_token_ids=None,
+    )
+    return rollouts, [f"example {i}" for i in range(len(rewards) // group_size)]
+
+
+def collect(rewards=(1.0, 0.0), max_rounds=2, grade=None, examples=None):
+    def sample(round_):
+        rollouts, found = rollouts_of(list(rewards))
+        return rollouts, found if examples is None else examples
+
+    def graded(rollouts, found):
+        return [{"reward": r} for r in rewards]
+
+    return collect_groups_with_signal(sample, grade or graded, 2, max_rounds)
+
+
+def dynamic_sampling_cases() -> list[Case]:
+    f, g = "groups_with_signal", "collect_groups_with_signal"
+    nan_rewards = torch.tensor([1.0, math.nan, 1.0, 0.0, 0.0, 1.0])
+    return [
+        Case(
+            f, "rewards a list", partial(groups_with_signal, [1.0, 0.0], 2), "rewards"
+        ),
+        Case(f, "group_size 0", partial(groups_with_signal, REWARDS, 0), "group_size"),
+        Case(
+            f, "group_size 2.0", partial(groups_with_signal, REWARDS, 2.0), "group_size"
+        ),
+        Case(
+            f,
+            "group_size True",
+            partial(groups_with_signal, REWARDS, True),
+            "group_size",
+        ),
+        Case(
+            f,
+            "group_size 3 for 4",
+            partial(groups_with_signal, REWARDS, 3),
+            "group_size",
+        ),
+        Case(
+            f,
+            "rewards 2-D",
+            partial(groups_with_signal, REWARDS.reshape(2, 2), 2),
+            "rewards",
+        ),
+        # group 0: finite rewards 1, 1 (no signal); group 1: 0, 0, 1
+        Case(
+            f,
+            "NaN rewards are left out",
+            partial(groups_with_signal, nan_rewards, 3),
+            expected=lambda result: result.tolist() == [1],
+        ),
+        Case(g, "max_rounds 0", partial(collect, max_rounds=0), "max_rounds"),
+        Case(g, "max_rounds 1.0", partial(collect, max_rounds=1.0), "max_rounds"),
+        Case(g, "sample returns no example", partial(collect, examples=[]), "sample"),
+        Case(
+            g,
+            "grade returns too few dicts",
+            partial(collect, grade=lambda rollouts, found: [{"reward": 1.0}]),
+            "grade",
+        ),
+        Case(
+            g,
+            "grade returns dicts without a reward",
+            partial(collect, grade=lambda rollouts, found: [{"score": 1}] * 2),
+            "grade",
+        ),
+        Case(
+            g,
+            "one group with signal",
+            lambda: (
+                collect().sampling_metrics["rollout/kept_group_fraction"]
+                if False
+                else collect()[0].sampling_metrics["rollout/kept_group_fraction"]
+            ),
+            expected=lambda result: result == 1.0,
+        ),
+        Case(
+            "replay_reward_fn",
+            "one call too many",
+            lambda: [
+                replay(r, "t")
+                for replay in [replay_reward_fn([{"r": 1}], ["a"])]
+                for r in "aa"
+            ],
+            "response",
+        ),
+    ]
+
+
+def overlong_cases() -> list[Case]:
+    f, g, h = "soft_overlong_punishment", "shape_reward_results", "mask_truncated"
+    lengths = torch.tensor([3, 5, 7, 9])
+    result = {"reward": 1.0, "format_reward": 1.0, "answer_reward": 1.0}
+    flags = torch.tensor([False, True])
+    return (
+        [
+            Case(
+                f,
+                "buffer 0",
+                partial(soft_overlong_punishment, lengths, 8, 0),
+                "buffer",
+            ),
+            Case(
+                f,
+                "buffer 2.5",
+                partial(soft_overlong_punishment, lengths, 8, 2.5),
+                "buffer",
+            ),
+            Case(
+                f,
+                "buffer above max_length",
+                partial(soft_overlong_punishment, lengths, 8, 9),
+                "buffer",
+            ),
+            Case(
+                f,
+                "max_length 0",
+                partial(soft_overlong_punishment, lengths, 0, 1),
+                "max_length",
+            ),
+            Case(
+                f,
+                "lengths a list",
+                partial(soft_overlong_punishment, [3, 5], 8, 4),
+                "lengths",
+            ),
+            Case(
+                f,
+                "lengths 2-D",
+                partial(soft_overlong_punishment, lengths.reshape(2, 2), 8, 4),
+                "lengths",
+            ),
+            # start 8 - 4 = 4: 3 -> 0, 5 -> -1/4, 7 -> -3/4, 9 (> 8) -> -1
+            Case(
+                f,
+                "by hand",
+                partial(soft_overlong_punishment, lengths, 8, 4),
+                expected=equals([0.0, -0.25, -0.75, -1.0]),
+            ),
+        ]
+        + [
+            Case(
+                g,
+                f"penalty {value!r}",
+                partial(
+                    shape_reward_results,
+                    [result],
+                    [7],
+                    max_length=8,
+                    buffer=4,
+                    penalty=value,
+                ),
+                "penalty",
+            )
+            for value in (-1.0, math.nan, math.inf, "1")
+        ]
+        + [
+            Case(
+                g,
+                "fewer lengths than results",
+                partial(
+                    shape_reward_results,
+                    [result, result],
+                    [7],
+                    max_length=8,
+                    buffer=4,
+                    penalty=1.0,
+                ),
+                "lengths",
+            ),
+            # 7 tokens: -3/4 x 0.5 = -0.375
+            Case(
+                g,
+                "penalty 0.5 by hand",
+                lambda: shape_reward_results(
+                    [result], [7], max_length=8, buffer=4, penalty=0.5
+                )[0]["reward"],
+                expected=lambda reward: reward == 0.625,
+            ),
+            Case(
+                h,
+                "truncated float",
+                partial(mask_truncated, MASK, flags.float()),
+                "truncated",
+            ),
+            Case(
+                h,
+                "truncated a list",
+                partial(mask_truncated, MASK, [False, True]),
+                "truncated",
+            ),
+            Case(
+                h,
+                "truncated shape differs",
+                partial(mask_truncated, MASK, torch.tensor([True])),
+                "truncated",
+            ),
+            Case(
+                "truncation_metrics",
+                "truncated int",
+                partial(truncation_metrics, [1, 2], torch.tensor([0, 1])),
+                "truncated",
+            ),
+            Case(
+                "truncation_metrics",
+                "lengths and flags differ",
+                partial(truncation_metrics, [1, 2, 3], flags),
+                "truncated",
+            ),
+            Case(
+                "truncation_metrics",
+                "no response",
+                partial(truncation_metrics, [], torch.zeros(0, dtype=torch.bool)),
+                "truncated",
+            ),
+            Case(
+                "truncated_rows",
+                "lengths differ",
+                partial(
+                    truncated_rows,
+                    ["a", "b"],
+                    None,
+                    [1],
+                    eos_token_ids=[1],
+                    stop_strings=[],
+                    max_new_tokens=2,
+                ),
+                "lengths",
+            ),
+        ]
+        + [
+            Case(
+                "check_overlong_settings",
+                bad_input,
+                partial(check_overlong_settings, *arguments),
+                argument,
+            )
+            for bad_input, arguments, argument in (
+                ("negative penalty", (False, 4, -0.5, 8), "overlong_penalty"),
+                ("buffer 0", (False, 0, 1.0, 8), "overlong_buffer"),
+                ("buffer above max_new_tokens", (False, 9, 1.0, 8), "overlong_buffer"),
+                (
+                    "mask flag a str",
+                    ("yes", None, 1.0, 8),
+                    "mask_truncated_completions",
+                ),
+            )
+        ]
+    )
+
+
+def far_below(n: int, c: int, k: int) -> float:
+    """pass@k from the sum of the k log-factors log(1 - c / (n - j))."""
+    return -math.expm1(math.fsum(math.log1p(-c / (n - j)) for j in range(k)))
+
+
+def evaluation_cases() -> list[Case]:
+    f, g = "pass_at_k", "pass_at_k_curve"
+    n, c, k = 10**9, 10**5, 10**4  # both counts past the exact product: closed form
+    none_correct = 1.0
+    for j in range(k):  # the k-factor product, exact to ~1e-12
+        none_correct *= 1.0 - c / (n - j)
+    return [
+        Case(f, "n True", partial(pass_at_k, True, 0, 1), "n"),
+        Case(f, "c above n", partial(pass_at_k, 4, 5, 1), "c"),
+        Case(f, "k 0", partial(pass_at_k, 4, 1, 0), "k"),
+        Case(f, "k a float", partial(pass_at_k, 4, 1, 2.0), "k"),
+        Case(
+            f,
+            "n = 10**9, c = 10**5, k = 10**4 (no loop over n)",
+            partial(pass_at_k, n, c, k),
+            expected=lambda result: abs(result - (1 - none_correct)) < 1e-9,
+        ),
+        Case(
+            f,
+            "n = 10**18",
+            partial(pass_at_k, 10**18, 10**12, 10**4),
+            expected=lambda result: (
+                abs(result - far_below(10**18, 10**12, 10**4)) < 1e-10
+            ),
+        ),
+        Case(g, "n = 10**9", partial(pass_at_k_curve, [1], 10**9), "n"),
+        Case(g, "a count above n", partial(pass_at_k_curve, [5], 4), "correct_counts"),
+        Case(
+            g, "a negative count", partial(pass_at_k_curve, [-1], 4), "correct_counts"
+        ),
+        Case(g, "a str count", partial(pass_at_k_curve, ["1"], 4), "correct_counts"),
+        Case(g, "no prompt", partial(pass_at_k_curve, [], 4), "correct_counts"),
+        # pass@k of [0, 1, 4] correct of 4: (0 + k/4 + 1) / 3
+        Case(
+            g,
+            "by hand",
+            partial(pass_at_k_curve, [0, 1, 4], 4),
+            expected=lambda curve: (
+                curve == pytest.approx([(0 + k / 4 + 1) / 3 for k in range(1, 5)])
+            ),
+        ),
+        Case(
+            "held_out_scores",
+            "no example",
+            partial(held_out_scores, None, None, [], None),
+            "examples",
+        ),
+        Case(
+            "correct_counts",
+            "no example",
+            partial(correct_counts, None, None, [], 4, None),
+            "examples",
+        ),
+        Case(
+            "correct_counts",
+            "n 0",
+            partial(correct_counts, None, None, ["example"], 0, None),
+            "n",
+        ),
+    ]
+
+
 OWN_CASES = (
     text_cases()
     + id_list_cases()
@@ -899,7 +1656,16 @@ OWN_CASES = (
     + tokenizer_cases()
 )
 OTHER_CASES = advantage_cases() + loss_cases() + train_step_cases()
-CASES = OWN_CASES + OTHER_CASES
+NEWER_CASES = (
+    kl_cases()
+    + sampler_cases()
+    + objective_cases()
+    + verl_cases()
+    + dynamic_sampling_cases()
+    + overlong_cases()
+    + evaluation_cases()
+)
+CASES = OWN_CASES + OTHER_CASES + NEWER_CASES
 # Cases the functions under them do not handle yet; the expected outcome is the
 # one the case states (a clear error naming ``argument``, or ``expected``).
 OPEN_CASES = frozenset({})
@@ -958,3 +1724,67 @@ def print_audit_table(cases: list[Case] = CASES) -> None:
 
 if __name__ == "__main__":
     print_audit_table()
+
+
+# ------------------------------------------------------------------ the CLI
+
+# A run that finishes in about a second: no warm-up, a 1-layer model, 16 rollouts.
+TINY_RUN = [
+    "--profile", "cpu", "--tiny-hidden-size", "32", "--tiny-num-layers", "1",
+    "--tiny-intermediate-size", "64", "--task-options", '{"n_digits": 3}',
+    "--max-new-tokens", "5", "--steps", "1", "--rollout-batch-size", "16",
+    "--group-size", "4", "--train-batch-size", "16", "--eval-size", "4",
+    "--eval-every", "0", "--sft-max-steps", "0", "--checkpoint-every", "0",
+    "--no-progress",
+]  # fmt: skip
+
+
+def reward_once(value: float, index: int = 5):
+    """ReverseTask.reward_fn, returning ``value`` as the reward of call ``index``."""
+    from grpo_lab.tasks.toy import ReverseTask
+
+    original = ReverseTask.reward_fn
+    calls = Counter()
+
+    def reward_fn(self, response, ground_truth):
+        scores = original(self, response, ground_truth)
+        calls["n"] += 1
+        return {**scores, "reward": value} if calls["n"] == index + 1 else scores
+
+    return reward_fn
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_a_non_finite_reward_stops_train_with_one_line_and_exit_2(
+    value, tmp_path, monkeypatch, capsys
+):
+    from grpo_lab import cli
+    from grpo_lab.tasks.toy import ReverseTask
+
+    monkeypatch.setattr(ReverseTask, "reward_fn", reward_once(value))
+    code = cli.main(["train", *TINY_RUN, "--run-dir", str(tmp_path / "run")])
+    error = capsys.readouterr().err
+    assert code == 2
+    lines = error.strip().splitlines()
+    assert len(lines) == 1, error
+    line = lines[0]
+    assert line.startswith("grpo-lab train: task 'reverse'")
+    assert "ReverseTask.reward_fn" in line or "reward_fn" in line
+    assert f"returned reward {value!r} for sample 5 of the rollout batch" in line
+    assert "prompt '" in line and "response '" in line
+    if math.isnan(value):
+        assert "nan_rewards: ignore" in line and "--nan-rewards ignore" in line
+    else:
+        assert "must be finite" in line
+
+
+def test_a_nan_reward_is_ignored_when_the_config_says_so(tmp_path, monkeypatch):
+    from grpo_lab import cli
+    from grpo_lab.tasks.toy import ReverseTask
+    from grpo_lab.training.metrics import read_metrics
+
+    monkeypatch.setattr(ReverseTask, "reward_fn", reward_once(math.nan))
+    run_dir = tmp_path / "run"
+    argv = ["train", *TINY_RUN, "--nan-rewards", "ignore", "--run-dir", str(run_dir)]
+    assert cli.main(argv) == 0
+    assert read_metrics(run_dir)[-1]["step"] == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -412,3 +413,88 @@ def test_a_run_killed_with_sigkill_resumes_to_the_same_metrics(tmp_path):
     assert 1 <= lines_at_kill < len(read_metrics(killed))
     assert len(step_records(read_metrics(killed))) == 9  # steps 0..8
     assert comparable(killed) == comparable(reference)
+
+
+# A child that starts an atomic checkpoint write and blocks in the middle of it,
+# after the temporary file is open, until it is killed.
+KILLED_WRITER = """
+import sys, time
+from pathlib import Path
+import torch
+from grpo_lab.training import checkpoint
+
+class Stall:
+    def __reduce__(self):
+        print("writing", flush=True)
+        time.sleep(600)
+        return (int, ())
+
+path = Path(sys.argv[1]) / "checkpoints" / "step_000004.pt"
+path.parent.mkdir(parents=True, exist_ok=True)
+checkpoint.atomic_torch_save({"weights": torch.zeros(1000), "stall": Stall()}, path)
+"""
+
+
+def killed_write_leftovers(run_dir: Path) -> list[Path]:
+    """Kill a checkpoint write half way; the temporary files it left behind."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", KILLED_WRITER, str(run_dir)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout.readline() == "writing\n"
+    finally:
+        process.kill()
+        process.communicate(timeout=60)
+    return sorted((run_dir / "checkpoints").glob(".*.tmp"))
+
+
+def test_a_killed_write_leaves_a_temporary_file_the_next_start_removes(tmp_path):
+    leftovers = killed_write_leftovers(tmp_path)
+    assert [p.name.split(".")[1:3] for p in leftovers] == [["step_000004", "pt"]]
+    assert not (tmp_path / "checkpoints" / "step_000004.pt").exists()
+    assert checkpoints.remove_leftover_temporaries(tmp_path) == leftovers
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == []
+
+
+def test_only_temporary_names_are_removed(tmp_path):
+    model, optimizer = tiny_model_and_optimizer()
+    checkpoints.save_checkpoint(tmp_path, 2, model, optimizer, {}, 0)
+    folder = tmp_path / "checkpoints"
+    planted = [
+        folder / ".step_000004.pt.4242.tmp",
+        folder / ".step_000004.4242.old",
+        tmp_path / ".reference_model.pt.17.tmp",
+        tmp_path / ".final_model.17.tmp",
+    ]
+    for path in planted[:3]:
+        path.write_bytes(b"half")
+    planted[3].mkdir()
+    (planted[3] / "model.safetensors").write_bytes(b"half")
+    kept = ["config.json", ".lock", "notes.tmp", ".hidden", "metrics.jsonl"]
+    for name in kept:
+        (tmp_path / name).write_text("{}")
+    removed = checkpoints.remove_leftover_temporaries(tmp_path)
+    assert sorted(removed) == sorted(planted)
+    assert not any(path.exists() for path in planted)
+    assert sorted(os.listdir(folder)) == ["step_000002.pt"]
+    assert sorted(os.listdir(tmp_path)) == sorted([*kept, "checkpoints"])
+
+
+@pytest.mark.slow
+def test_a_resumed_run_starts_by_removing_a_killed_writes_leftovers(tmp_path):
+    from grpo_lab.training import loop
+    from grpo_lab.training.config import TrainConfig
+
+    config = TrainConfig.for_profile(
+        "smoke", run_dir=str(tmp_path / "run"), checkpoint_every=1
+    )
+    loop.train(config, progress=False)
+    leftovers = killed_write_leftovers(tmp_path / "run")
+    assert leftovers
+    resumed = dataclasses.replace(config, resume=True, steps=3)
+    loop.train(resumed, progress=False)
+    assert not any(path.exists() for path in leftovers)
+    names = os.listdir(tmp_path / "run" / "checkpoints")
+    assert not [name for name in names if name.startswith(".")]

@@ -735,3 +735,199 @@ def test_sampler_correction_needs_a_backend_with_sampler_log_probs(monkeypatch):
         "sampler_correction_cap",
         "sampler_correction_high",
     }
+
+
+# --- config files, parsed strictly ------------------------------------------------
+
+
+def read_file(tmp_path, text: str, suffix: str = ".yaml", **options):
+    from grpo_lab import cli
+
+    path = tmp_path / f"run{suffix}"
+    path.write_text(text)
+    return cli.read_config_file(path, **options)
+
+
+def refusal(tmp_path, text: str, suffix: str = ".yaml", **options) -> str:
+    from grpo_lab.errors import UserError
+
+    with pytest.raises(UserError) as raised:
+        read_file(tmp_path, text, suffix, **options)
+    message = str(raised.value)
+    assert "\n" not in message
+    return message
+
+
+# Each line parses under PyYAML (YAML 1.1) to something other than what it says
+# in YAML 1.2 / JSON, or to what a reader would not expect.
+YAML_SURPRISES = [
+    ("lr: 0x10\n", "'0x10' is read by YAML 1.1 as the int 16"),
+    ("steps: 010\n", "'010' is read by YAML 1.1 as the int 8"),
+    ("steps: 0o17\n", "'0o17'"),
+    ("steps: 0b101\n", "'0b101' is read by YAML 1.1 as the int 5"),
+    ("steps: 1_000\n", "'1_000' is read by YAML 1.1 as the int 1000"),
+    ("steps: 1:30\n", "'1:30' is read by YAML 1.1 as the int 90"),
+    ("lr: 1_0.5\n", "'1_0.5' is read by YAML 1.1 as the float 10.5"),
+    ("chat_template: yes\n", "'yes' is read by YAML 1.1 as the bool True"),
+    ("chat_template: no\n", "'no' is read by YAML 1.1 as the bool False"),
+    ("gradient_checkpointing: on\n", "'on' is read by YAML 1.1 as the bool True"),
+    ("gradient_checkpointing: OFF\n", "'OFF' is read by YAML 1.1 as the bool False"),
+    ("task_options:\n  n_digits: 0x5\n", "line 2: '0x5'"),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), YAML_SURPRISES)
+def test_yaml_1_1_surprises_are_refused_with_their_line(tmp_path, text, message):
+    assert message in refusal(tmp_path, text)
+
+
+def test_yaml_1_2_spellings_and_quoted_strings_are_read(tmp_path):
+    text = (
+        "lr: 3e-4\nadam_beta2: 0.95\nsteps: 16\nseed: -0\ngradient_checkpointing: "
+        "true\nchat_template: False\nrun_dir: 'yes'\nmax_grad_norm: .inf\n"
+    )
+    assert read_file(tmp_path, text) == {
+        "lr": 3e-4,
+        "adam_beta2": 0.95,
+        "steps": 16,
+        "seed": 0,
+        "gradient_checkpointing": True,
+        "chat_template": False,
+        "run_dir": "yes",
+        "max_grad_norm": math.inf,
+    }
+
+
+@pytest.mark.parametrize("value", ["'1_0'", "'0x10'", "'nan'", "' 3'", "'infinity'"])
+def test_a_float_string_must_be_decimal_or_scientific(tmp_path, value):
+    assert f"lr in config file {tmp_path / 'run.yaml'} must be float" in refusal(
+        tmp_path, f"lr: {value}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "suffix", "message"),
+    [
+        ("lr: 1.0e-3\nsteps: 4\nlr: 2.0e-3\n", ".yaml", "line 3: key 'lr' is given "
+         "twice (lines 1 and 3)"),
+        ("task_options:\n  n_digits: 3\n  n_digits: 4\n", ".yaml", "key 'n_digits' "
+         "is given twice"),
+        ('{"lr": 0.001, "lr": 0.002}', ".json", "key 'lr' is given twice"),
+        ('{"task_options": {"a": 1, "a": 2}}', ".json", "key 'a' is given twice"),
+    ],
+)  # fmt: skip
+def test_a_key_given_twice_is_refused(tmp_path, text, suffix, message):
+    assert message in refusal(tmp_path, text, suffix)
+
+
+@pytest.mark.parametrize(
+    ("key", "hint"),
+    [
+        ("learning_rate", "TRL's `learning_rate` is grpo_lab's `lr`"),
+        ("num_generations", "TRL's `num_generations` is grpo_lab's `group_size`"),
+        ("max_steps", "TRL's `max_steps` is grpo_lab's `steps`"),
+        ("beta", "TRL's `beta` is grpo_lab's `kl_coef`"),
+        ("epsilon", "TRL's `epsilon` is grpo_lab's `cliprange`"),
+        ("group-sise", "did you mean 'group_size'?"),
+    ],
+)
+def test_an_unknown_key_names_the_nearest_field_or_its_trl_translation(
+    tmp_path, key, hint
+):
+    message = refusal(tmp_path, f"{key}: 1\n")
+    assert f"unknown key {key!r}" in message and hint in message
+    if key in ("learning_rate", "max_steps"):
+        assert "--from-trl" in message
+
+
+def test_trl_names_as_flags_get_their_grpo_lab_flag(capsys):
+    from grpo_lab import cli
+
+    with pytest.raises(SystemExit) as raised:
+        cli.main(["train", "--learning-rate", "1e-4", "--num_generations=4"])
+    assert raised.value.code == 2
+    error = capsys.readouterr().err
+    assert "TRL's `learning_rate` is grpo_lab's `lr` (AdamW (torch)): use --lr" in error
+    assert "TRL's `num_generations` is grpo_lab's `group_size`" in error
+    assert "use --group-size" in error
+
+
+TRL_FILE = """\
+learning_rate: 1.0e-4
+num_generations: 4
+per_device_train_batch_size: 16
+gradient_accumulation_steps: 2
+generation_batch_size: 64
+num_iterations: 1
+max_steps: 20
+beta: 0.04
+epsilon: 0.2
+epsilon_high: 0.28
+loss_type: dapo
+scale_rewards: group
+max_grad_norm: 0
+temperature: 1.0
+"""
+
+
+def test_from_trl_translates_a_trl_style_file_through_the_table(tmp_path):
+    from grpo_lab.integrations.trl import to_trl_config
+
+    values = read_file(tmp_path, TRL_FILE, from_trl=True)
+    assert values == {
+        "lr": 1e-4,
+        "group_size": 4,
+        "train_batch_size": 32,  # 16 per device x 2 accumulation steps
+        "gradient_accumulation_steps": 2,
+        "rollout_batch_size": 64,
+        "epochs_per_rollout_batch": 1,
+        "steps": 10,  # 20 optimizer steps / (64 / 32 x 1) per rollout batch
+        "kl_coef": 0.04,
+        "cliprange": 0.2,
+        "cliprange_high": 0.28,
+        "loss_normalization": "token",
+        "advantage_normalizer": "std",
+        "max_grad_norm": None,
+        "temperature": 1.0,
+        "importance_reweighting_method": "grpo",  # off-policy: TRL's clip
+    }
+    config = TrainConfig.for_profile("cpu", **values, sft_max_steps=0)
+    back = to_trl_config(config)
+    for name, value in _trl_values().items():
+        assert back[name] == value, name
+
+
+def _trl_values() -> dict:
+    import yaml
+
+    values = yaml.safe_load(TRL_FILE)
+    values["max_grad_norm"] = 0.0
+    return values
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("output_dir: out\n", "TRL's `output_dir` has no grpo_lab counterpart"),
+        ("optim: sgd\n", "TRL's `optim` 'sgd' has no grpo_lab counterpart here"),
+        ("top_k: 50\n", "TRL's `top_k` 50 has no grpo_lab counterpart here"),
+        ("max_steps: 7\nper_device_train_batch_size: 8\ngeneration_batch_size: 16\n",
+         "TRL's `max_steps` 7 is not a whole number of GRPO steps of 2"),
+        ("learning_rate: 0x10\n", "'0x10' is read by YAML 1.1"),
+    ],
+)  # fmt: skip
+def test_from_trl_refuses_what_the_table_cannot_carry(tmp_path, text, message):
+    assert message in refusal(tmp_path, text, from_trl=True)
+
+
+def test_from_trl_reaches_train_and_export(tmp_path):
+    from grpo_lab import cli
+
+    path = tmp_path / "trl.yaml"
+    path.write_text("learning_rate: 2.0e-4\nnum_generations: 4\nmax_steps: 3\n")
+    for command in (["train"], ["export", "trl", "--out", str(tmp_path / "out")]):
+        arguments = cli.build_parser().parse_args(
+            [*command, "--config", str(path), "--from-trl", "--profile", "cpu"]
+        )
+        config = cli.train_config(arguments)
+        assert (config.lr, config.group_size, config.steps) == (2e-4, 4, 3)

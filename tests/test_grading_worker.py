@@ -261,3 +261,59 @@ def test_forked_process_grades_with_its_own_template_and_closes_it() -> None:
     assert grader.pid == parent_template and process_exists(parent_template)
     assert grader.grade("y", "y").equal is True
     grader.close()
+
+
+# Deep nesting and power towers of the kinds that kept an unbounded
+# math_verify_equal running past 5 s.
+NESTED_AND_TOWERS = [
+    "\\sqrt[\\frac{1}{999999999}]{10}",
+    "10^{99 \\cdot 99 \\cdot 99 \\cdot 99}",
+    "9^{9^{9^{9}}}",
+    "10^10^10^10",
+    "2^{2^{2^{2^{2^{2}}}}}",
+    "(9^{9999})^{9999}",
+    "1000000!",
+    "\\frac{1}{" * 25 + "2" + "}" * 25,
+    "\\sqrt{" * 40 + "2" + "}" * 40,
+    "{" * 140 + "1" + "}" * 140,
+    "(" * 140 + "1" + ")" * 140,
+]
+
+
+@pytest.mark.slow
+def test_math_verify_equal_called_directly_returns_within_its_budget(
+    grader: MathGrader,
+) -> None:
+    for text in NESTED_AND_TOWERS:
+        for answer, ground_truth in ((text, "42"), ("42", text)):
+            start = time.perf_counter()
+            equal = grading_worker.math_verify_equal(
+                answer, ground_truth, grader=grader
+            )
+            elapsed = time.perf_counter() - start
+            assert equal is False, text
+            assert elapsed < WALL + grading_worker.REPLY_GRACE_SECONDS, text
+
+
+def test_math_verify_equal_defaults_to_the_shared_bounded_grader(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = []
+
+    class Recording:
+        def grade(self, answer: str, ground_truth: str) -> MathGrade:
+            calls.append((answer, ground_truth))
+            return MathGrade(True, "graded")
+
+    monkeypatch.setattr(grading_worker, "default_math_grader", Recording)
+    assert grading_worker.math_verify_equal("0.5", "\\frac{1}{2}") is True
+    assert calls == [("0.5", "\\frac{1}{2}")]
+
+
+def test_math_verify_equal_is_the_worker_verdict(grader: MathGrader) -> None:
+    assert grading_worker.math_verify_equal("0.5", "\\frac{1}{2}", grader=grader)
+    assert grading_worker.math_verify_equal(
+        "\\frac{x}{2}+\\frac{x}{2}", "x", grader=grader
+    )
+    assert not grading_worker.math_verify_equal("4 \\approx 5", "4", grader=grader)
+    assert not grading_worker.math_verify_equal("400\\%", "4", grader=grader)

@@ -21,7 +21,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grpo_lab import rewards
-from grpo_lab.grading_worker import MathGrade, MathGrader, default_math_grader
+from grpo_lab.grading_worker import (
+    MathGrade,
+    MathGrader,
+    answer_rule_broken,
+    default_math_grader,
+)
 from grpo_lab.rewards import (
     contains_answer_reward,
     countdown_reward,
@@ -250,8 +255,39 @@ LEGITIMATE_PAIRS = [
     ("\\frac{\\sqrt{3}}{2}", "\\sin(\\pi/3)"),
     ("(3, \\frac{\\pi}{2})", "\\left( 3, \\frac{\\pi}{2} \\right)"),
     ("x=3", "3"),
-    ("10\\%", "0.1"),
+    ("10\\%", "10\\%"),
     ("\\pi", "3.14159"),
+]
+
+# Answers that name two values at once, or a value off by a factor of 100, which
+# plain math-verify calls equal: the written rules of grading_worker's
+# answer_rule_broken make each one 0 (answer, ground truth, the rule broken).
+HEDGED_PAIRS = [
+    ("4 \\approx 5", "4", "approximately"),
+    ("4\\approx 4", "4", "approximately"),
+    ("4 \\simeq 5", "4", "approximately"),
+    ("4 \u2248 5", "4", "approximately"),
+    ("4\\%", "4", "percent"),
+    ("400\\%", "4", "percent"),
+    ("4 percent", "4", "percent"),
+    ("4", "4\\%", "percent"),
+    ("4", "400\\%", "percent"),
+    ("0.04", "4\\%", "percent"),
+    ("10\\%", "0.1", "percent"),
+    ("4 \\pm 1", "4", "plus or minus"),
+    ("4 \\equiv 1", "4", "congruent"),
+]
+# Equal after simplification, which plain math-verify misses (a bare symbol is
+# compared by name), and pairs the rules leave alone.
+SIMPLIFIED_PAIRS = [
+    ("\\frac{x}{2}+\\frac{x}{2}", "x", True),
+    ("x/2 + x/2", "x", True),
+    ("x + 1 - 1", "x", True),
+    ("\\frac{x}{2}+\\frac{x}{2}", "y", False),
+    ("\\frac{x}{2}+\\frac{x}{3}", "x", False),
+    ("4\\%", "4\\%", True),
+    ("a \\le 3", "a \\leq 3", True),
+    ("2 \\pm 1", "2\\pm 1", True),
 ]
 
 # Each of these once stalled or could stall grading in-process. The first two pass
@@ -388,6 +424,38 @@ def test_math_grades_equal_plain_math_verify(answer: str, ground_truth: str) -> 
     scores = r1_zero_reward(r1(answer), ground_truth)
     assert scores["answer_reward"] == float(expected)
     assert scores["grading_timeout"] == 0.0
+
+
+@pytest.mark.parametrize(("answer", "ground_truth", "rule"), HEDGED_PAIRS)
+def test_hedged_answers_score_zero_by_a_written_rule(
+    answer: str, ground_truth: str, rule: str
+) -> None:
+    assert answer_rule_broken(answer, ground_truth) == rule
+    assert grade_math_answer(answer, ground_truth) == MathGrade(False, "graded")
+    scores = r1_zero_reward(r1(answer), ground_truth)
+    assert (scores["format_reward"], scores["answer_reward"]) == (1.0, 0.0)
+
+
+def test_plain_math_verify_would_have_paid_the_hedges() -> None:
+    # The attack is real: without the rules each of these scores 1.
+    paid = [a for a, t, _ in HEDGED_PAIRS[:2] + HEDGED_PAIRS[4:6]]
+    assert all(math_verify_oracle(a, "4") for a in paid)
+
+
+def test_the_worker_applies_the_rules_to_direct_callers(fast_grader) -> None:
+    for answer, ground_truth, _ in HEDGED_PAIRS:
+        assert fast_grader.grade(answer, ground_truth).equal is False, answer
+    assert fast_grader.grade("4", "4").equal is True
+
+
+@pytest.mark.parametrize(("answer", "ground_truth", "equal"), SIMPLIFIED_PAIRS)
+def test_expressions_equal_after_simplification_score_one(
+    answer: str, ground_truth: str, equal: bool
+) -> None:
+    grade = grade_math_answer(answer, ground_truth)
+    assert (grade.equal, grade.status) == (equal, "graded")
+    assert grade.cpu_seconds <= default_math_grader().cpu_seconds
+    assert r1_zero_reward(r1(answer), ground_truth)["answer_reward"] == float(equal)
 
 
 @pytest.mark.slow

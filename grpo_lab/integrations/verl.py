@@ -176,18 +176,23 @@ def aggregate_like_verl(
     global_batch_size); without them D = 1 and N, B are this micro-batch's.
     """
     info = dict(global_batch_info or {})
-    dp_size = int(info.get("dp_size") or 1)
+    _check_loss_inputs(per_token_loss, response_mask)
+    dp_size = _global_count(info, "dp_size", 1)
     mask = response_mask.to(per_token_loss.dtype)  # (B, T)
     rows, tokens = mask.shape[0], int(mask.sum().item())
-    batch_rows = info.get("global_batch_size")
-    batch_tokens = info.get("batch_num_tokens")
-    if dp_size > 1 and (batch_rows is None or batch_tokens is None):
+    batch_rows = _global_count(info, "global_batch_size", rows)
+    batch_tokens = _global_count(info, "batch_num_tokens", tokens)
+    if dp_size > 1 and not {"global_batch_size", "batch_num_tokens"} <= set(info):
         raise ValueError(
             "global_batch_info must give global_batch_size and batch_num_tokens "
             f"when dp_size > 1, got {sorted(info)}"
         )
-    batch_rows = rows if batch_rows is None else int(batch_rows)
-    batch_tokens = tokens if batch_tokens is None else int(batch_tokens)
+    if batch_rows < rows or batch_tokens < tokens:
+        raise ValueError(
+            f"global_batch_info's global_batch_size and batch_num_tokens must count "
+            f"at least this micro-batch's {rows} rows and {tokens} tokens, got "
+            f"{batch_rows} and {batch_tokens}"
+        )
     if loss_agg_mode == "token-mean":
         loss = aggregate_loss_across_microbatch(per_token_loss, mask, "token")
         scale = microbatch_loss_scale(
@@ -213,6 +218,41 @@ def aggregate_like_verl(
     return loss * (scale * dp_size)
 
 
+def _check_loss_inputs(per_token_loss: object, response_mask: object) -> None:
+    for name, value in (
+        ("per_token_loss", per_token_loss),
+        ("response_mask", response_mask),
+    ):
+        if not isinstance(value, torch.Tensor) or value.ndim != 2:
+            shape = tuple(value.shape) if isinstance(value, torch.Tensor) else None
+            raise ValueError(
+                f"{name} must be a (B, T) tensor, got "
+                f"{shape if shape is not None else type(value).__name__}"
+            )
+    if per_token_loss.shape != response_mask.shape:
+        raise ValueError(
+            f"response_mask must have the shape of per_token_loss "
+            f"{tuple(per_token_loss.shape)}, got {tuple(response_mask.shape)}"
+        )
+
+
+def _global_count(info: Mapping[str, Any], name: str, default: int) -> int:
+    """A positive int of ``global_batch_info`` (``default`` when absent or None);
+    ValueError naming it otherwise (0 would divide by nothing or scale to 0)."""
+    value = info.get(name)
+    if value is None:
+        return default
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"{name} in global_batch_info must be a positive int, got {value!r}"
+        )
+    return value
+
+
 def _verl_constant(
     loss_agg_mode: str, batch_rows: int, horizon: int, info: Mapping[str, Any]
 ) -> float:
@@ -222,6 +262,16 @@ def _verl_constant(
     if loss_agg_mode == "seq-mean-token-sum":
         return float(batch_rows)
     factor = info.get("loss_scale_factor")
+    if factor is not None and not (
+        isinstance(factor, int | float)
+        and not isinstance(factor, bool)
+        and math.isfinite(factor)
+        and factor > 0
+    ):
+        raise ValueError(
+            f"loss_scale_factor must be None (the response length) or a finite "
+            f"number > 0, got {factor!r}"
+        )
     return float(batch_rows * (horizon if factor is None else factor))
 
 

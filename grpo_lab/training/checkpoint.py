@@ -47,6 +47,9 @@ CHECKPOINT_DIR = "checkpoints"
 CHECKPOINT_FORMAT_VERSION = 1
 _CHECKPOINT_NAME = re.compile(r"^step_(\d{6,})\.pt$")
 _PRETRAINED_NAME = re.compile(r"^step_(\d{6,})$")
+# A temporary sibling of an atomic write (".step_000042.pt.1234.tmp", a folder
+# ".final_model.1234.old"): what a killed write leaves behind.
+_TEMPORARY_NAME = re.compile(r"^\..+\.\d+\.(tmp|old)$")
 # Colour and bold codes some error messages carry.
 _TERMINAL_CODES = re.compile(r"\x1b\[[0-9;]*m")
 _REQUIRED_KEYS = ("format_version", "step", "model", "optimizer", "rng", "config")
@@ -291,6 +294,27 @@ def atomic_torch_save(payload: Any, path: Path) -> None:
     finally:
         temporary.unlink(missing_ok=True)
     _fsync_directory(path.parent)
+
+
+def remove_leftover_temporaries(run_dir: str | os.PathLike) -> list[Path]:
+    """Delete the temporary files and folders a killed write left in ``run_dir``
+    and its ``checkpoints/`` (names ``.<name>.<pid>.tmp`` or ``.old``); returns
+    them. Call it only while holding the run folder's lock: no other writer is
+    then at work, so every such name is a leftover.
+    """
+    removed = []
+    for folder in (Path(run_dir), checkpoint_dir(run_dir)):
+        if not folder.is_dir():
+            continue
+        for path in sorted(folder.iterdir()):
+            if not _TEMPORARY_NAME.match(path.name):
+                continue
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
 
 
 def _fsync_directory(folder: Path) -> None:

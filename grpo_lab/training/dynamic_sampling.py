@@ -58,6 +58,12 @@ def groups_with_signal(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     comparison (as ``nan_rewards='ignore'`` leaves them out of the group's
     statistics): a group needs two finite rewards that differ.
     """
+    if not isinstance(rewards, torch.Tensor):
+        raise ValueError(
+            f"rewards must be a (B*G,) tensor, got {type(rewards).__name__}"
+        )
+    if isinstance(group_size, bool) or not isinstance(group_size, int):
+        raise ValueError(f"group_size must be a positive int, got {group_size!r}")
     if rewards.ndim != 1 or group_size < 1 or rewards.shape[0] % group_size:
         raise ValueError(
             f"rewards must be a (B*G,) tensor with G = group_size ({group_size}) "
@@ -83,13 +89,16 @@ def collect_groups_with_signal(
     one reward dict per response. Returns the B kept groups (padded as the
     module says when ``max_rounds`` is reached) and their examples.
     """
-    check_dynamic_sampling_settings(True, max_rounds)
+    check_dynamic_sampling_settings(
+        True, max_rounds, caller="collect_groups_with_signal"
+    )
     kept: list[tuple[Rollouts, list[dict[str, float]], Any, int]] = []
     dropped: list[tuple[Rollouts, list[dict[str, float]], Any, int]] = []
     wanted, rounds, sampled = None, 0, 0
     while rounds < max_rounds and (wanted is None or len(kept) < wanted):
         rollouts, examples = sample(rounds)
         results = grade(rollouts, examples)
+        _check_round(examples, results, group_size)
         wanted = len(examples) if wanted is None else wanted
         rewards = torch.tensor([r["reward"] for r in results], dtype=torch.float64)
         signal = set(groups_with_signal(rewards, group_size).tolist())
@@ -108,6 +117,25 @@ def collect_groups_with_signal(
         "rollout/dynamic_sampling_gave_up": float(gave_up),
     }
     return graded, examples
+
+
+def _check_round(examples: list[Any], results: object, group_size: int) -> None:
+    """A round of at least one example and one reward dict per response."""
+    if not examples:
+        raise ValueError("sample must return at least one example, got 0")
+    wanted = len(examples) * group_size
+    if not isinstance(results, list) or len(results) != wanted:
+        count = len(results) if isinstance(results, list) else type(results).__name__
+        raise ValueError(
+            f"grade must return one reward dict per response ({wanted}), got {count}"
+        )
+    for index, result in enumerate(results):
+        reward = result.get("reward") if isinstance(result, dict) else None
+        if isinstance(reward, bool) or not isinstance(reward, int | float):
+            raise ValueError(
+                f"grade must return dicts with a numeric 'reward', got {result!r} "
+                f"for response {index}"
+            )
 
 
 def _assemble(
@@ -159,7 +187,12 @@ def replay_reward_fn(
     position = iter(range(len(results)))
 
     def replay(response: str, ground_truth: str) -> dict[str, float]:
-        index = next(position)
+        index = next(position, None)
+        if index is None:
+            raise ValueError(
+                f"response must be one of the {len(results)} graded ones, got one "
+                f"more call: {response!r}"
+            )
         if responses[index] != response:
             raise ValueError(
                 f"response {index} must be the graded one {responses[index]!r}, "
@@ -174,9 +207,14 @@ def replay_reward_fn(
 
 
 def check_dynamic_sampling_settings(
-    dynamic_sampling: object, max_rounds: object, baseline: str = "mean"
+    dynamic_sampling: object,
+    max_rounds: object,
+    baseline: str = "mean",
+    *,
+    caller: str | None = None,
 ) -> None:
-    """The one check of the dynamic-sampling settings."""
+    """The one check of the dynamic-sampling settings (``caller``: a function
+    whose argument is named max_rounds, named beside the setting)."""
     if not isinstance(dynamic_sampling, bool):
         raise ValueError(
             f"dynamic_sampling must be True or False, got {dynamic_sampling!r}"
@@ -189,6 +227,7 @@ def check_dynamic_sampling_settings(
         raise ValueError(
             "dynamic_sampling_max_rounds must be a positive int (sampling rounds "
             f"per step, the first included), got {max_rounds!r}"
+            + (f" ({caller}'s max_rounds)" if caller else "")
         )
     if dynamic_sampling and baseline not in GROUP_BASELINES:
         raise ValueError(

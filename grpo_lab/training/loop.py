@@ -70,6 +70,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as transformers_logging
 
+from grpo_lab.errors import UserError
 from grpo_lab.masks import pad_prompt_and_response_ids, tokenize_prompt_and_output
 from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2, load_pretrained
 from grpo_lab.rollouts import make_backend
@@ -165,6 +166,7 @@ def _train(config: TrainConfig, progress: bool) -> RunResult:
 def _train_in(config: TrainConfig, progress: bool) -> RunResult:
     """The run itself, in the locked folder ``config.run_dir``."""
     run_dir = Path(config.run_dir)
+    checkpoints.remove_leftover_temporaries(run_dir)  # a killed write's
     policy = build_policy(config)
     task = build_task(config, policy.tokenizer)
     eval_examples = task.eval(config.eval_size, seed=config.seed)
@@ -514,7 +516,12 @@ def grpo_update(
         e.ground_truth for e in examples for _ in range(config.group_size)
     ]
     reward_fn, grading_timeouts = counting_grading_timeouts(
-        rollout_reward_fn(config, task, policy, rollouts, examples)
+        refusing_non_finite_rewards(
+            rollout_reward_fn(config, task, policy, rollouts, examples),
+            config,
+            task,
+            rollouts,
+        )
     )
     raw_rewards, advantages, advantage_metadata = rollout_advantages(
         reward_fn,
@@ -734,6 +741,61 @@ def rollout_sampler_metrics(
     return flatten_metrics("rollout", metrics)
 
 
+def refusing_non_finite_rewards(
+    reward_fn: Callable[[str, str], dict[str, float]],
+    config: TrainConfig,
+    task: Task,
+    rollouts: Rollouts,
+) -> Callable[[str, str], dict[str, float]]:
+    """``reward_fn``, stopping the run at the first reward that is not finite.
+
+    A NaN reward (an unscorable response) is let through when ``nan_rewards`` is
+    "ignore" (its group's statistics leave it out); any other NaN, and every
+    +-inf, raises a :class:`UserError` naming the task's reward function and the
+    sample (its index in the rollout batch, prompt and response), and saying how
+    to ignore NaN rewards. Calls are counted in rollout order, as
+    ``compute_rollout_rewards`` makes them.
+    """
+    position = iter(range(len(rollouts.responses)))
+
+    def checked(response: str, ground_truth: str) -> dict[str, float]:
+        index = next(position)
+        scores = reward_fn(response, ground_truth)
+        reward = scores.get("reward") if isinstance(scores, dict) else None
+        number = isinstance(reward, (int, float)) and not isinstance(reward, bool)
+        if not number or math.isfinite(reward):
+            return scores
+        if math.isnan(reward) and config.nan_rewards == "ignore":
+            return scores
+        raise UserError(
+            f"task {task.name!r}'s reward function "
+            f"({getattr(task.reward_fn, '__qualname__', 'reward_fn')}) returned "
+            f"reward {reward!r} for sample {index} of the rollout batch (prompt "
+            f"{_clipped(rollouts.prompts[index])}, response {_clipped(response)})",
+            _non_finite_reward_fix(reward),
+        )
+
+    return checked
+
+
+def _clipped(text: str, limit: int = 60) -> str:
+    """``repr(text)``, cut to about ``limit`` characters (one line)."""
+    shown = repr(text)
+    return shown if len(shown) <= limit else shown[: limit - 3] + "..."
+
+
+def _non_finite_reward_fix(reward: float) -> str:
+    if math.isnan(reward):
+        return (
+            "set nan_rewards: ignore (--nan-rewards ignore) to leave NaN rewards "
+            "out of their group, or make the reward function return a number"
+        )
+    return (
+        "a reward must be finite; nan_rewards: ignore skips only NaN rewards, so "
+        "make the reward function return a finite number"
+    )
+
+
 def counting_grading_timeouts(
     reward_fn: Callable[[str, str], dict[str, float]],
 ) -> tuple[Callable[[str, str], dict[str, float]], dict[str, float]]:
@@ -915,7 +977,9 @@ def _has_checkpoint(run_dir: Path, step: int) -> bool:
 
 
 def _progress_summary(record: dict[str, Any]) -> dict[str, str]:
-    summary = {"reward": f"{record.get('train/reward_mean', 0.0):.2f}"}
+    # None: a NaN mean (a NaN reward under nan_rewards "ignore").
+    reward = record.get("train/reward_mean", 0.0)
+    summary = {"reward": "nan" if reward is None else f"{reward:.2f}"}
     if "eval/accuracy_greedy" in record:
         summary["eval"] = f"{record['eval/accuracy_greedy']:.2f}"
     return summary

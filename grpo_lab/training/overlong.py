@@ -109,6 +109,9 @@ def mask_truncated(
     response_mask: torch.Tensor, truncated: torch.Tensor
 ) -> torch.Tensor:
     """``response_mask`` (B, T) with every truncated row set to 0 (a new tensor)."""
+    if not isinstance(truncated, torch.Tensor) or truncated.dtype != torch.bool:
+        received = truncated.dtype if isinstance(truncated, torch.Tensor) else truncated
+        raise ValueError(f"truncated must be a (B,) bool tensor, got {received!r}")
     if truncated.shape != response_mask.shape[:1]:
         raise ValueError(
             f"truncated must have shape ({response_mask.shape[0]},), one per row, "
@@ -124,8 +127,15 @@ def soft_overlong_punishment(
     """DAPO's R_length(|y|) for each length (eq. 13 above), in ``lengths``' dtype.
 
     ``lengths`` (B,) holds |y| (integers are scored in float64); the result
-    (B,) lies in [-1, 0].
+    (B,) lies in [-1, 0]. ``max_length`` >= ``buffer`` >= 1 (both ints).
     """
+    check_punishment_lengths(max_length, buffer)
+    if not isinstance(lengths, torch.Tensor) or lengths.ndim != 1:
+        shape = tuple(lengths.shape) if isinstance(lengths, torch.Tensor) else None
+        raise ValueError(
+            "lengths must be a (B,) tensor of response lengths, got "
+            f"{shape if shape is not None else type(lengths).__name__}"
+        )
     if not lengths.is_floating_point():
         lengths = lengths.to(torch.float64)  # (B,)
     start = max_length - buffer
@@ -145,8 +155,15 @@ def shape_reward_results(
     """Each reward dict with ``penalty * R_length(|y|)`` added to its "reward".
 
     The added term is also kept under "overlong_penalty" (0 for short responses);
-    "format_reward" and "answer_reward" are left as graded.
+    "format_reward" and "answer_reward" are left as graded. ``penalty`` >= 0
+    (a negative one would pay a bonus for length).
     """
+    _check_penalty(penalty, "penalty")
+    if len(results) != len(lengths):
+        raise ValueError(
+            f"lengths must have one entry per result ({len(results)}), "
+            f"got {len(lengths)}"
+        )
     terms = soft_overlong_punishment(
         torch.tensor(list(lengths), dtype=torch.float64), max_length, buffer
     )  # (B,)
@@ -167,6 +184,14 @@ def truncation_metrics(
     ``rollout/terminated_length_mean`` and ``rollout/truncated_length_mean`` are
     left out (not written as None or NaN) when no response is in that class.
     """
+    if not isinstance(truncated, torch.Tensor) or truncated.dtype != torch.bool:
+        received = truncated.dtype if isinstance(truncated, torch.Tensor) else truncated
+        raise ValueError(f"truncated must be a (B,) bool tensor, got {received!r}")
+    if truncated.shape != (len(lengths),) or not len(lengths):
+        raise ValueError(
+            f"truncated must have one flag per length ({len(lengths)}, at least "
+            f"one), got shape {tuple(truncated.shape)}"
+        )
     length = torch.tensor(list(lengths), dtype=torch.float64)  # (B,)
     metrics = {
         f"{TRUNCATION_PREFIX}/clipped_fraction": truncated.double().mean().item()
@@ -213,10 +238,25 @@ def check_overlong_settings(
             "the punishment starts max_new_tokens - overlong_buffer tokens in, "
             f"got {overlong_buffer}"
         )
-    number = isinstance(overlong_penalty, (int, float)) and not isinstance(
-        overlong_penalty, bool
-    )
-    if not (number and math.isfinite(overlong_penalty) and overlong_penalty >= 0):
+    _check_penalty(overlong_penalty, "overlong_penalty")
+
+
+def _check_penalty(penalty: object, name: str) -> None:
+    """The one check of the punishment's scale: a finite number >= 0."""
+    number = isinstance(penalty, (int, float)) and not isinstance(penalty, bool)
+    if not (number and math.isfinite(penalty) and penalty >= 0):
         raise ValueError(
-            f"overlong_penalty must be a finite number >= 0, got {overlong_penalty!r}"
+            f"{name} must be a finite number >= 0 (a negative one pays a bonus for "
+            f"length), got {penalty!r}"
+        )
+
+
+def check_punishment_lengths(max_length: object, buffer: object) -> None:
+    """L_max and L_cache of the punishment: ints with max_length >= buffer >= 1."""
+    for name, value in (("max_length", max_length), ("buffer", buffer)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if buffer > max_length:
+        raise ValueError(
+            f"buffer must be at most max_length ({max_length}), got {buffer}"
         )
