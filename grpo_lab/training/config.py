@@ -60,7 +60,7 @@ from grpo_lab.sampler_correction import (
     DEFAULT_LOW,
     check_sampler_correction,
 )
-from grpo_lab.tasks import check_task_name_and_options, get_task
+from grpo_lab.tasks import check_task_name_and_options, get_task, uses_tools
 from grpo_lab.train_step import (
     UpdateSettings,
     check_gradient_accumulation_steps,
@@ -540,7 +540,10 @@ class TrainConfig:
         if profile not in PROFILES:
             raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
         _check_field_names(overrides)
-        return cls(**{**PROFILE_CHANGES[profile], "profile": profile, **overrides})
+        changes = PROFILE_CHANGES[profile]
+        if "task" in overrides and "task_options" not in overrides:
+            changes = {**changes, "task_options": {}}  # the profile's are its task's
+        return cls(**{**changes, "profile": profile, **overrides})
 
     @property
     def prompts_per_step(self) -> int:
@@ -773,6 +776,7 @@ def validate_config(config: TrainConfig) -> None:
     _check_sampler_correction(config)
     _check_device(config)
     check_task_name_and_options(config.task, config.task_options)
+    _check_tool_task(config)
     check_report_to(config.report_to)
     _check_dynamic_sampling_and_length(config)
 
@@ -949,6 +953,28 @@ def _check_dynamic_sampling_and_length(config: TrainConfig) -> None:
         config.overlong_penalty,
         max_new_tokens,
     )
+
+
+def _check_tool_task(config: TrainConfig) -> None:
+    """A tool-using task: its options (turn limit included) and the hf backend.
+
+    Its episodes are sampled by the multi-turn rollout
+    (:mod:`grpo_lab.rollouts.multiturn`), which resumes the hf backend from token
+    ids; dynamic sampling would rebuild the rollouts without their segments.
+    """
+    if not uses_tools(config.task):
+        return
+    get_task(config.task, **config.task_options)  # its options' own ValueErrors
+    if config.backend != "hf":
+        raise ValueError(
+            f"backend must be 'hf' for the tool-using task {config.task!r} "
+            f"(multi-turn rollouts resume the hf backend), got {config.backend!r}"
+        )
+    if config.dynamic_sampling:
+        raise ValueError(
+            f"dynamic_sampling must be False for the tool-using task {config.task!r}, "
+            "got True"
+        )
 
 
 def _check_sampler_correction(config: TrainConfig) -> None:
