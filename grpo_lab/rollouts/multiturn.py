@@ -1,9 +1,9 @@
 """Multi-turn rollouts: the policy writes, calls a tool, reads its reply, writes on.
 
-One episode, for one prompt::
+One episode, for one prompt (``|`` marks where the author changes)::
 
-    prompt | model turn 1 ... <calc>37*58</calc> | <out> | 2146 | </out> | model turn 2 ... <eos>
-             ^ model tokens (trained)              ^ separator, tool output, separator (not trained)
+    37*58= | <calc>37*58</calc> | <out> | 2146 | </out> | 2146<eos>
+    prompt | model (trained)    | separator, tool, sep. | model (trained)
 
 The policy samples until it closes a tool call (the tool's ``call_close`` is a
 stop string) or ends its turn; the environment runs the tool on the text
@@ -302,9 +302,7 @@ class MultiTurnRolloutBackend:
             (TOOL, reply_text),
             (SEPARATOR, self.tool.output_close),
         )
-        return [
-            Segment(role, tuple(self._encode(text)), text) for role, text in pieces
-        ]
+        return [Segment(role, tuple(self._encode(text)), text) for role, text in pieces]
 
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)

@@ -4,8 +4,8 @@ Names: ``"reverse"``, ``"addition"`` (toy tasks for a tiny character model),
 ``"scratchpad"`` (reversal after an optional restatement: responses of
 several lengths earn the same reward), ``"calculator"`` (multiply two numbers
 by calling a calculator tool mid-response, multi-turn),
-``"hackable_addition"`` (addition with a strict or a deliberately lenient reward), ``"countdown"`` (reach a target with
-+ - * /), ``"gsm8k"`` and ``"math"``
+``"hackable_addition"`` (addition with a strict or a deliberately lenient
+reward), ``"countdown"`` (reach a target with + - * /), ``"gsm8k"`` and ``"math"``
 (r1-zero prompt; ``path=`` a local JSONL file in the published format).
 Taught in
 ``notebooks/03_rewards_and_advantages.ipynb``.
