@@ -21,7 +21,7 @@ from grpo_lab.rollouts.multiturn import (
     tool_metrics,
 )
 from grpo_lab.tasks import get_task
-from grpo_lab.tools import CalculatorTool
+from grpo_lab.rollouts.tools import CalculatorTool
 from grpo_lab.train_step import UpdateSettings, microbatch_loss
 from grpo_lab.training.config import TrainConfig
 from grpo_lab.training.loop import (

@@ -44,7 +44,7 @@ from grpo_lab.rollouts.base import (
     load_current_weights,
 )
 from grpo_lab.rollouts.hf import HFRolloutBackend
-from grpo_lab.tools import CalculatorTool
+from grpo_lab.rollouts.tools import CalculatorTool
 
 MODEL, TOOL, SEPARATOR = "model", "tool", "separator"
 ROLES = (MODEL, TOOL, SEPARATOR)

@@ -32,7 +32,7 @@ from grpo_lab.tasks.splits import (
     sample_distinct_examples,
     sample_train_examples,
 )
-from grpo_lab.tools import CalculatorTool
+from grpo_lab.rollouts.tools import CalculatorTool
 
 # Room after the answer: the EOS token plus one spare token.
 ANSWER_SLACK_TOKENS = 2
