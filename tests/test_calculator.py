@@ -8,9 +8,9 @@ import pytest
 
 from grpo_lab.models import build_char_tokenizer
 from grpo_lab.rewards import MAX_EQUATION_CHARS, MAX_RESPONSE_CHARS
+from grpo_lab.rollouts.tools import ERROR_REPLY, CalculatorTool
 from grpo_lab.tasks import get_task
 from grpo_lab.tasks.calculator import CalculatorTask, calculator_reward
-from grpo_lab.rollouts.tools import ERROR_REPLY, CalculatorTool
 
 TOOL = CalculatorTool()
 

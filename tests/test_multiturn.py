@@ -20,8 +20,8 @@ from grpo_lab.rollouts.multiturn import (
     pad_prompt_and_segment_ids,
     tool_metrics,
 )
-from grpo_lab.tasks import get_task
 from grpo_lab.rollouts.tools import CalculatorTool
+from grpo_lab.tasks import get_task
 from grpo_lab.train_step import UpdateSettings, microbatch_loss
 from grpo_lab.training.config import TrainConfig
 from grpo_lab.training.loop import (
@@ -393,3 +393,60 @@ def test_a_task_named_without_options_does_not_inherit_the_profiles():
     config = TrainConfig.for_profile("cpu", task="calculator")
     assert config.task_options == {}
     assert TrainConfig.for_profile("cpu").task_options == {"n_digits": 5}
+
+
+# --- the exercise check of notebook 14 ----------------------------------------------
+
+
+def _flags_mask(prompt_ids, segments, roles, shift="labels"):
+    rows = [
+        [0] * len(p) + [int(s.role in roles) for s in row for _ in s.token_ids]
+        for p, row in zip(prompt_ids, segments)
+    ]
+    width = max(len(r) for r in rows)
+    full = torch.tensor([r + [0] * (width - len(r)) for r in rows])  # (B, T)
+    return full[:, 1:] if shift == "labels" else full[:, :-1]
+
+
+@pytest.mark.parametrize(
+    ("slip", "roles", "shift", "named"),
+    [
+        ("tool tokens kept", (MODEL, TOOL), "labels", "tool tokens are kept"),
+        ("separators kept", (MODEL, SEPARATOR), "labels", "separator tokens are kept"),
+        ("off by one", (MODEL,), "input_ids", "off by one at each turn boundary"),
+        ("everything", (MODEL, TOOL, SEPARATOR), "labels", "single-turn mask"),
+    ],
+)
+def test_the_mask_check_rejects_each_slip_and_names_it(slip, roles, shift, named):
+    from grpo_lab.teaching.checks import ExerciseFailed
+    from grpo_lab.teaching.checks.turns import check_multi_turn_mask
+
+    def student(prompt_ids, segments):
+        return _flags_mask(prompt_ids, segments, roles, shift)
+
+    with pytest.raises(ExerciseFailed, match=named):
+        check_multi_turn_mask(student)
+
+
+def test_the_mask_check_passes_the_right_mask_and_refuses_bad_shapes(capsys):
+    from grpo_lab.teaching.checks import ExerciseFailed
+    from grpo_lab.teaching.checks.turns import check_multi_turn_mask
+
+    assert check_multi_turn_mask(lambda p, s: _flags_mask(p, s, (MODEL,))) is True
+    assert "correct" in capsys.readouterr().out
+    with pytest.raises(ExerciseFailed, match="expected shape"):
+        check_multi_turn_mask(lambda p, s: _flags_mask(p, s, (MODEL,))[:, :-1])
+    with pytest.raises(ExerciseFailed, match="expected a tensor"):
+        check_multi_turn_mask(lambda p, s: [[0]])
+
+
+def test_author_table_colours_each_author():
+    from grpo_lab.teaching.plots import AUTHOR_COLOURS, author_table
+
+    table = author_table(["<", "5"], ["model", "tool"], [1, 0])
+    assert AUTHOR_COLOURS["model"] in table and AUTHOR_COLOURS["tool"] in table
+    assert "&lt;" in table
+    with pytest.raises(ValueError, match="one entry per position"):
+        author_table(["a"], ["model", "tool"], [1])
+    with pytest.raises(ValueError, match="authors must be among"):
+        author_table(["a"], ["user"], [1])

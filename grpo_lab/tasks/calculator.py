@@ -24,6 +24,7 @@ from typing import ClassVar
 
 from grpo_lab.rewards import MAX_RESPONSE_CHARS, exact_match_reward
 from grpo_lab.rollouts.multiturn import check_max_turns
+from grpo_lab.rollouts.tools import CalculatorTool
 from grpo_lab.tasks.base import Example
 from grpo_lab.tasks.splits import (
     check_eval_fraction,
@@ -32,7 +33,6 @@ from grpo_lab.tasks.splits import (
     sample_distinct_examples,
     sample_train_examples,
 )
-from grpo_lab.rollouts.tools import CalculatorTool
 
 # Room after the answer: the EOS token plus one spare token.
 ANSWER_SLACK_TOKENS = 2
