@@ -145,6 +145,8 @@ def test_demonstrations_earn_full_reward_and_fit_the_budget():
         assert len(ids) + 1 <= task.max_new_tokens  # and the EOS
     longest = task.example(99, 99).demonstration
     assert len(longest) + 1 == task.max_new_tokens - 1  # one spare token
+    call = "<calc>99*99</calc>"
+    assert longest.startswith(call) and len(call) + 2 == task.max_turn_tokens
 
 
 def test_eval_prompts_are_distinct_and_never_drawn_for_training():

@@ -393,6 +393,18 @@ def test_a_task_named_without_options_does_not_inherit_the_profiles():
     config = TrainConfig.for_profile("cpu", task="calculator")
     assert config.task_options == {}
     assert TrainConfig.for_profile("cpu").task_options == {"n_digits": 5}
+    assert TrainConfig.for_profile("cpu", task="addition").task_options == {}
+
+
+def test_the_cpu_profile_sizes_a_calculator_run_and_overrides_still_win():
+    from grpo_lab.training.config import CPU_TASK_CHANGES
+
+    config = TrainConfig.for_profile("cpu", task="calculator")
+    for name, value in CPU_TASK_CHANGES["calculator"].items():
+        assert getattr(config, name) == value, name
+    assert TrainConfig.for_profile("cpu", task="calculator", steps=7).steps == 7
+    assert TrainConfig.for_profile("smoke", task="calculator").steps == 2
+    assert TrainConfig.for_profile("cpu", task="reverse").steps == 400
 
 
 # --- the exercise check of notebook 14 ----------------------------------------------
@@ -450,3 +462,13 @@ def test_author_table_colours_each_author():
         author_table(["a"], ["model", "tool"], [1])
     with pytest.raises(ValueError, match="authors must be among"):
         author_table(["a"], ["user"], [1])
+
+
+def test_a_turn_is_cut_at_max_turn_tokens(char_tokenizer):
+    backend = ScriptedBackend(char_tokenizer, ["1234567890"])
+    multi = MultiTurnRolloutBackend(backend, CalculatorTool(), max_turn_tokens=4)
+    rollouts = multi.generate(["x="], 1, SamplingSettings(max_new_tokens=30))
+    assert backend.calls[0].max_new_tokens == 4
+    assert rollouts.responses == ["1234"] and rollouts.end_reasons == ["budget"]
+    with pytest.raises(ValueError, match="max_turn_tokens"):
+        MultiTurnRolloutBackend(backend, CalculatorTool(), max_turn_tokens=0)

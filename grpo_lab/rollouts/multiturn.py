@@ -10,7 +10,9 @@ stop string) or ends its turn; the environment runs the tool on the text
 between the call tags and appends ``output_open + reply + output_close``;
 sampling resumes from the whole context, up to ``max_turns`` model turns and a
 budget of ``sampling.max_new_tokens`` response tokens (model and environment
-tokens together). A call in the last allowed turn is not run.
+tokens together), each model turn at most ``max_turn_tokens`` long (a turn
+that reaches it without a call ends the episode). A call in the last allowed
+turn is not run.
 
 Every piece of a response is a :class:`Segment` that records who wrote it. The
 response mask covers the model's own tokens only:
@@ -49,7 +51,7 @@ from grpo_lab.rollouts.tools import CalculatorTool
 MODEL, TOOL, SEPARATOR = "model", "tool", "separator"
 ROLES = (MODEL, TOOL, SEPARATOR)
 # Why an episode ended: the model stopped without a call, its last allowed turn
-# ended in a call, or the token budget ran out.
+# ended in a call, or the token budget (of the episode or of a turn) ran out.
 END_REASONS = ("answered", "turn_limit", "budget")
 MAX_TURNS_LIMIT = 16
 
@@ -190,6 +192,7 @@ class MultiTurnRolloutBackend:
         backend: HFRolloutBackend,
         tool: CalculatorTool,
         max_turns: int = 2,
+        max_turn_tokens: int | None = None,
     ) -> None:
         if not callable(getattr(backend, "continue_ids", None)):
             raise ValueError(
@@ -197,10 +200,21 @@ class MultiTurnRolloutBackend:
                 f"got {type(backend).__name__}"
             )
         check_max_turns(max_turns)
+        if max_turn_tokens is not None and (
+            isinstance(max_turn_tokens, bool)
+            or not isinstance(max_turn_tokens, int)
+            or max_turn_tokens < 1
+        ):
+            raise ValueError(
+                "max_turn_tokens must be None or a positive int, "
+                f"got {max_turn_tokens!r}"
+            )
         self.backend = backend
         self.tool = tool
         self.max_turns = max_turns
+        self.max_turn_tokens = max_turn_tokens
         self.tokenizer = backend.tokenizer
+        self._eos_ids = {backend.tokenizer.eos_token_id}
 
     def generate(
         self, prompts: list[str], group_size: int, sampling: SamplingSettings
@@ -210,7 +224,7 @@ class MultiTurnRolloutBackend:
         budget = sampling.max_new_tokens
         first = self.backend.generate(
             prompts, group_size, self._turn_sampling(sampling, 1, budget)
-        )
+        )  # with no call, exactly the single-turn rollout
         episodes = [_Episode(prompt_ids=list(ids)) for ids in first.prompt_token_ids]
         for episode, ids, values, text in zip(
             episodes, first.response_token_ids, first.sampler_log_probs, first.responses
@@ -235,7 +249,10 @@ class MultiTurnRolloutBackend:
         self, sampling: SamplingSettings, turn: int, max_new_tokens: int
     ) -> SamplingSettings:
         """Turn 1 is sampled as a single-turn rollout (plus the call's stop
-        string); later turns get their own seed and the budget left."""
+        string); later turns get their own seed and the budget left. No turn
+        is longer than ``max_turn_tokens``."""
+        if self.max_turn_tokens is not None:
+            max_new_tokens = min(max_new_tokens, self.max_turn_tokens)
         stops = sampling.stop_strings
         if turn < self.max_turns and self.tool.call_close not in stops:
             stops = (*stops, self.tool.call_close)
@@ -281,7 +298,9 @@ class MultiTurnRolloutBackend:
         episode.turns += 1
         arguments = self.tool.call_arguments(text)
         if arguments is None:
-            episode.end_reason = "budget" if episode.length >= budget else "answered"
+            cut = episode.length >= budget or len(ids) == self.max_turn_tokens
+            ended = bool(ids) and ids[-1] in self._eos_ids
+            episode.end_reason = "budget" if cut and not ended else "answered"
             return
         if turn == self.max_turns:
             episode.end_reason = "turn_limit"

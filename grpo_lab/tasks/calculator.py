@@ -84,11 +84,22 @@ class CalculatorTask:
     def max_new_tokens(self) -> int:
         """Budget of a whole episode: the call, the reply, the answer, slack."""
         tool = self.tool
-        operand = len(str(self.max_operand))
         product = len(str(self.max_operand**2))
-        call = len(tool.call_open) + 2 * operand + 1 + len(tool.call_close)
         reply = len(tool.output_open) + product + len(tool.output_close)
-        return call + reply + product + ANSWER_SLACK_TOKENS
+        return self._call_length() + reply + product + ANSWER_SLACK_TOKENS
+
+    @property
+    def max_turn_tokens(self) -> int:
+        """Longest model turn: the longest call plus slack (the answer is shorter).
+
+        A turn that rambles on without a call is cut here, so one such episode
+        does not keep the whole batch sampling up to the episode's budget.
+        """
+        return self._call_length() + ANSWER_SLACK_TOKENS
+
+    def _call_length(self) -> int:
+        tool, operand = self.tool, len(str(self.max_operand))
+        return len(tool.call_open) + 2 * operand + 1 + len(tool.call_close)
 
     def example(self, a: int, b: int) -> Example:
         """``f"{a}*{b}="`` -> ``str(a * b)``, with the tool-using demonstration."""

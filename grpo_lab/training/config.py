@@ -543,6 +543,8 @@ class TrainConfig:
         changes = PROFILE_CHANGES[profile]
         if "task" in overrides and "task_options" not in overrides:
             changes = {**changes, "task_options": {}}  # the profile's are its task's
+        if profile == "cpu":
+            changes = {**changes, **CPU_TASK_CHANGES.get(overrides.get("task"), {})}
         return cls(**{**changes, "profile": profile, **overrides})
 
     @property
@@ -607,6 +609,23 @@ class TrainConfig:
 # and held-out sampled accuracy climbs from ~0.3 to 0.94-0.99. lr 1e-3 collapses
 # within a few steps (reward -> 0, no signal left).
 CPU_CHANGES: dict[str, Any] = {}
+
+# What the cpu profile changes for a task whose run is not reversal's, applied by
+# for_profile("cpu", task=...) under the caller's overrides. calculator: each
+# episode is two turns of up to 20 tokens around a 15-token tool reply, about
+# six times reversal's sampling per response, so half the rollout batch, fewer
+# steps and a warm-up checked less often.
+CPU_TASK_CHANGES: dict[str, dict[str, Any]] = {
+    "calculator": {
+        "steps": 150,
+        "rollout_batch_size": 128,
+        "train_batch_size": 128,
+        "lr": 5e-4,
+        "eval_size": 100,
+        "checkpoint_every": 50,
+        "sft_eval_every": 10,
+    },
+}
 
 # Qwen2.5-Math-1.5B on GSM8K (r1-zero prompt, stop at </answer>) on one GPU:
 # 32 prompts x 8 responses per rollout batch, two optimizer steps per batch

@@ -312,7 +312,12 @@ def with_task_tool(config: TrainConfig, backend: RolloutBackend) -> RolloutBacke
     task = get_task(config.task, **config.task_options)
     if not getattr(task, "uses_tools", False):
         return backend
-    return MultiTurnRolloutBackend(backend, task.tool, max_turns=task.max_turns)
+    return MultiTurnRolloutBackend(
+        backend,
+        task.tool,
+        max_turns=task.max_turns,
+        max_turn_tokens=task.max_turn_tokens,
+    )
 
 
 def build_backend(
