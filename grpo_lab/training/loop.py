@@ -89,7 +89,7 @@ from grpo_lab.sampler_correction import (
     GAP_KEYS,
     sampler_correction_weights,
 )
-from grpo_lab.tasks import get_task
+from grpo_lab.tasks import get_task, uses_tools
 from grpo_lab.tasks.base import Example, Task
 from grpo_lab.tasks.chat import ChatPromptTask
 from grpo_lab.train_step import (
@@ -309,9 +309,9 @@ def build_policy(config: TrainConfig) -> Policy:
 def with_task_tool(config: TrainConfig, backend: RolloutBackend) -> RolloutBackend:
     """``backend`` itself, or for a tool-using task the multi-turn rollout around
     it (the task's tool and turn limit; :mod:`grpo_lab.rollouts.multiturn`)."""
-    task = get_task(config.task, **config.task_options)
-    if not getattr(task, "uses_tools", False):
+    if not uses_tools(config.task):
         return backend
+    task = get_task(config.task, **config.task_options)
     return MultiTurnRolloutBackend(
         backend,
         task.tool,
