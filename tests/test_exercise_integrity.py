@@ -132,6 +132,7 @@ def _check(exercise: Exercise):
         "check_clip_higher_loss": "family",
         "check_device_token_loss": "scaling",
         "check_tis_weights": "mismatch",
+        "check_multi_turn_mask": "turns",
     }[exercise.check_name]
     return resolve(f"grpo_lab.teaching.checks.{module}.{exercise.check_name}")
 

@@ -96,6 +96,37 @@ class HFRolloutBackend:
             sampler_log_probs=log_probs,
         )
 
+    def continue_ids(
+        self, context_ids: list[list[int]], sampling: SamplingSettings
+    ) -> tuple[list[list[int]], list[list[float]], list[str]]:
+        """One continuation per context given as token ids (no re-tokenization).
+
+        What ``generate`` does for each response, from ids: the sampled ids (cut
+        after EOS or the first stop string), the sampler's log-prob of each, and
+        their text. Used by the multi-turn rollout to resume after a tool reply
+        (:mod:`grpo_lab.rollouts.multiturn`).
+        """
+        if not context_ids:
+            raise ValueError("context_ids must not be empty, got []")
+        chunk = self.max_batch_size or len(context_ids)
+        response_ids: list[list[int]] = []
+        log_probs: list[list[float]] = []
+        with _seeded_rng(sampling.seed, _device_of(self.model)):
+            for start in range(0, len(context_ids), chunk):
+                ids, values = self._generate_chunk(
+                    [list(row) for row in context_ids[start : start + chunk]],
+                    sampling,
+                )
+                response_ids += ids
+                log_probs += values
+        texts = []
+        for index, ids in enumerate(response_ids):
+            ids, text = self._cut_at_stop_string(ids, sampling.stop_strings)
+            response_ids[index] = ids
+            log_probs[index] = log_probs[index][: len(ids)]
+            texts.append(text)
+        return response_ids, log_probs, texts
+
     def sync(self, policy: torch.nn.Module) -> None:
         """Nothing to load: generation reads the policy's live weights."""
 

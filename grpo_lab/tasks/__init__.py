@@ -2,9 +2,10 @@
 
 Names: ``"reverse"``, ``"addition"`` (toy tasks for a tiny character model),
 ``"scratchpad"`` (reversal after an optional restatement: responses of
-several lengths earn the same reward), ``"hackable_addition"`` (addition with a
-strict or a deliberately lenient reward), ``"countdown"`` (reach a target with
-+ - * /), ``"gsm8k"`` and ``"math"``
+several lengths earn the same reward), ``"calculator"`` (multiply two numbers
+by calling a calculator tool mid-response, multi-turn),
+``"hackable_addition"`` (addition with a strict or a deliberately lenient
+reward), ``"countdown"`` (reach a target with + - * /), ``"gsm8k"`` and ``"math"``
 (r1-zero prompt; ``path=`` a local JSONL file in the published format).
 Taught in
 ``notebooks/03_rewards_and_advantages.ipynb``.
@@ -16,6 +17,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from grpo_lab.tasks.base import Example, Task
+from grpo_lab.tasks.calculator import CalculatorTask
 from grpo_lab.tasks.countdown import CountdownTask
 from grpo_lab.tasks.hackable import HackableAdditionTask
 from grpo_lab.tasks.math_data import GSM8KTask, MathTask
@@ -30,6 +32,7 @@ TASK_CLASSES = {
     "math": MathTask,
     "scratchpad": ScratchpadReverseTask,
     "hackable_addition": HackableAdditionTask,
+    "calculator": CalculatorTask,
 }
 
 
@@ -46,6 +49,11 @@ def get_task(name: str, /, **options: object) -> Task:
     """
     check_task_name_and_options(name, options, name_setting="name", options_setting="")
     return TASK_CLASSES[name](**options)
+
+
+def uses_tools(name: str) -> bool:
+    """Whether the task called ``name`` is sampled as multi-turn tool episodes."""
+    return bool(getattr(TASK_CLASSES.get(name), "uses_tools", False))
 
 
 def check_task_name_and_options(
@@ -73,6 +81,7 @@ def check_task_name_and_options(
 
 __all__ = [
     "AdditionTask",
+    "CalculatorTask",
     "CountdownTask",
     "Example",
     "GSM8KTask",
@@ -84,4 +93,5 @@ __all__ = [
     "check_task_name_and_options",
     "get_task",
     "task_options",
+    "uses_tools",
 ]

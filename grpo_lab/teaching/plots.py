@@ -100,6 +100,54 @@ def _mask_cell(token: str, flag: int, pad_token: str) -> str:
     )
 
 
+# Who wrote a token, for :func:`author_table` (notebook 14).
+AUTHOR_COLOURS = {
+    "prompt": PROMPT_COLOUR,
+    "model": RESPONSE_COLOUR,
+    "tool": "#f4c7a1",
+    "separator": "#f9e79f",
+}
+
+
+def author_table(
+    tokens: Sequence[str],
+    authors: Sequence[str],
+    response_mask: Sequence[int],
+) -> str:
+    """An HTML table of one sequence: each token coloured by who wrote it
+    (``AUTHOR_COLOURS``), with the response mask written under it.
+
+    ``tokens``, ``authors`` and ``response_mask`` have one entry per position.
+    """
+    if not len(tokens) == len(authors) == len(response_mask):
+        raise ValueError(
+            "tokens, authors and response_mask must have one entry per position, "
+            f"got {len(tokens)}, {len(authors)} and {len(response_mask)}"
+        )
+    unknown = sorted(set(authors) - set(AUTHOR_COLOURS))
+    if unknown:
+        raise ValueError(
+            f"authors must be among {sorted(AUTHOR_COLOURS)}, got {unknown}"
+        )
+    style = "border:1px solid #ccc;padding:2px 5px;text-align:center;color:#000"
+    token_cells = "".join(
+        f"<td style='background:{AUTHOR_COLOURS[a]};{style}'>"
+        f"{html.escape(repr(t)[1:-1])}</td>"
+        for t, a in zip(tokens, authors)
+    )
+    mask_cells = "".join(f"<td style='{style}'>{int(m)}</td>" for m in response_mask)
+    legend = " ".join(
+        f"<span style='background:{colour};padding:2px 6px'>{author}</span>"
+        for author, colour in AUTHOR_COLOURS.items()
+    )
+    return (
+        "<table style='border-collapse:collapse;font-family:monospace'>"
+        f"<tr><th style='padding:2px 6px'>label</th>{token_cells}</tr>"
+        f"<tr><th style='padding:2px 6px'>mask</th>{mask_cells}</tr>"
+        f"</table><div style='margin-top:4px'>{legend}</div>"
+    )
+
+
 def plot_advantages(
     rewards: Sequence[float],
     baseline: str = "mean",

@@ -60,7 +60,7 @@ from grpo_lab.sampler_correction import (
     DEFAULT_LOW,
     check_sampler_correction,
 )
-from grpo_lab.tasks import check_task_name_and_options, get_task
+from grpo_lab.tasks import check_task_name_and_options, get_task, uses_tools
 from grpo_lab.train_step import (
     UpdateSettings,
     check_gradient_accumulation_steps,
@@ -540,7 +540,12 @@ class TrainConfig:
         if profile not in PROFILES:
             raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
         _check_field_names(overrides)
-        return cls(**{**PROFILE_CHANGES[profile], "profile": profile, **overrides})
+        changes = PROFILE_CHANGES[profile]
+        if "task" in overrides and "task_options" not in overrides:
+            changes = {**changes, "task_options": {}}  # the profile's are its task's
+        if profile == "cpu":
+            changes = {**changes, **CPU_TASK_CHANGES.get(overrides.get("task"), {})}
+        return cls(**{**changes, "profile": profile, **overrides})
 
     @property
     def prompts_per_step(self) -> int:
@@ -604,6 +609,23 @@ class TrainConfig:
 # and held-out sampled accuracy climbs from ~0.3 to 0.94-0.99. lr 1e-3 collapses
 # within a few steps (reward -> 0, no signal left).
 CPU_CHANGES: dict[str, Any] = {}
+
+# What the cpu profile changes for a task whose run is not reversal's, applied by
+# for_profile("cpu", task=...) under the caller's overrides. calculator: each
+# episode is two turns of up to 20 tokens around a 15-token tool reply, about
+# six times reversal's sampling per response, so half the rollout batch, fewer
+# steps and a warm-up checked less often.
+CPU_TASK_CHANGES: dict[str, dict[str, Any]] = {
+    "calculator": {
+        "steps": 150,
+        "rollout_batch_size": 128,
+        "train_batch_size": 128,
+        "lr": 5e-4,
+        "eval_size": 100,
+        "checkpoint_every": 50,
+        "sft_eval_every": 10,
+    },
+}
 
 # Qwen2.5-Math-1.5B on GSM8K (r1-zero prompt, stop at </answer>) on one GPU:
 # 32 prompts x 8 responses per rollout batch, two optimizer steps per batch
@@ -808,6 +830,7 @@ def validate_config(config: TrainConfig) -> None:
     _check_sampler_correction(config)
     _check_device(config)
     check_task_name_and_options(config.task, config.task_options)
+    _check_tool_task(config)
     check_report_to(config.report_to)
     _check_dynamic_sampling_and_length(config)
 
@@ -984,6 +1007,28 @@ def _check_dynamic_sampling_and_length(config: TrainConfig) -> None:
         config.overlong_penalty,
         max_new_tokens,
     )
+
+
+def _check_tool_task(config: TrainConfig) -> None:
+    """A tool-using task: its options (turn limit included) and the hf backend.
+
+    Its episodes are sampled by the multi-turn rollout
+    (:mod:`grpo_lab.rollouts.multiturn`), which resumes the hf backend from token
+    ids; dynamic sampling would rebuild the rollouts without their segments.
+    """
+    if not uses_tools(config.task):
+        return
+    get_task(config.task, **config.task_options)  # its options' own ValueErrors
+    if config.backend != "hf":
+        raise ValueError(
+            f"backend must be 'hf' for the tool-using task {config.task!r} "
+            f"(multi-turn rollouts resume the hf backend), got {config.backend!r}"
+        )
+    if config.dynamic_sampling:
+        raise ValueError(
+            f"dynamic_sampling must be False for the tool-using task {config.task!r}, "
+            "got True"
+        )
 
 
 def _check_sampler_correction(config: TrainConfig) -> None:

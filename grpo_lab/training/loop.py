@@ -80,12 +80,17 @@ from grpo_lab.rollouts.base import (
     SamplingSettings,
     load_current_weights,
 )
+from grpo_lab.rollouts.multiturn import (
+    MultiTurnRolloutBackend,
+    MultiTurnRollouts,
+    multi_turn_token_batch,
+)
 from grpo_lab.sampler_correction import (
     CORRECTION_KEYS,
     GAP_KEYS,
     sampler_correction_weights,
 )
-from grpo_lab.tasks import get_task
+from grpo_lab.tasks import get_task, uses_tools
 from grpo_lab.tasks.base import Example, Task
 from grpo_lab.tasks.chat import ChatPromptTask
 from grpo_lab.train_step import (
@@ -299,8 +304,22 @@ def build_policy(config: TrainConfig) -> Policy:
         weight_decay=config.weight_decay,
         betas=(0.9, config.adam_beta2),
     )
-    backend = build_backend(config, model, tokenizer)
+    backend = with_task_tool(config, build_backend(config, model, tokenizer))
     return Policy(model, tokenizer, optimizer, backend)
+
+
+def with_task_tool(config: TrainConfig, backend: RolloutBackend) -> RolloutBackend:
+    """``backend`` itself, or for a tool-using task the multi-turn rollout around
+    it (the task's tool and turn limit; :mod:`grpo_lab.rollouts.multiturn`)."""
+    if not uses_tools(config.task):
+        return backend
+    task = get_task(config.task, **config.task_options)
+    return MultiTurnRolloutBackend(
+        backend,
+        task.tool,
+        max_turns=task.max_turns,
+        max_turn_tokens=task.max_turn_tokens,
+    )
 
 
 def build_backend(
@@ -825,7 +844,10 @@ def rollout_token_batch(
     """input_ids, labels, response_mask (B·G, T) from the sampled token ids.
 
     Falls back to tokenizing the strings only when the backend gave no ids.
+    Multi-turn rollouts mask out what the tools wrote (model tokens only).
     """
+    if isinstance(rollouts, MultiTurnRollouts):
+        return multi_turn_token_batch(rollouts, tokenizer.pad_token_id)
     if rollouts.prompt_token_ids is None or rollouts.response_token_ids is None:
         return tokenize_prompt_and_output(
             rollouts.prompts, rollouts.responses, tokenizer

@@ -49,6 +49,11 @@ PACKAGE_COUNTERPARTS: dict[str, tuple[str, ...]] = {
         "grpo_lab.losses.microbatch_loss_scale",
         "grpo_lab.teaching.checks.scaling.reference_device_token_loss",
     ),
+    "check_multi_turn_mask": (
+        "grpo_lab.rollouts.multiturn.pad_prompt_and_segment_ids",
+        "grpo_lab.rollouts.multiturn.segment_model_flags",
+        "grpo_lab.rollouts.multiturn.multi_turn_token_batch",
+    ),
     "check_tis_weights": (
         "grpo_lab.sampler_correction.sampler_correction_weights",
         "grpo_lab.sampler_correction.correction_weights",
