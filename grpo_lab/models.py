@@ -97,7 +97,7 @@ class CharTokenizer(PreTrainedTokenizerFast):
         return cached[1]
 
     def save_pretrained(self, save_directory, *args, **kwargs):
-        """``save_pretrained``; an ASCII alphabet's tokenizer.json in byte-level form."""
+        """``save_pretrained``; an ASCII alphabet's tokenizer.json is byte-level."""
         written = super().save_pretrained(save_directory, *args, **kwargs)
         if self.alphabet().isascii():
             backend = byte_level_char_backend(self)
