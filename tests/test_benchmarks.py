@@ -538,3 +538,19 @@ def test_length_bias_pairs_the_two_normalizations_of_each_seed():
     # standard error = sample standard deviation / sqrt(n)
     assert overall["standard_error"] == pytest.approx((19 / 3) ** 0.5 / 3**0.5)
     assert summary["length, right"]["differences"] == [0.0, 0.0, 0.0]
+
+
+def test_the_recorded_command_holds_no_absolute_path(tmp_path):
+    script = str(BENCHMARK_DIR / "threads.py")
+    outside = str(tmp_path / "figures.json")
+    inside = str(BENCHMARK_DIR / "out" / "threads.json")
+    command = harness.command_line(script, ["--out", outside, "--out", inside, "-3"])
+    assert command[1:] == [
+        "benchmarks/threads.py",
+        "--out",
+        "figures.json",
+        "--out",
+        "benchmarks/out/threads.json",
+        "-3",
+    ]
+    assert not os.path.isabs(command[0]), command[0]  # the interpreter too

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,11 @@ from grpo_lab.losses import (  # noqa: E402
 )
 from grpo_lab.training.config import TrainConfig  # noqa: E402
 
-NOTES = Path(os.environ.get("GRPO_LAB_VERL_NOTES", "/work/notes/verl_parity.txt"))
+# Where the parity figures are written: $GRPO_LAB_VERL_NOTES, else the temp folder.
+NOTES = Path(
+    os.environ.get("GRPO_LAB_VERL_NOTES")
+    or Path(tempfile.gettempdir()) / "grpo_lab_verl_parity.txt"
+)
 PARITY: dict[str, tuple[float, float]] = {}
 B, T, G = 8, 7, 4
 CLIP = {"grpo": 0.2, "gspo": 0.05, "cispo": 0.2, "gmpo": 0.4}
