@@ -88,3 +88,18 @@ def test_flags_parse_to_the_field_types():
     assert (arguments.lr, arguments.max_new_tokens, arguments.steps) == (1e-3, None, 7)
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["train", "--steps", "seven"])
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::grpo_lab.training.sft.WarmUpWarning")
+def test_train_shows_progress_for_the_warm_up_steps_and_evaluation(tmp_path, capsys):
+    smoke = ["train", "--profile", "smoke", "--steps", "1"]  # 2 warm-up steps
+    assert cli.main([*smoke, "--run-dir", str(tmp_path / "shown")]) == 0
+    bars = capsys.readouterr().err
+    assert "SFT warm-up: 100%" in bars and "2/2" in bars
+    assert "GRPO: 100%" in bars and "1/1" in bars
+    assert "evaluation at step 0" in bars and "evaluation at step 1" in bars
+    assert (
+        cli.main([*smoke, "--no-progress", "--run-dir", str(tmp_path / "quiet")]) == 0
+    )
+    assert "it/s" not in capsys.readouterr().err
