@@ -142,3 +142,9 @@ def test_no_tracked_file_holds_an_absolute_path_of_this_machine():
 )
 def test_the_absolute_path_check_catches(line):
     assert MACHINE_PATH.search(line)
+
+
+def test_the_readme_counts_the_notebooks():
+    opening = (ROOT / "README.md").read_text(encoding="utf-8").split("##", 1)[0]
+    count = len(list((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")))
+    assert f" {count} Jupyter notebooks" in opening, f"there are {count}"
