@@ -211,3 +211,38 @@ def test_make_lab_sets_the_save_hook():
     hook = "grpo_lab.teaching.output_policy.strip_outputs_before_save"
     assert f"LAB_SAVE_HOOK := --ContentsManager.pre_save_hook={hook}" in makefile
     assert "$(LAB_SAVE_HOOK)" in makefile.split("LAB_COMMAND =", 1)[1].splitlines()[0]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_training_cells_show_progress(path):
+    # progress=False is for CI and tests; a student sees every run's bar.
+    code = "\n".join(_source(c) for c in _cells(path) if c["cell_type"] == "code")
+    assert not re.search(r"progress\s*=\s*False", code)
+
+
+@pytest.mark.slow
+def test_a_training_run_in_a_kernel_draws_notebook_bars():
+    import nbclient
+    import nbformat
+
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [
+        nbformat.v4.new_code_cell(
+            "import tempfile\n"
+            "from grpo_lab.training import TrainConfig, train\n"
+            "run_dir = tempfile.mkdtemp() + '/run'\n"
+            "train(TrainConfig.for_profile('smoke', run_dir=run_dir, steps=1))"
+        )
+    ]
+    nbclient.NotebookClient(notebook, timeout=240, kernel_name="python3").execute()
+    bars = [
+        output["data"]["text/plain"]
+        for output in notebook.cells[0].outputs
+        if "application/vnd.jupyter.widget-view+json" in output.get("data", {})
+    ]  # tqdm.auto's widget bars, one per bar
+    assert [bar.split(":")[0] for bar in bars] == [
+        "SFT warm-up",
+        "evaluation at step 0",
+        "GRPO",
+        "evaluation at step 1",
+    ]
