@@ -41,6 +41,7 @@ def test_pyproject_lists_every_package_and_maps_the_notebooks():
     assert set(table["packages"]) == folders | {"grpo_lab.notebooks"}
     assert table["package-dir"] == {"grpo_lab.notebooks": "notebooks"}
     assert table["package-data"] == {
+        "grpo_lab": ["cli_flags.json"],  # the flags of a torch-free --help
         "grpo_lab.notebooks": ["*.ipynb"],
         "grpo_lab.teaching": ["rubric.toml"],  # read by `grpo-lab grade`
     }
