@@ -28,7 +28,10 @@ PIP_INSTALL := $(PY) -m pip install --progress-bar on
 LAB_IP ?= 127.0.0.1
 LAB_ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 LAB_ARGS ?=
-LAB_COMMAND = $(VENV)/bin/jupyter lab notebooks/ --ServerApp.ip=$(LAB_IP) $(LAB_ROOT_FLAG) $(LAB_ARGS)
+# Course notebooks are saved without outputs (the README's policy), so autosave
+# leaves the tracked files clean; an open tab keeps its outputs until reloaded.
+LAB_SAVE_HOOK := --ContentsManager.pre_save_hook=grpo_lab.teaching.output_policy.strip_outputs_before_save
+LAB_COMMAND = $(VENV)/bin/jupyter lab notebooks/ --ServerApp.ip=$(LAB_IP) $(LAB_ROOT_FLAG) $(LAB_SAVE_HOOK) $(LAB_ARGS)
 
 .PHONY: lab test test-verl test-fast notebooks lint format bench student-notebooks train clean-venv
 

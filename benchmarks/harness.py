@@ -127,9 +127,31 @@ def main(benchmark, argv=None) -> dict | None:
 
 
 def command_line(script: str, argv: list[str] | None) -> list[str]:
-    """The command as typed at the repository root (paths inside it relative)."""
+    """The command as typed at the repository root, with no absolute path of
+    this machine: paths inside the repository relative to it, the interpreter
+    as its virtual environment's (``.venv/bin/python``), any other absolute
+    path as its file name (``portable_path``)."""
     arguments = sys.argv[1:] if argv is None else [str(a) for a in argv]
-    return [_relative(sys.executable), _relative(script), *arguments]
+    return [_interpreter(), _relative(script), *map(portable_path, arguments)]
+
+
+def _interpreter() -> str:
+    inside = _relative(sys.executable)
+    if not os.path.isabs(inside):
+        return inside
+    name = Path(sys.executable).name
+    if sys.prefix != sys.base_prefix:  # a virtual environment, named as here
+        return f"{Path(sys.prefix).name}/bin/{name}"
+    return name
+
+
+def portable_path(text: str) -> str:
+    """``text`` relative to the repository when it is an absolute path inside
+    it, its file name when it is one outside it, else unchanged."""
+    if not os.path.isabs(text):
+        return text
+    inside = _relative(text)
+    return inside if not os.path.isabs(inside) else Path(text).name
 
 
 def _relative(path: str) -> str:

@@ -86,9 +86,11 @@ Where the definitions coincide and where they differ:
 - grpo_lab's on-policy default `"none"` uses `-A * log p` (REINFORCE form): its
   value differs from TRL's (`-A * 1`), its gradient `-A * grad log p` is the same.
 - TRL's default `loss_type="dapo"` (divide by the number of tokens in the
-  accumulated generation batch) has no exact grpo_lab counterpart with variable
-  token counts across microbatches; with one microbatch it equals
-  `"constant"` with `normalization_constant` = that token count.
+  accumulated generation batch) is grpo_lab's `loss_normalization="token"`:
+  each microbatch's token mean is weighted by its share of the batch's
+  response tokens, so the sum is the batch's token mean however the tokens
+  split across microbatches (tests/test_trl_parity.py checks it under uneven
+  accumulation).
 - Advantages: TRL's `scale_rewards="group"` divides by the unbiased group
   standard deviation plus 1e-4; grpo_lab's `"std"` normalizer uses its own
   epsilon. Here both sides receive the same precomputed advantages."""

@@ -30,6 +30,7 @@ import contextlib
 import dataclasses
 import difflib
 import errno
+import functools
 import importlib
 import importlib.util
 import json
@@ -40,29 +41,58 @@ import typing
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from grpo_lab import cli_flags
 from grpo_lab.errors import UserError
-from grpo_lab.training import checkpoint as checkpoints
-from grpo_lab.training import run_dir as run_dirs
-from grpo_lab.training.config import (
-    TrainConfig,
-    add_config_arguments,
-    config_from_arguments,
-)
 
-FIELD_NAMES = tuple(f.name for f in dataclasses.fields(TrainConfig))
+# Torch, the core and training are imported inside the commands that use them,
+# so that ``grpo-lab --help`` and ``grpo-lab CMD --help`` answer at once; the
+# flags come from cli_flags' table (TrainConfig's fields, written as data).
+if TYPE_CHECKING:
+    from grpo_lab.training.config import TrainConfig
+
+FLAG_TABLE = cli_flags.current_table()
+FIELD_NAMES = cli_flags.field_names(FLAG_TABLE)
 RESUMABLE_FLAGS = ", ".join(
-    "--" + name.replace("_", "-") for name in run_dirs.RESUMABLE_FIELDS
+    "--" + name.replace("_", "-") for name in FLAG_TABLE["resumable_fields"]
 )
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
 USAGE_HINT = "see grpo-lab train --help"
+PROFILE_HELP = (
+    "Each setting's help ends with its default, the cpu profile's value, and "
+    "each other profile's value where it differs; --profile (else "
+    "$GRPO_LAB_PROFILE, else the machine) chooses which apply."
+)
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's help, with ``(default: X)`` on every flag that has a default
+    and does not already say it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if "default" in text or default in (None, False, argparse.SUPPRESS):
+            return text
+        if action.option_strings:
+            return f"{text} (default: %(default)s)"
+        return text
+
+
+def add_config_arguments(
+    parser: argparse.ArgumentParser, exclude: tuple[str, ...] = ()
+) -> None:
+    """One ``--flag`` per TrainConfig field (:func:`cli_flags.add_config_flags`)."""
+    cli_flags.add_config_flags(parser, FLAG_TABLE, exclude=exclude)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``grpo-lab`` argument parser with its commands."""
     parser = argparse.ArgumentParser(
-        prog="grpo-lab", description="Group Relative Policy Optimization, hands on."
+        prog="grpo-lab",
+        description="Group Relative Policy Optimization, hands on.",
+        formatter_class=HelpFormatter,
     )
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -70,13 +100,19 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="show the traceback of an error that is otherwise printed as one line",
     )
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(
+        dest="command",
+        required=True,
+        parser_class=functools.partial(  # every command's help shows defaults
+            argparse.ArgumentParser, formatter_class=HelpFormatter
+        ),
+    )
     train_parser = commands.add_parser(
         "train",
         parents=[common],
         help="run GRPO (cpu profile: a tiny model learns to reverse digits)",
         description="Run GRPO. Flags override the config file, which overrides "
-        "the profile's defaults.",
+        "the profile's defaults. " + PROFILE_HELP,
     )
     train_parser.add_argument(
         "--config",
@@ -170,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="write a launch folder that trains this config on TRL or verl",
         description="Translate a config (profile + file + flags, as for train) "
         "into a launch folder for TRL's GRPOTrainer or verl; a setting the other "
-        "library cannot run is refused by name.",
+        "library cannot run is refused by name. " + PROFILE_HELP,
     )
     export_parser.add_argument("target", choices=("trl", "verl"))
     export_parser.add_argument(
@@ -249,6 +285,8 @@ def train_config(arguments: argparse.Namespace) -> TrainConfig:
             from_trl = getattr(arguments, "from_trl", False)
             values = read_config_file(arguments.config_file, from_trl=from_trl)
         merged = {**values, **_flags(arguments)}  # flags win over the file
+        from grpo_lab.training.config import config_from_arguments
+
         return config_from_arguments(argparse.Namespace(**merged))
     except UserError:
         raise
@@ -258,6 +296,9 @@ def train_config(arguments: argparse.Namespace) -> TrainConfig:
 
 def resumed_config(arguments: argparse.Namespace) -> TrainConfig:
     """RUN_DIR/config.json with the given flags, checked as a resume of that run."""
+    from grpo_lab.training import run_dir as run_dirs
+    from grpo_lab.training.config import TrainConfig
+
     run_dir = Path(arguments.resume_dir)
     if arguments.config_file is not None:
         raise UserError(
@@ -322,6 +363,8 @@ def read_config_file(path: str | Path, *, from_trl: bool = False) -> dict[str, A
         values = _translated_from_trl(values, path)
     for key in values:
         _check_config_key(key, path)
+    from grpo_lab.training.config import TrainConfig
+
     hints = typing.get_type_hints(TrainConfig)
     return {key: _config_value(key, v, hints[key], path) for key, v in values.items()}
 
@@ -572,6 +615,8 @@ def _check_backend(config: TrainConfig) -> None:
 
 def run_train(arguments: argparse.Namespace) -> int:
     """``grpo-lab train``: train, then print where the run went."""
+    from grpo_lab.training import checkpoint as checkpoints
+    from grpo_lab.training import run_dir as run_dirs
     from grpo_lab.training.loop import train
 
     config = train_config(arguments)
@@ -848,7 +893,9 @@ def _warnings_as_lines(prefix: str) -> Iterator[None]:
     original = warnings.showwarning
 
     def show(message, category, filename, lineno, file=None, line=None):
-        if issubclass(category, checkpoints.CheckpointWarning):
+        # Only a loaded checkpoint module can have warned of a checkpoint.
+        checkpoints = sys.modules.get("grpo_lab.training.checkpoint")
+        if checkpoints and issubclass(category, checkpoints.CheckpointWarning):
             print(f"{prefix}: warning: {message}", file=sys.stderr)
         else:
             original(message, category, filename, lineno, file, line)

@@ -16,7 +16,15 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import (
+    Regex,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    trainers,
+)
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -38,6 +46,12 @@ _CORPUS_WORDS = (
     "what let then so we get first add subtract multiply divide total each "
     "step think check result question problem solve find value"
 )
+TOKENIZER_FILE = "tokenizer.json"
+# Qwen2's pre-tokenizer split (transformers' Qwen2Tokenizer uses this pattern).
+QWEN2_SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 # A hub model name: "name" or "owner/name" (letters, digits, "-", "_", ".").
 _HUB_MODEL_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
@@ -45,42 +59,92 @@ _HUB_MODEL_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 class CharTokenizer(PreTrainedTokenizerFast):
     """The character tokenizer: text outside its alphabet gets a clear error.
 
-    The backend has no unknown token, so it refuses such text with an error that
-    names neither the character nor the alphabet; this names both. Everything
+    The backend has no unknown token, so it would drop or refuse such text
+    without naming the character; this checks first and names both. Everything
     else is ``PreTrainedTokenizerFast``. Saved, it records ``CharTokenizer`` as its
-    class, which :func:`load_tokenizer` reads back as this class.
+    class, which :func:`load_tokenizer` reads back as this class, and an ASCII
+    alphabet is written in the byte-level form (:func:`byte_level_char_backend`)
+    that ``AutoTokenizer`` rebuilds as a Qwen2 tokenizer with the same ids.
     """
 
     def _encode_plus(self, text, text_pair=None, *args, **kwargs):
-        try:
-            return super()._encode_plus(text, text_pair, *args, **kwargs)
-        except Exception as error:
-            unknown = self._unknown_characters([text, text_pair])
-            if not unknown:
-                raise
+        unknown = self._unknown_characters([text, text_pair])
+        if unknown:
             raise ValueError(
                 f"text must use only this character tokenizer's alphabet "
                 f"{self.alphabet()!r}, got {unknown!r} outside it"
-            ) from error
+            )
+        return super()._encode_plus(text, text_pair, *args, **kwargs)
 
     def alphabet(self) -> str:
         """The characters with a token, in id order (special tokens left out)."""
         special = set(self.all_special_tokens)
         vocab = sorted(self.get_vocab().items(), key=lambda item: item[1])
-        return "".join(token for token, _ in vocab if token not in special)
+        decoder = self.backend_tokenizer.decoder
+        return "".join(decoder.decode([t]) for t, _ in vocab if t not in special)
 
     def _unknown_characters(self, texts) -> str:
         """The characters of ``texts`` (str, or lists of them) without a token."""
-        vocab = self.get_vocab()
-        return "".join(dict.fromkeys(c for c in _characters(texts) if c not in vocab))
+        known = self._alphabet_set()
+        characters = _characters(texts, tuple(self.all_special_tokens))
+        return "".join(dict.fromkeys(c for c in characters if c not in known))
+
+    def _alphabet_set(self) -> frozenset[str]:
+        cached = getattr(self, "_cached_alphabet", None)
+        if cached is None or cached[0] != len(self):
+            cached = (len(self), frozenset(self.alphabet()))
+            self._cached_alphabet = cached
+        return cached[1]
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """``save_pretrained``; an ASCII alphabet's tokenizer.json is byte-level."""
+        written = super().save_pretrained(save_directory, *args, **kwargs)
+        if self.alphabet().isascii():
+            backend = byte_level_char_backend(self)
+            backend.save(str(Path(save_directory) / TOKENIZER_FILE))
+        return written
 
 
-def _characters(texts) -> Iterator[str]:
+def byte_level_char_backend(tokenizer: CharTokenizer) -> Tokenizer:
+    """The character tokenizer as a byte-level BPE without merges, Qwen2's pipeline.
+
+    ``AutoTokenizer`` opens any folder whose config is a Qwen2 model as
+    ``Qwen2Tokenizer``, which keeps a tokenizer.json's vocabulary and merges but
+    puts its own normalizer (NFC), pre-tokenizer (Qwen2's split, then byte-level)
+    and decoder in front. This backend is that pipeline over the alphabet's
+    byte-level symbols (" " is "Ġ", "\\n" is "Ċ") with the same ids and no merges,
+    so every ASCII character stays one token with its id under both classes.
+    """
+    special = list(tokenizer.all_special_tokens)
+    decoder = tokenizer.backend_tokenizer.decoder
+    to_symbol = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    vocab = {}
+    for token, token_id in tokenizer.get_vocab().items():
+        if token not in special:
+            ((token, _),) = to_symbol.pre_tokenize_str(decoder.decode([token]))
+        vocab[token] = token_id
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None))
+    backend.normalizer = normalizers.NFC()
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens(special)
+    return backend
+
+
+def _characters(texts, special_tokens: tuple[str, ...] = ()) -> Iterator[str]:
+    """The characters of ``texts`` (str, or lists of them), special tokens cut."""
     if isinstance(texts, str):
+        for token in special_tokens:
+            texts = texts.replace(token, "")
         yield from texts
     elif isinstance(texts, (list, tuple)):
         for text in texts:
-            yield from _characters(text)
+            yield from _characters(text, special_tokens)
 
 
 def build_char_tokenizer(characters: str = DEFAULT_CHARACTERS) -> CharTokenizer:

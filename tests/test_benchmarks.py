@@ -61,7 +61,10 @@ def assert_records_its_run(result: dict, script: str, flags: list[str]) -> None:
     """The result file passes the schema and says how, where and when it ran."""
     render_results.check_result(result)
     assert result["benchmark"] == script and result["complete"] is True
-    assert result["argv"][1:] == [f"benchmarks/{script}.py", *flags]
+    # As typed, but with no absolute path of this machine (an --out in tmp_path).
+    recorded = [harness.portable_path(flag) for flag in flags]
+    assert result["argv"][1:] == [f"benchmarks/{script}.py", *recorded]
+    assert not any(os.path.isabs(part) for part in result["argv"])
     assert result["command"] == shlex.join(result["argv"])
     machine = result["machine"]
     assert set(machine) >= MACHINE_FIELDS
@@ -207,7 +210,7 @@ def test_main_saves_while_measuring_and_records_the_command(tmp_path, capsys):
     assert partial["complete"] is False and result["complete"] is True
     assert read(out)["complete"] is True
     assert result["settings"] == {"quick": True, "seed": 0, "size": 2}
-    assert result["argv"][1:] == ["benchmarks/made_up.py", "--quick", "--out", str(out)]
+    assert result["argv"][1:] == ["benchmarks/made_up.py", "--quick", "--out", out.name]
     # One print: the section as RESULTS.md would show it.
     printed = capsys.readouterr().out
     assert printed.count("## Made up") == 1 and "| size |\n| --- |\n| 2 |" in printed
@@ -538,3 +541,19 @@ def test_length_bias_pairs_the_two_normalizations_of_each_seed():
     # standard error = sample standard deviation / sqrt(n)
     assert overall["standard_error"] == pytest.approx((19 / 3) ** 0.5 / 3**0.5)
     assert summary["length, right"]["differences"] == [0.0, 0.0, 0.0]
+
+
+def test_the_recorded_command_holds_no_absolute_path(tmp_path):
+    script = str(BENCHMARK_DIR / "threads.py")
+    outside = str(tmp_path / "figures.json")
+    inside = str(BENCHMARK_DIR / "out" / "threads.json")
+    command = harness.command_line(script, ["--out", outside, "--out", inside, "-3"])
+    assert command[1:] == [
+        "benchmarks/threads.py",
+        "--out",
+        "figures.json",
+        "--out",
+        "benchmarks/out/threads.json",
+        "-3",
+    ]
+    assert not os.path.isabs(command[0]), command[0]  # the interpreter too

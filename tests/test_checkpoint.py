@@ -223,12 +223,11 @@ def test_a_mid_run_checkpoint_folder_loads_with_from_pretrained(tmp_path):
     text = "54321 reversed"
     ids = run_tokenizer(text, return_tensors="pt").input_ids  # (1, T)
     assert load_tokenizer(str(folder))(text).input_ids == ids[0].tolist()
-    # AutoTokenizer opens it as a Qwen2 tokenizer (the config's model type):
-    # every character keeps its id, though that class treats spaces its own way.
-    vocab = AutoTokenizer.from_pretrained(folder).get_vocab()
-    assert {token: vocab[token] for token in run_tokenizer.get_vocab()} == (
-        run_tokenizer.get_vocab()
-    )
+    # AutoTokenizer opens it as a Qwen2 tokenizer (the config's model type),
+    # which gives every character the run's id and decodes them back.
+    auto_tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert auto_tokenizer(text).input_ids == ids[0].tolist()
+    assert auto_tokenizer.decode(ids[0]) == text
     with torch.no_grad():
         assert torch.equal(loaded(ids).logits, at_step(ids).logits)  # (1, T, V)
         assert not torch.equal(loaded(probe).logits, untrained_logits)  # warmed up

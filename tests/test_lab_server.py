@@ -103,6 +103,9 @@ def test_make_lab_serves_the_notebooks_on_localhost(tmp_path):
         # make printed the command line it ran: localhost only, root allowed as root.
         assert "--ServerApp.ip=127.0.0.1" in output
         assert ("--allow-root" in output) == (os.geteuid() == 0)
+        # Course notebooks are saved without outputs (the server imported the hook).
+        hook = "grpo_lab.teaching.output_policy.strip_outputs_before_save"
+        assert f"--ContentsManager.pre_save_hook={hook}" in output
         assert f"http://127.0.0.1:{port}/" in output
     finally:
         _stop(server)

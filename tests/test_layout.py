@@ -9,6 +9,8 @@ Imports under ``if TYPE_CHECKING:`` are for annotations only and do not count.
 from __future__ import annotations
 
 import ast
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -36,7 +38,7 @@ FLOOR_2 = {
     "grading_worker",
 }
 FLOOR_3 = {"teaching", "integrations"}
-FLOOR_4 = {"cli", "hub", "__init__"}
+FLOOR_4 = {"cli", "cli_flags", "hub", "__init__"}
 
 
 def floor_of(part: str) -> int:
@@ -102,3 +104,47 @@ def test_the_readme_draws_every_floor_and_module():
     for path in PACKAGE.glob("*/*.py"):
         if path.parent.name in FLOOR_2 | FLOOR_3 and path.stem != "__init__":
             assert path.stem in layout, f"{path.parent.name}/{path.name}"
+
+
+# An absolute path of the machine the project was built or run on: a home or
+# work folder, the temp folder's pytest and runner folders. Spelled here with a
+# class ([w]) so that this file does not match itself.
+MACHINE_PATH = re.compile(
+    r"(?<![\w.~-])(/[w]ork/|/[r]oot/|/[h]ome/\w|/[U]sers/\w|/[t]mp/|"
+    r"/[p]rivate/var/|/var/[f]olders/|[A-Z]:\\[U]sers\\)"
+)
+
+
+def tracked_files() -> list[Path]:
+    listed = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
+    ).stdout.decode()
+    return [ROOT / name for name in listed.split("\0") if name]
+
+
+@pytest.mark.skipif(not (ROOT / ".git").exists(), reason="not a git checkout")
+def test_no_tracked_file_holds_an_absolute_path_of_this_machine():
+    found = []
+    for path in tracked_files():
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, FileNotFoundError):
+            continue  # binary, or deleted in the work tree
+        for number, line in enumerate(text.splitlines(), 1):
+            if MACHINE_PATH.search(line):
+                found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()[:100]}")
+    assert found == [], "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    "line",
+    ['"--out", "/w' + 'ork/notes/x.json"', "cd /r" + "oot/repo", "C:\\" + "Users\\me"],
+)
+def test_the_absolute_path_check_catches(line):
+    assert MACHINE_PATH.search(line)
+
+
+def test_the_readme_counts_the_notebooks():
+    opening = (ROOT / "README.md").read_text(encoding="utf-8").split("##", 1)[0]
+    count = len(list((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")))
+    assert f" {count} Jupyter notebooks" in opening, f"there are {count}"

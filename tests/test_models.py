@@ -145,6 +145,45 @@ def test_tokenizers_survive_save_and_load(
     assert len(loaded) == len(tokenizer)
 
 
+@settings(max_examples=30, deadline=None)
+@given(text=st.text(alphabet=DEFAULT_CHARACTERS, max_size=40))
+def test_autotokenizer_reads_a_tiny_checkpoint_with_load_tokenizers_ids(
+    tiny_checkpoint, text
+):
+    # A Qwen2 config makes AutoTokenizer build Qwen2Tokenizer (its own split,
+    # byte-level symbols, NFC), whatever the saved class; the saved byte-level
+    # form gives it the run's ids, runs of spaces and newlines included.
+    folder, run_tokenizer = tiny_checkpoint
+    auto, ours = AutoTokenizer.from_pretrained(folder), load_tokenizer(str(folder))
+    assert type(auto).__name__ == "Qwen2Tokenizer" and isinstance(ours, CharTokenizer)
+    text = f"Reverse 12345:  \n\n{text} <eos>"
+    ids = run_tokenizer.encode(text, add_special_tokens=False)
+    assert auto.encode(text, add_special_tokens=False) == ids
+    assert ours.encode(text, add_special_tokens=False) == ids
+    assert auto.decode(ids) == ours.decode(ids) == run_tokenizer.decode(ids) == text
+
+
+def test_a_reloaded_char_tokenizer_keeps_its_alphabet_and_errors(tiny_checkpoint):
+    folder, run_tokenizer = tiny_checkpoint
+    loaded = load_tokenizer(str(folder))
+    assert loaded.alphabet() == run_tokenizer.alphabet() == DEFAULT_CHARACTERS
+    assert (loaded.pad_token_id, loaded.eos_token_id) == (0, 1)
+    with pytest.raises(ValueError, match=r"got '\u00e9' outside it"):
+        loaded.encode("caf\u00e9")  # the byte-level backend alone would drop it
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory):
+    """A checkpoint folder as the loop writes it (tiny Qwen2 + char tokenizer)."""
+    from grpo_lab.training.checkpoint import save_pretrained_atomically
+
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_qwen2(tokenizer, **SIZES)
+    folder = tmp_path_factory.mktemp("checkpoint") / "step_000001"
+    save_pretrained_atomically(model, tokenizer, folder)
+    return folder, tokenizer
+
+
 @pytest.mark.parametrize("builder", [build_tiny_qwen2, build_tiny_olmo2])
 def test_model_builders_are_seeded(builder, char_tokenizer):
     first = builder(char_tokenizer, seed=0, **SIZES).state_dict()

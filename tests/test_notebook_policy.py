@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from IPython.core.inputtransformer2 import TransformerManager
 
-from grpo_lab.teaching.colab import COLAB_CELL_ID, COLAB_INSTALL_CELL
+from grpo_lab.teaching.colab import COLAB_CELL_ID, COLAB_INSTALL_CELL, source_url
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
@@ -128,14 +128,30 @@ def test_the_install_cell_does_nothing_off_colab(monkeypatch):
     assert _run_install_cell(COLAB_INSTALL_CELL, False, monkeypatch).magics == []
 
 
-def test_the_install_cell_asks_for_a_source_then_pip_installs_it(monkeypatch):
-    with pytest.raises(ValueError, match="GRPO_LAB_SOURCE is empty"):
-        _run_install_cell(COLAB_INSTALL_CELL, True, monkeypatch)
-    chosen = COLAB_INSTALL_CELL.replace(
-        'GRPO_LAB_SOURCE = ""', 'GRPO_LAB_SOURCE = "git+https://example.org/lab.git"'
-    )
-    shell = _run_install_cell(chosen, True, monkeypatch)
+def test_the_install_cell_installs_the_project_url_on_colab(monkeypatch):
+    source = f'GRPO_LAB_SOURCE = "git+{source_url()}"'
+    assert source in COLAB_INSTALL_CELL
+    shell = _run_install_cell(COLAB_INSTALL_CELL, True, monkeypatch)
     assert shell.magics == [("pip", 'install --quiet "{GRPO_LAB_SOURCE}"')]
+    emptied = COLAB_INSTALL_CELL.replace(source, 'GRPO_LAB_SOURCE = ""')
+    with pytest.raises(ValueError, match="GRPO_LAB_SOURCE is empty"):
+        _run_install_cell(emptied, True, monkeypatch)
+
+
+def test_the_project_url_is_set_once_and_the_readme_uses_it():
+    import tomllib
+
+    root = NOTEBOOK_DIR.parent
+    pyproject = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
+    url = pyproject["project"]["urls"]["Source"]
+    assert source_url() == url and url.startswith("https://github.com/")
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    repository = url.removeprefix("https://github.com/")
+    badge = (
+        f"https://colab.research.google.com/github/{repository}/blob/main/notebooks/"
+    )
+    assert badge + "00_welcome_and_setup.ipynb" in readme
+    assert f"git+{url}" in readme
 
 
 def test_ipython_expands_the_source_into_the_pip_line(monkeypatch):
@@ -146,8 +162,87 @@ def test_ipython_expands_the_source_into_the_pip_line(monkeypatch):
     lines = []
     shell.register_magic_function(lines.append, "line", "pip")
     chosen = COLAB_INSTALL_CELL.replace(
-        'GRPO_LAB_SOURCE = ""', 'GRPO_LAB_SOURCE = "/content/grpo_lab-0.1.0.whl"'
+        f'GRPO_LAB_SOURCE = "git+{source_url()}"',
+        'GRPO_LAB_SOURCE = "/content/grpo_lab-0.1.0.whl"',
     )
     result = shell.run_cell(chosen)
     assert result.success
     assert lines == ['install --quiet "/content/grpo_lab-0.1.0.whl"']
+
+
+def _run_notebook() -> dict:
+    """A notebook as JupyterLab saves it after a run: outputs, counts, widgets."""
+    output = {"output_type": "stream", "name": "stdout", "text": "1\n"}
+    return {
+        "cells": [
+            {"cell_type": "markdown", "metadata": {}, "source": "# title"},
+            {
+                "cell_type": "code",
+                "execution_count": 4,
+                "metadata": {},
+                "outputs": [output],
+                "source": "print(1)",
+            },
+        ],
+        "metadata": {"widgets": {"state": {}}, "kernelspec": {"name": "python3"}},
+    }
+
+
+def test_the_lab_saves_course_notebooks_without_outputs():
+    from grpo_lab.teaching.output_policy import strip_outputs_before_save
+
+    model = {"type": "notebook", "content": _run_notebook()}
+    strip_outputs_before_save(model=model, path="notebooks/08_training_loop.ipynb")
+    code = model["content"]["cells"][1]
+    assert (code["outputs"], code["execution_count"]) == ([], None)
+    assert model["content"]["metadata"] == {"kernelspec": {"name": "python3"}}
+    assert model["content"]["cells"][0]["source"] == "# title"
+    # A notebook of the student's own keeps its outputs, and so does a file.
+    mine = {"type": "notebook", "content": _run_notebook()}
+    strip_outputs_before_save(model=mine, path="my_experiments.ipynb")
+    assert mine["content"] == _run_notebook()
+    text = {"type": "file", "content": "08_x.ipynb"}
+    strip_outputs_before_save(model=text, path="08_x.ipynb")
+    assert text["content"] == "08_x.ipynb"
+
+
+def test_make_lab_sets_the_save_hook():
+    makefile = (NOTEBOOK_DIR.parent / "Makefile").read_text(encoding="utf-8")
+    hook = "grpo_lab.teaching.output_policy.strip_outputs_before_save"
+    assert f"LAB_SAVE_HOOK := --ContentsManager.pre_save_hook={hook}" in makefile
+    assert "$(LAB_SAVE_HOOK)" in makefile.split("LAB_COMMAND =", 1)[1].splitlines()[0]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_training_cells_show_progress(path):
+    # progress=False is for CI and tests; a student sees every run's bar.
+    code = "\n".join(_source(c) for c in _cells(path) if c["cell_type"] == "code")
+    assert not re.search(r"progress\s*=\s*False", code)
+
+
+@pytest.mark.slow
+def test_a_training_run_in_a_kernel_draws_notebook_bars():
+    import nbclient
+    import nbformat
+
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [
+        nbformat.v4.new_code_cell(
+            "import tempfile\n"
+            "from grpo_lab.training import TrainConfig, train\n"
+            "run_dir = tempfile.mkdtemp() + '/run'\n"
+            "train(TrainConfig.for_profile('smoke', run_dir=run_dir, steps=1))"
+        )
+    ]
+    nbclient.NotebookClient(notebook, timeout=240, kernel_name="python3").execute()
+    bars = [
+        output["data"]["text/plain"]
+        for output in notebook.cells[0].outputs
+        if "application/vnd.jupyter.widget-view+json" in output.get("data", {})
+    ]  # tqdm.auto's widget bars, one per bar
+    assert [bar.split(":")[0] for bar in bars] == [
+        "SFT warm-up",
+        "evaluation at step 0",
+        "GRPO",
+        "evaluation at step 1",
+    ]

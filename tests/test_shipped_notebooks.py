@@ -41,6 +41,7 @@ def test_pyproject_lists_every_package_and_maps_the_notebooks():
     assert set(table["packages"]) == folders | {"grpo_lab.notebooks"}
     assert table["package-dir"] == {"grpo_lab.notebooks": "notebooks"}
     assert table["package-data"] == {
+        "grpo_lab": ["cli_flags.json"],  # the flags of a torch-free --help
         "grpo_lab.notebooks": ["*.ipynb"],
         "grpo_lab.teaching": ["rubric.toml"],  # read by `grpo-lab grade`
     }
@@ -163,6 +164,9 @@ def _build_wheel(source: Path, out_dir: Path) -> Path:
     return wheel
 
 
+SOURCE_URL = "from grpo_lab.teaching.colab import source_url; print(source_url())"
+
+
 @pytest.mark.slow
 def test_the_wheel_ships_the_notebooks_and_the_installed_cli_copies_them(tmp_path):
     source = _source_tree(tmp_path / "source")
@@ -176,6 +180,7 @@ def test_the_wheel_ships_the_notebooks_and_the_installed_cli_copies_them(tmp_pat
     )
     assert shipped == NOTEBOOKS
     assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names)
+    assert "grpo_lab/cli_flags.json" in names  # the flags of a torch-free --help
 
     site = tmp_path / "site"
     install = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps"]
@@ -215,5 +220,11 @@ def test_the_wheel_ships_the_notebooks_and_the_installed_cli_copies_them(tmp_pat
     assert (work / "course" / NOTEBOOKS[0]).read_bytes() == (
         ROOT / "notebooks" / NOTEBOOKS[0]
     ).read_bytes()
+    assert "(default: 0.0003" in installed("train", "--help")  # the table's values
+    url = subprocess.run(
+        [sys.executable, "-c", SOURCE_URL], cwd=work, env=environment,
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    assert url == "https://github.com/grpo-lab/grpo-lab"  # from the wheel's metadata
     installed("student-notebooks", "students")
     assert sorted(path.name for path in (work / "students").iterdir()) == NOTEBOOKS

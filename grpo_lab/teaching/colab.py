@@ -10,22 +10,45 @@ so its text is kept here and copied verbatim into each notebook;
 from __future__ import annotations
 
 import json
+import tomllib
+from importlib import metadata
 from pathlib import Path
 
-COLAB_INSTALL_CELL = '''\
+# [project.urls] in pyproject.toml is the one place the project's address is set;
+# the README's badge and this cell use it (tests/test_notebook_policy.py).
+SOURCE_LABEL = "Source"
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+
+
+def source_url() -> str:
+    """The project's repository, ``[project.urls] Source``: from the checkout's
+    pyproject.toml when there is one (it is the truth there), else from the
+    installed package's metadata (``Project-URL: Source, ...``)."""
+    if PYPROJECT.is_file():
+        project = tomllib.loads(PYPROJECT.read_text(encoding="utf-8")).get("project")
+        if project and project.get("name") == "grpo-lab":
+            return project["urls"][SOURCE_LABEL]
+    for entry in metadata.metadata("grpo-lab").get_all("Project-URL") or []:
+        label, _, url = entry.partition(",")
+        if label.strip() == SOURCE_LABEL:
+            return url.strip()
+    raise LookupError(f"grpo-lab's metadata names no {SOURCE_LABEL} Project-URL")
+
+
+COLAB_INSTALL_CELL = f'''\
 # On Colab only: install grpo_lab into this runtime (elsewhere this cell does
-# nothing). Set GRPO_LAB_SOURCE to what pip should install: this project's git
-# URL ("git+https://..."), or the path of a wheel or a folder you uploaded.
+# nothing). GRPO_LAB_SOURCE is what pip installs: this project's repository, or
+# the path of a wheel or a folder you uploaded (e.g. /content/grpo_lab-*.whl).
 import sys
 
-GRPO_LAB_SOURCE = ""
+GRPO_LAB_SOURCE = "git+{source_url()}"
 if "google.colab" in sys.modules:
     if not GRPO_LAB_SOURCE:
         raise ValueError(
             "GRPO_LAB_SOURCE is empty: set it to this project's git URL or an "
             "uploaded wheel, then run this cell again"
         )
-    %pip install --quiet "{GRPO_LAB_SOURCE}"'''
+    %pip install --quiet "{{GRPO_LAB_SOURCE}}"'''
 
 COLAB_CELL_ID = "colab-install"
 

@@ -1,11 +1,13 @@
 """The sizes of a notebook's worked examples, for the profile the run uses.
 
-The profile itself (cpu, gpu or smoke) is chosen in one place,
+The profile itself (cpu, small-gpu, gpu or smoke) is chosen in one place,
 :func:`grpo_lab.training.config.chosen_profile` (``$GRPO_LAB_PROFILE``, else the
 machine), and a notebook's training runs take ``TrainConfig.for_profile`` of
 it. What is left here is each notebook's own demo sizes (a vocabulary for a
-memory plot, a batch of worked examples), given as cpu sizes plus what the gpu
-and smoke profiles change.
+memory plot, a batch of worked examples), given as cpu sizes plus what the gpu,
+small-gpu and smoke profiles change. A notebook that gives no small-gpu sizes runs
+its gpu sizes there: its demos are small for any GPU (the largest, notebook 02's
+logits, is 8 x 256 x 32768 floats, 268 MB, on a 16 GB T4).
 """
 
 from __future__ import annotations
@@ -20,15 +22,32 @@ def sizes_for_profile(
     gpu: dict[str, Any] | None = None,
     smoke: dict[str, Any] | None = None,
     profile: str | None = None,
+    *,
+    small_gpu: dict[str, Any] | None = None,
+    **named: dict[str, Any],
 ) -> dict[str, Any]:
-    """The sizes of the chosen profile; ``gpu`` and ``smoke`` override ``cpu``.
+    """The sizes of the chosen profile; ``gpu``, ``small_gpu``, ``smoke`` override
+    ``cpu``, and ``small_gpu`` defaults to ``gpu`` (a 16 GB GPU runs the gpu demos).
 
-    The result's ``"profile"`` is the profile name, for ``TrainConfig.for_profile``.
+    The small-gpu sizes may also be passed under the profile's own name, as
+    ``sizes_for_profile(**TRAINING_LOOP_SIZES)`` does (``"small-gpu"``). The
+    result's ``"profile"`` is the profile name, for ``TrainConfig.for_profile``.
     """
+    unexpected = set(named) - {"small-gpu"}
+    if unexpected:
+        raise ValueError(
+            f"sizes are given per profile {PROFILES}, got {sorted(unexpected)}"
+        )
+    small_gpu = named.get("small-gpu", small_gpu)
     profile = chosen_profile() if profile is None else profile
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
-    overrides = {"cpu": {}, "gpu": gpu or {}, "smoke": smoke or {}}[profile]
+    overrides = {
+        "cpu": {},
+        "gpu": gpu or {},
+        "small-gpu": (gpu or {}) if small_gpu is None else small_gpu,
+        "smoke": smoke or {},
+    }[profile]
     unknown = set(overrides) - set(cpu)
     if unknown:
         raise ValueError(
@@ -70,6 +89,14 @@ TRAINING_LOOP_SIZES: dict[str, dict[str, Any]] = {
         "pass_at_k_prompts": 128,
         "pass_at_k_samples": 8,
     },
+    # A 16 GB T4: the small-gpu training profile, half the gpu's pass@k prompts
+    # (hf sampling, no vLLM). No gain is asserted: that run is not measured yet.
+    "small-gpu": {
+        "overrides": {"checkpoint_every": 100},
+        "min_accuracy_gain": None,
+        "pass_at_k_prompts": 64,
+        "pass_at_k_samples": 8,
+    },
     "smoke": {
         "overrides": {"checkpoint_every": 1, "keep_checkpoints": 3},
         "min_accuracy_gain": None,
@@ -89,9 +116,10 @@ TRAINING_LOOP_SIZES: dict[str, dict[str, Any]] = {
 # base_overrides: on a CPU 60 steps of 16 prompts x 8 responses (a few seconds
 # each), from one supervised warm-up shared by every run so that runs start with
 # a signal; the gpu profile runs the cpu profile's sizes (400 steps of 32 x 8) on
-# the GPU; smoke runs 2 steps. The length-normalization runs train the scratchpad
-# task, whose responses are 7 to 27 tokens long, for 20 steps: enough to see both
-# run (the measured comparison is benchmarks/length_bias.py).
+# the GPU, small-gpu (a T4) half of them (200 steps, 2 epochs); smoke runs 2
+# steps. The length-normalization runs train the scratchpad task, whose
+# responses are 7 to 27 tokens long, for 20 steps: enough to see both run (the
+# measured comparison is benchmarks/length_bias.py).
 EXPLORER_SIZES: dict[str, dict[str, Any]] = {
     "cpu": {
         "run_profile": "cpu",
@@ -113,6 +141,11 @@ EXPLORER_SIZES: dict[str, dict[str, Any]] = {
         "base_overrides": {"checkpoint_every": 0, "sft_max_steps": 0},
         "warm_up_overrides": {},
         "off_policy_epochs": 4,
+    },
+    "small-gpu": {
+        "base_overrides": {"steps": 200, "checkpoint_every": 0, "sft_max_steps": 0},
+        "warm_up_overrides": {},
+        "off_policy_epochs": 2,
     },
     "smoke": {
         "run_profile": "smoke",

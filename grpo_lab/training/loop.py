@@ -176,7 +176,9 @@ def _train_in(config: TrainConfig, progress: bool) -> RunResult:
     task = build_task(config, policy.tokenizer)
     eval_examples = task.eval(config.eval_size, seed=config.seed)
     resuming = config.resume and bool(checkpoints.list_checkpoints(run_dir))
-    start_step = resume_or_start(config, run_dir, policy, task, eval_examples)
+    start_step = resume_or_start(
+        config, run_dir, policy, task, eval_examples, progress=progress
+    )
     if config.kl_coef > 0:
         policy.reference_model = reference_model(run_dir, policy, start_step)
     trackers = open_trackers(config, run_dir, start_step if resuming else None)
@@ -194,7 +196,9 @@ def _train_in(config: TrainConfig, progress: bool) -> RunResult:
             record = grpo_update(config, task, policy, rollouts, examples)
             record["time/step_seconds"] = time.perf_counter() - started
             if _evaluation_due(config, step):
-                record.update(evaluate(config, task, policy, eval_examples, step))
+                record.update(
+                    evaluate(config, task, policy, eval_examples, step, progress)
+                )
             append_metrics(run_dir, {"step": step, **record})
             trackers.sync()
             completed_step, weights_match_completed_step = step, True
@@ -363,6 +367,8 @@ def resume_or_start(
     policy: Policy,
     task: Task,
     eval_examples: list[Example],
+    *,
+    progress: bool = False,
 ) -> int:
     """The last completed step: a checkpoint's when resuming, else 0 after warm-up.
 
@@ -382,22 +388,36 @@ def resume_or_start(
             return state.step
         truncate_metrics(run_dir, 0)  # nothing saved or logged yet: start over
     if config.sft_max_steps > 0:
-        warm_up(
-            policy.model,
-            policy.tokenizer,
-            policy.backend,
-            task,
-            warm_up_settings(config, task),
-            log=lambda record: append_metrics(run_dir, record),
-        )
+        bar = tqdm(total=config.sft_max_steps, desc="SFT warm-up", disable=not progress)
+        with bar:
+            warm_up(
+                policy.model,
+                policy.tokenizer,
+                policy.backend,
+                task,
+                warm_up_settings(config, task),
+                log=lambda record: _log_warm_up(run_dir, record, bar),
+            )
         load_current_weights(policy.backend, policy.model)
     if config.eval_every:
-        append_metrics(
-            run_dir, {"step": 0, **evaluate(config, task, policy, eval_examples, 0)}
-        )
+        scores = evaluate(config, task, policy, eval_examples, 0, progress)
+        append_metrics(run_dir, {"step": 0, **scores})
     if config.sft_max_steps > 0 and config.checkpoint_every:
         save_checkpoint(config, run_dir, policy, 0)
     return 0
+
+
+def _log_warm_up(run_dir: Path, record: dict[str, Any], bar: Any) -> None:
+    """A warm-up step's record to metrics.jsonl and to its progress bar."""
+    append_metrics(run_dir, record)
+    bar.update(1)
+    shown = {"loss": f"{record['sft/loss']:.3f}"}
+    shown |= {
+        key.removeprefix("sft/"): f"{value:.2f}"
+        for key, value in record.items()
+        if key.startswith("sft/accuracy")
+    }
+    bar.set_postfix(shown, refresh=False)
 
 
 def reference_model(run_dir: Path, policy: Policy, start_step: int) -> PreTrainedModel:
@@ -927,21 +947,31 @@ def evaluate(
     policy: Policy,
     examples: list[Example],
     step: int,
+    progress: bool = False,
 ) -> dict[str, float]:
-    """Held-out accuracy, greedy and sampled; format rate and length (greedy)."""
-    with autocast(config):
+    """Held-out accuracy, greedy and sampled; format rate and length (greedy).
+
+    ``progress`` shows a bar over the two passes (it closes when they are done).
+    """
+    bar = tqdm(
+        total=2, desc=f"evaluation at step {step}", unit="pass", leave=False,
+        disable=not progress,
+    )  # fmt: skip
+    with autocast(config), bar:
         greedy = held_out_scores(
             policy.backend,
             task,
             examples,
             sampling_settings(config, task, None, temperature=0.0),
         )
+        bar.update(1)
         sampled = held_out_scores(
             policy.backend,
             task,
             examples,
             sampling_settings(config, task, derived_seed(config, "eval", step)),
         )
+        bar.update(1)
     return {
         "eval/accuracy_greedy": greedy.accuracy,
         "eval/accuracy_sampled": sampled.accuracy,
