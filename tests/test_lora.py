@@ -573,3 +573,81 @@ def test_the_small_gpu_estimate_counts_the_real_lora_parameters():
         + config_module.activation_bytes(config)
     )
     assert estimate < 15 * 2**30  # a T4 under the 15 GiB cap
+
+
+# --- the first step against TRL's GRPOTrainer with the same peft_config ------------------
+
+
+def set_adapters(named_parameters, seed: int = 5) -> None:
+    """A and B from one seeded generator, in name order (B nonzero: A trains)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in named_parameters:
+            if ".lora_" in name:
+                noise = torch.randn(parameter.shape, generator=generator)
+                parameter.copy_(0.2 * noise.to(parameter.dtype))
+
+
+@pytest.mark.slow
+def test_the_first_lora_step_equals_trls_with_the_same_peft_config(tmp_path):
+    """float64, loss_type grpo off-policy: TRL wraps the model with peft itself;
+    both sides then get the same adapter values, and the loss and every
+    adapter gradient agree."""
+    from test_trl_parity import (
+        COMPLETIONS,
+        GROUP_SIZE,
+        MAX_COMPLETION_LENGTH,
+        REWARDS,
+        ROW_PROMPTS,
+        SIZES,
+        encode,
+        grpo_lab_batch,
+        off_policy,
+        to_grpo_lab_layout,
+    )
+
+    from grpo_lab.integrations.trl import (
+        fixed_completions_trainer,
+        peft_config_for,
+        trl_first_step,
+    )
+    from grpo_lab.teaching.gradient_recorder import GradientRecorder
+
+    tokenizer = build_char_tokenizer()
+    config = TrainConfig.for_profile("cpu", lora_rank=2, lora_alpha=8.0)
+
+    def fresh():
+        return build_tiny_qwen2(tokenizer, seed=0, **SIZES).double()
+
+    trainer = fixed_completions_trainer(
+        {"num_generations": GROUP_SIZE, "max_completion_length": MAX_COMPLETION_LENGTH,
+         "loss_type": "grpo"},
+        fresh(), tokenizer, ROW_PROMPTS, [encode(tokenizer, c) for c in COMPLETIONS],
+        REWARDS, tmp_path, peft_config=peft_config_for(config),
+    )  # fmt: skip
+    trl_names = [n for n, _ in trainer.model.named_parameters()]
+    assert any(".lora_A." in n for n in trl_names)
+    set_adapters(trainer.model.named_parameters())
+    trl_run = trl_first_step(trainer, ROW_PROMPTS, **off_policy(0))
+
+    adapted = lora.inner_model(lora.add_adapters(fresh(), config.lora_settings(), 0))
+    set_adapters(adapted.named_parameters())
+    batch = grpo_lab_batch(tokenizer)
+    inputs, mask = trl_run.inputs, batch["response_mask"]
+    old = to_grpo_lab_layout(
+        inputs["old_per_token_logps"], inputs["completion_mask"], mask
+    )
+    recorder = GradientRecorder(lora.trainable_parameters(adapted))
+    loss, _ = policy_gradient_update(
+        adapted, recorder, 1, None, batch, inputs["advantages"],
+        importance_reweighting_method="grpo", old_log_probs=old, cliprange=0.2,
+    )  # fmt: skip
+    trl_gradients = [
+        g for n, g in zip(trl_names, trl_run.parameter_gradients) if ".lora_" in n
+    ]
+    assert len(trl_gradients) == len(recorder.gradients) == 14  # 7 layers x (A, B)
+    assert all(p.dtype == torch.float64 for p in lora.trainable_parameters(adapted))
+    assert abs(loss.double() - sum(trl_run.losses)).item() <= 1e-12
+    for ours, theirs in zip(recorder.gradients, trl_gradients, strict=True):
+        assert theirs.abs().max() > 1e-8  # every adapter gets a gradient
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-12)

@@ -1114,6 +1114,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from grpo_lab.integrations.trl import (
     data_parallel_batch,
+    peft_config_for,
     task_dataset,
     trainer_class_for,
     trl_reward_function,
@@ -1175,6 +1176,7 @@ def main() -> None:
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
         processing_class=load_tokenizer(model),
+        peft_config=peft_config_for(config),
         **extra,
     )
     trainer.train(resume_from_checkpoint=True if config.resume else None)
@@ -1306,3 +1308,34 @@ def _save_tiny_model(config: TrainConfig, folder: Path) -> Path:
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+# --- LoRA -------------------------------------------------------------------------
+
+LAUNCH_SETTINGS.update(
+    {
+        "lora_rank": "train.py passes peft_config (peft_config_for) to GRPOTrainer",
+        "lora_alpha": "peft_config's lora_alpha",
+        "lora_dropout": "peft_config's lora_dropout",
+        "lora_target_modules": "peft_config's target_modules",
+    }
+)
+
+
+def _lora_lr(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    return {"learning_rate": config.lora_lr} if config.lora_rank > 0 else {}
+
+
+# After "lr": with adapters, their rate replaces it.
+TRANSLATIONS["lora_lr"] = Translation(
+    ("learning_rate",), _lora_lr, "lora_rank > 0: learning_rate"
+)
+
+
+def peft_config_for(config: TrainConfig) -> Any:
+    """The ``peft.LoraConfig`` GRPOTrainer's ``peft_config`` takes for
+    ``config``'s adapters (the one grpo_lab trains with), None without."""
+    from grpo_lab.training.lora import peft_lora_config
+
+    settings = config.lora_settings()
+    return None if settings is None else peft_lora_config(settings)
