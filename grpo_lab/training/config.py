@@ -722,7 +722,6 @@ SMALL_GPU_CHANGES: dict[str, Any] = {
     "eval_size": 128,
     "rollout_max_batch_size": 64,
     "lora_rank": 1,
-    "lora_alpha": 32.0,
     "lora_lr": 5e-5,
     "autocast_dtype": "float16",
 }
