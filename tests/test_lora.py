@@ -651,3 +651,17 @@ def test_the_first_lora_step_equals_trls_with_the_same_peft_config(tmp_path):
     for ours, theirs in zip(recorder.gradients, trl_gradients, strict=True):
         assert theirs.abs().max() > 1e-8  # every adapter gets a gradient
         torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-12)
+
+
+def test_the_model_card_of_a_lora_run_says_it_is_an_adapter():
+    from grpo_lab.hub import card_metadata, model_card
+
+    config = TrainConfig.for_profile("cpu", lora_rank=8).to_dict()
+    assert card_metadata(config)["library_name"] == "peft"
+    assert "lora" in card_metadata(config)["tags"]
+    card = model_card(config, [], "me/run", curve_file=None)
+    assert 'PeftModel.from_pretrained(base, "me/run")' in card
+    assert "RUN_DIR/base_model" in card and "grpo-lab merge" in card
+    full = TrainConfig.for_profile("cpu").to_dict()
+    assert card_metadata(full)["library_name"] == "transformers"
+    assert "PeftModel" not in model_card(full, [], "me/run", curve_file=None)
