@@ -23,7 +23,7 @@ from grpo_lab.rollouts.hf import HFRolloutBackend
 from grpo_lab.rollouts.vllm import policy_weights_for_vllm
 from grpo_lab.train_step import policy_gradient_update
 from grpo_lab.training import config as config_module
-from grpo_lab.training import lora, loop
+from grpo_lab.training import loop, lora
 from grpo_lab.training.config import TrainConfig
 from grpo_lab.training.metrics import read_metrics, step_records
 
