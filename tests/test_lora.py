@@ -665,3 +665,30 @@ def test_the_model_card_of_a_lora_run_says_it_is_an_adapter():
     full = TrainConfig.for_profile("cpu").to_dict()
     assert card_metadata(full)["library_name"] == "transformers"
     assert "PeftModel" not in model_card(full, [], "me/run", curve_file=None)
+
+
+def test_export_maps_lora_to_trl_peft_config_and_verl_settings():
+    from grpo_lab.integrations import trl as grpo_trl
+    from grpo_lab.integrations import verl
+
+    config = TrainConfig.for_profile(
+        "cpu", lora_rank=8, lora_target_modules="q_proj", sft_max_steps=0
+    )
+    peft_config = grpo_trl.peft_config_for(config)
+    assert (peft_config.r, peft_config.lora_alpha) == (8, 32.0)
+    assert peft_config.target_modules == {"q_proj"}
+    assert grpo_trl.peft_config_for(TrainConfig.for_profile("cpu")) is None
+    assert grpo_trl.to_trl_config(config)["learning_rate"] == config.lora_lr
+    full = TrainConfig.for_profile("cpu", sft_max_steps=0)
+    assert grpo_trl.to_trl_config(full)["learning_rate"] == full.lr
+    assert verl.lora_overrides(config) == {
+        "actor_rollout_ref.model.lora_rank": 8,
+        "actor_rollout_ref.model.lora_alpha": 32.0,
+        "actor_rollout_ref.model.target_modules": ["q_proj"],
+        "actor_rollout_ref.actor.optim.lr": 3e-3,
+    }
+    assert verl.lora_overrides(full) == {}
+    with pytest.raises(ValueError, match=r"^lora_dropout must be 0"):
+        verl.lora_overrides(dataclasses.replace(config, lora_dropout=0.1))
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    assert {n for n in fields if n.startswith("lora_")} <= set(verl.exported_fields())
