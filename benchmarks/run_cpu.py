@@ -36,6 +36,7 @@ BENCHMARKS = {
     "time_to_accuracy": ("time_to_accuracy.py", []),
     "threads": ("threads.py", []),
     "kl_reference": ("kl_reference.py", []),
+    "lora": ("lora.py", []),
 }  # fmt: skip
 
 

@@ -5,6 +5,7 @@
     grpo-lab train --resume RUN_DIR [--steps 80]          # continue a run exactly
     grpo-lab plot RUN_DIR                                 # RUN_DIR/curves.png
     grpo-lab push RUN_DIR REPO_ID [--private]             # model + card to the Hub
+    grpo-lab merge RUN_DIR --out DIR                      # a LoRA run, merged
     grpo-lab student-notebooks OUT_DIR [--source notebooks]
     grpo-lab notebooks DIR [--force]                      # copy the course notebooks
     grpo-lab doctor RUN_DIR [--json]                      # name a run's problems
@@ -164,6 +165,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--revision",
         default=None,
         help="the branch to push to (created when missing; default: main)",
+    )
+    merge_parser = commands.add_parser(
+        "merge",
+        parents=[common],
+        help="write a LoRA run's adapter merged into its base model (W + alpha/r BA)",
+        description="Open RUN_DIR's adapter (final_model, or --adapter DIR such "
+        "as a checkpoint folder) on the run's base model, merge it and save a "
+        "plain transformers model and tokenizer to --out.",
+    )
+    merge_parser.add_argument("run_dir", metavar="RUN_DIR")
+    merge_parser.add_argument(
+        "--out", metavar="DIR", dest="out_dir", required=True, help="a new folder"
+    )
+    merge_parser.add_argument(
+        "--adapter",
+        metavar="DIR",
+        default=None,
+        help="the adapter folder (default: RUN_DIR/final_model)",
     )
     notebooks_parser = commands.add_parser(
         "student-notebooks",
@@ -707,6 +726,36 @@ def run_push(arguments: argparse.Namespace) -> int:
     return 0
 
 
+def run_merge(arguments: argparse.Namespace) -> int:
+    """``grpo-lab merge RUN_DIR --out DIR``: the adapted model as a plain one."""
+    from grpo_lab.models import load_pretrained, load_tokenizer
+    from grpo_lab.training import lora
+    from grpo_lab.training.loop import BASE_MODEL_DIR, FINAL_MODEL_DIR, tiny_model
+
+    run_dir = Path(arguments.run_dir)
+    adapter = Path(arguments.adapter or run_dir / FINAL_MODEL_DIR)
+    out_dir = Path(arguments.out_dir)
+    if not (adapter / "adapter_config.json").is_file():
+        raise UserError(
+            f"{adapter} holds no LoRA adapter (adapter_config.json)",
+            "merge a run trained with --lora-rank > 0, or name its adapter with "
+            "--adapter",
+        )
+    if out_dir.exists():
+        raise UserError(f"{out_dir} already exists", "give --out a new folder")
+    config = TrainConfig.from_dict(json.loads((run_dir / "config.json").read_text()))
+    if (run_dir / BASE_MODEL_DIR).is_dir():  # the warmed-up base
+        base, _ = load_pretrained(str(run_dir / BASE_MODEL_DIR), dtype=config.dtype)
+    elif config.model == "tiny":
+        base, _ = tiny_model(config)
+    else:
+        base, _ = load_pretrained(config.model, dtype=config.dtype)
+    lora.merge_adapter_into(base, adapter, out_dir)
+    load_tokenizer(str(adapter)).save_pretrained(out_dir)
+    print(f"merged model written to {out_dir}")
+    return 0
+
+
 def run_student_notebooks(arguments: argparse.Namespace) -> int:
     """``grpo-lab student-notebooks OUT_DIR``: strip solutions into OUT_DIR."""
     from grpo_lab.teaching.shipped_notebooks import shipped_notebooks_dir
@@ -839,6 +888,7 @@ COMMANDS = {
     "train": run_train,
     "plot": run_plot,
     "push": run_push,
+    "merge": run_merge,
     "student-notebooks": run_student_notebooks,
     "notebooks": run_notebooks,
     "doctor": run_doctor,

@@ -70,6 +70,9 @@ def card_metadata(config: Mapping[str, Any]) -> dict[str, Any]:
     options = config.get("task_options") or {}
     if dataset and not any(options.get(name) for name in _LOCAL_DATA_OPTIONS):
         metadata["datasets"] = [dataset]
+    if config.get("lora_rank", 0) > 0:  # final_model holds a peft adapter
+        metadata["library_name"] = "peft"
+        metadata["tags"] += ["lora"]
     return metadata
 
 
@@ -183,6 +186,8 @@ def _usage_section(config: Mapping[str, Any], repo_id: str) -> str:
     else:
         imports = "from transformers import AutoModelForCausalLM, AutoTokenizer"
         tokenizer = f'AutoTokenizer.from_pretrained("{repo_id}")'
+    if config.get("lora_rank", 0) > 0:
+        return _adapter_usage_section(config, repo_id, imports, tokenizer)
     return (
         f"## Use\n\n```python\n{imports}\n\n"
         f'model = AutoModelForCausalLM.from_pretrained("{repo_id}")\n'
@@ -232,6 +237,25 @@ def write_model_card(run_dir: str | os.PathLike, repo_id: str) -> Path:
 
 
 # --- pushing --------------------------------------------------------------------
+
+
+def _adapter_usage_section(
+    config: Mapping[str, Any], repo_id: str, imports: str, tokenizer: str
+) -> str:
+    """A LoRA adapter: opened with peft on its base model (a tiny run's base is
+    the run folder's base_model/, after its warm-up)."""
+    base = config.get("model")
+    if base == "tiny" or config.get("sft_max_steps", 0) > 0:
+        base = "RUN_DIR/base_model"
+    return (
+        f"## Use\n\nA LoRA adapter (rank {config['lora_rank']}, alpha "
+        f"{config.get('lora_alpha')}) for `{base}`; `grpo-lab merge RUN_DIR --out "
+        f"DIR` writes it merged into a plain model.\n\n```python\n{imports}\n"
+        f"from peft import PeftModel\n\n"
+        f'base = AutoModelForCausalLM.from_pretrained("{base}")\n'
+        f'model = PeftModel.from_pretrained(base, "{repo_id}")\n'
+        f"tokenizer = {tokenizer}\n```"
+    )
 
 
 def final_model_dir(run_dir: str | os.PathLike) -> Path:

@@ -318,6 +318,7 @@ def policy_gradient_update(
     sampler_correction_cap: float = DEFAULT_CAP,
     sampler_correction_low: float = DEFAULT_LOW,
     sampler_correction_high: float = DEFAULT_HIGH,
+    grad_scaler: torch.amp.GradScaler | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
     """One optimizer step on a tokenized batch with precomputed advantages.
 
@@ -360,6 +361,13 @@ def policy_gradient_update(
     advantage is zero nothing is scored, the optimizer does not step, and the
     metadata holds only what is true of such a step: ``optimizer_step`` 0 and
     ``active_response_count`` 0 (no loss, entropy or gradient norm to report).
+
+    ``grad_scaler`` (float16 autocast): each microbatch backpropagates
+    ``loss * scale``, the gradients are unscaled before clipping, and a step
+    whose gradients overflowed is skipped by the scaler (parameters untouched,
+    the scale lowered) and reported as ``loss_scale_skipped`` 1, not raised:
+    overflow is how a dynamic loss scale finds its size. A non-finite loss is
+    still refused as above.
     """
     settings = UpdateSettings(
         importance_reweighting_method,
@@ -415,17 +423,33 @@ def policy_gradient_update(
     microbatch_size = -(-batch_size // gradient_accumulation_steps)
     batch_tokens = int(batch["response_mask"].sum())  # skipped rows count too
     accumulator = _accumulate_gradients(
-        model, active, microbatch_size, (batch_size, batch_tokens), settings, device
+        model,
+        active,
+        microbatch_size,
+        (batch_size, batch_tokens),
+        settings,
+        device,
+        grad_scaler,
     )
-    gradient_norm = _checked_gradient_norm(model, max_grad_norm, device)
-    optimizer.step()
+    if grad_scaler is None:
+        gradient_norm = _checked_gradient_norm(model, max_grad_norm, device)
+        optimizer.step()
+        stepped = 1.0
+    else:
+        gradient_norm, stepped = _scaled_step(
+            model, optimizer, max_grad_norm, grad_scaler
+        )
     optimizer.zero_grad(set_to_none=True)
     metadata = accumulator.summary()
     metadata.update(
         gradient_norm=gradient_norm.detach(),
-        optimizer_step=1.0,
+        optimizer_step=stepped,
         active_response_count=float(active_indices.numel()),
     )
+    if grad_scaler is not None:
+        metadata.update(
+            loss_scale_skipped=1.0 - stepped, loss_scale=grad_scaler.get_scale()
+        )
     if sampler_log_probs is not None:
         metadata.update(_sampler_metrics(active, accumulator, settings))
     return metadata["loss"], metadata
@@ -699,6 +723,7 @@ def _accumulate_gradients(
     batch_counts: tuple[int, int],
     settings: UpdateSettings,
     device: torch.device,
+    grad_scaler: torch.amp.GradScaler | None = None,
 ) -> _DiagnosticAccumulator:
     """Backpropagate every microbatch of the active rows; gradients add up.
 
@@ -720,7 +745,9 @@ def _accumulate_gradients(
             microbatch_tokens=int(microbatch["response_mask"].sum()),
             batch_tokens=batch_tokens,
         )
-        _backward_microbatch(model, microbatch, scale, accumulator, settings)
+        _backward_microbatch(
+            model, microbatch, scale, accumulator, settings, grad_scaler
+        )
     return accumulator
 
 
@@ -730,8 +757,10 @@ def _backward_microbatch(
     scale: float,
     accumulator: _DiagnosticAccumulator,
     settings: UpdateSettings,
+    grad_scaler: torch.amp.GradScaler | None = None,
 ) -> None:
-    """Score one microbatch, check it is finite, backpropagate loss * scale."""
+    """Score one microbatch, check it is finite, backpropagate loss * scale
+    (times the loss scale of ``grad_scaler``, when given)."""
     mask = microbatch["response_mask"]  # (b, T)
     scored = score_tokens(
         model,
@@ -751,7 +780,7 @@ def _backward_microbatch(
         )
     entropy_sum = (scored["token_entropy"].detach() * mask).sum()
     _check_finite(loss, entropy_sum, loss_metadata)
-    loss.backward()
+    (loss if grad_scaler is None else grad_scaler.scale(loss)).backward()
     accumulator.add(loss.detach(), entropy_sum, mask.sum().detach(), loss_metadata)
 
 
@@ -852,6 +881,31 @@ def _checked_gradient_norm(
     if not torch.isfinite(gradient_norm):
         raise RuntimeError("Non-finite gradient norm; optimizer step aborted")
     return gradient_norm
+
+
+def _scaled_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    max_grad_norm: float | None,
+    grad_scaler: torch.amp.GradScaler,
+) -> tuple[torch.Tensor, float]:
+    """Unscale, clip, step unless the gradients overflowed; update the scale.
+
+    Returns the unscaled gradient norm and 1.0 when the optimizer stepped, 0.0
+    when the scaler skipped the step (an inf or NaN gradient at this scale).
+    """
+    grad_scaler.unscale_(optimizer)
+    parameters = [p for p in model.parameters() if p.grad is not None]
+    gradient_norm = torch.nn.utils.clip_grad_norm_(
+        parameters, math.inf if max_grad_norm is None else max_grad_norm
+    )
+    scale_before = grad_scaler.get_scale()
+    grad_scaler.step(optimizer)  # skipped when unscale_ found inf or NaN
+    grad_scaler.update()
+    overflowed = not torch.isfinite(gradient_norm)
+    # update() lowers the scale exactly when the step was skipped.
+    skipped = overflowed or grad_scaler.get_scale() < scale_before
+    return gradient_norm, 0.0 if skipped else 1.0
 
 
 def _zero_diagnostics(settings: UpdateSettings, device: torch.device) -> StepResult:

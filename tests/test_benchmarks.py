@@ -34,7 +34,7 @@ import render_results  # noqa: E402
 SCRIPTS = {
     "cpu_profile", "logprob_memory", "trl_train_step", "time_to_accuracy",
     "gpu_throughput", "run_cpu", "harness", "threads", "kl_reference",
-    "mismatch_bias", "mismatch_learning", "length_bias",
+    "mismatch_bias", "mismatch_learning", "length_bias", "lora",
 }  # fmt: skip
 MACHINE_FIELDS = {
     "nproc", "cpu_model", "torch", "transformers", "torch_threads", "git_commit",
@@ -322,6 +322,7 @@ def test_recorded_and_rerun_command_lines_still_parse():
     """Each committed result's command, and each run_cpu.py run, parses today."""
     import kl_reference  # noqa: F401
     import length_bias  # noqa: F401
+    import lora  # noqa: F401
     import mismatch_bias  # noqa: F401
     import mismatch_learning  # noqa: F401
     import run_cpu

@@ -1369,3 +1369,34 @@ def _check_translates_back(config: TrainConfig, values: dict[str, Any]) -> None:
                 f"{trl_name_hint(name)}, whose value in TRL is {back[name]!r}",
                 FIX,
             )
+
+
+# --- LoRA -------------------------------------------------------------------------
+
+LAUNCH_SETTINGS.update(
+    {
+        "lora_rank": "train.py passes peft_config (peft_config_for) to GRPOTrainer",
+        "lora_alpha": "peft_config's lora_alpha",
+        "lora_dropout": "peft_config's lora_dropout",
+        "lora_target_modules": "peft_config's target_modules",
+    }
+)
+
+
+def _lora_lr(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    return {"learning_rate": config.lora_lr} if config.lora_rank > 0 else {}
+
+
+# After "lr": with adapters, their rate replaces it.
+TRANSLATIONS["lora_lr"] = Translation(
+    ("learning_rate",), _lora_lr, "lora_rank > 0: learning_rate"
+)
+
+
+def peft_config_for(config: TrainConfig) -> Any:
+    """The ``peft.LoraConfig`` GRPOTrainer's ``peft_config`` takes for
+    ``config``'s adapters (the one grpo_lab trains with), None without."""
+    from grpo_lab.training.lora import peft_lora_config
+
+    settings = config.lora_settings()
+    return None if settings is None else peft_lora_config(settings)

@@ -72,6 +72,7 @@ from trl import GRPOConfig, GRPOTrainer
 from grpo_lab.integrations.cluster import resolve_task_options
 from grpo_lab.integrations.trl import (
     data_parallel_batch,
+    peft_config_for,
     task_dataset,
     trainer_class_for,
     trl_reward_function,
@@ -141,6 +142,7 @@ def main() -> None:
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
         processing_class=load_tokenizer(model),
+        peft_config=peft_config_for(config),
         **extra,
     )
     trainer.train(resume_from_checkpoint=True if config.resume else None)

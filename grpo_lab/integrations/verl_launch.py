@@ -394,6 +394,7 @@ def launch_overrides(
         **_batch_overrides(config, cluster),
         **_optimizer_overrides(config),
         **_objective_overrides(config),
+        **lora_overrides(config),
     }
 
 
@@ -674,3 +675,36 @@ def _readme(config: Any, overrides: Mapping[str, Any], cluster: Cluster) -> str:
 def exported_fields() -> dict[str, str]:
     """Every TrainConfig field with where it goes (or why it has no place)."""
     return {**EXPORTED_SETTINGS, **NOT_TRAINING_SETTINGS}
+
+
+# --- LoRA -------------------------------------------------------------------------
+
+MODEL = "actor_rollout_ref.model"
+EXPORTED_SETTINGS.update(
+    {
+        "lora_rank": "actor_rollout_ref.model.lora_rank (0: full fine-tuning)",
+        "lora_alpha": "actor_rollout_ref.model.lora_alpha",
+        "lora_target_modules": "actor_rollout_ref.model.target_modules",
+        "lora_dropout": "refused unless 0 (not exported)",
+        "lora_lr": "actor.optim.lr when lora_rank > 0",
+    }
+)
+
+
+def lora_overrides(config: Any) -> dict[str, Any]:
+    """verl's LoRA settings for ``config``'s adapters (none at rank 0)."""
+    if config.lora_rank == 0:
+        return {}
+    if config.lora_dropout != 0:
+        raise _refuse(
+            "lora_dropout", "0 (dropout is not exported)", config.lora_dropout
+        )
+    targets = config.lora_settings().target_modules
+    return {
+        f"{MODEL}.lora_rank": config.lora_rank,
+        f"{MODEL}.lora_alpha": config.lora_alpha,
+        f"{MODEL}.target_modules": targets
+        if isinstance(targets, str)
+        else list(targets),
+        f"{ACTOR}.optim.lr": config.lora_lr,
+    }

@@ -127,6 +127,8 @@ def save_checkpoint(
     keep_last: int = 2,
     *,
     tokenizer: Any = None,
+    pretrained: Any = None,
+    grad_scaler: torch.amp.GradScaler | None = None,
 ) -> Path:
     """Write ``checkpoints/step_XXXXXX.pt`` atomically, read it back, keep a few.
 
@@ -135,7 +137,10 @@ def save_checkpoint(
     ``checkpoints/step_XXXXXX/`` (:func:`save_pretrained_atomically`).
     Retention (:func:`remove_old_checkpoints`) runs only once the new file
     loads. A write that fails raises :class:`CheckpointError` naming the file;
-    earlier checkpoints are untouched.
+    earlier checkpoints are untouched. ``pretrained``: the object whose
+    ``save_pretrained`` writes that folder in place of ``model`` (a LoRA run's
+    ``PeftModel``: the folder then holds the adapter). A ``grad_scaler``'s
+    state (float16's loss scale) is saved too, so a resume scales as the run did.
     """
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
@@ -151,11 +156,17 @@ def save_checkpoint(
         "rng": capture_rng_states(),
         "config": config,
     }
+    if grad_scaler is not None:
+        payload["grad_scaler"] = grad_scaler.state_dict()
     path = checkpoint_path(run_dir, step)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         if tokenizer is not None:
-            save_pretrained_atomically(model, tokenizer, pretrained_dir(path))
+            save_pretrained_atomically(
+                model if pretrained is None else pretrained,
+                tokenizer,
+                pretrained_dir(path),
+            )
         atomic_torch_save(payload, path)
     except (OSError, RuntimeError) as error:
         if tokenizer is not None and not path.exists():
@@ -443,10 +454,14 @@ def restore_checkpoint(
     path: Path,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
+    *,
+    grad_scaler: torch.amp.GradScaler | None = None,
 ) -> CheckpointState:
     """Load model, optimizer and RNG states from ``payload``; say where to go on."""
     model.load_state_dict(payload["model"])
     optimizer.load_state_dict(payload["optimizer"])
+    if grad_scaler is not None and "grad_scaler" in payload:
+        grad_scaler.load_state_dict(payload["grad_scaler"])
     restore_rng_states(payload["rng"])
     return CheckpointState(
         step=payload["step"],

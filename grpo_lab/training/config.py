@@ -67,6 +67,15 @@ from grpo_lab.train_step import (
     check_max_grad_norm,
 )
 from grpo_lab.training.dynamic_sampling import check_dynamic_sampling_settings
+from grpo_lab.training.lora import (
+    ADAPTER_TRAINING_BYTES,
+    ALL_LINEAR,
+    LoraSettings,
+    check_lora_settings,
+    lora_parameter_count,
+    qwen2_linear_shapes,
+    target_names,
+)
 from grpo_lab.training.overlong import check_overlong_settings
 from grpo_lab.training.trackers import check_report_to
 
@@ -137,6 +146,34 @@ class TrainConfig:
     tiny_num_layers: int = setting(2, "model", 'Decoder layers of the "tiny" model.')
     tiny_intermediate_size: int = setting(
         512, "model", 'MLP width of the "tiny" model.'
+    )
+    lora_rank: int = setting(
+        0,
+        "model",
+        "Rank r of LoRA adapters on the policy (peft; arXiv:2106.09685): only the "
+        "adapters train, the base weights stay frozen (0: full fine-tuning).",
+    )
+    lora_alpha: float = setting(
+        32.0,
+        "model",
+        "LoRA alpha: each update B A is scaled by lora_alpha / lora_rank (32 at "
+        "every rank, as in TRL's 'LoRA Without Regret' recipe).",
+    )
+    lora_dropout: float = setting(
+        0.0, "model", "Dropout on each adapter's input, in [0, 1) (0: none)."
+    )
+    lora_target_modules: str | list[str] = setting(  # noqa: RUF009 (a str default)
+        "all-linear",
+        "model",
+        "Layers that get adapters: all-linear (every linear layer but the output "
+        "head) or module names, a list or comma-separated (q_proj,v_proj).",
+    )
+    lora_lr: float = setting(
+        3e-3,
+        "model",
+        "AdamW learning rate of the adapters when lora_rank > 0, in place of lr "
+        "(LoRA wants about 10x full fine-tuning's rate; the warm-up, which "
+        "trains the full model, keeps sft_lr).",
     )
     # --- task ------------------------------------------------------------------
     task: str = setting(
@@ -560,6 +597,22 @@ class TrainConfig:
             or self.train_batch_size < self.rollout_batch_size
         )
 
+    def lora_settings(self) -> LoraSettings | None:
+        """The adapters' shape, or None for full fine-tuning (lora_rank 0)."""
+        if self.lora_rank == 0:
+            return None
+        return LoraSettings(
+            rank=self.lora_rank,
+            alpha=self.lora_alpha,
+            dropout=self.lora_dropout,
+            target_modules=target_names(self.lora_target_modules),
+        )
+
+    @property
+    def learning_rate(self) -> float:
+        """The GRPO optimizer's rate: lora_lr with adapters, else lr."""
+        return self.lora_lr if self.lora_rank > 0 else self.lr
+
     def update_settings(self) -> UpdateSettings:
         """How the update scores and reduces each microbatch."""
         return UpdateSettings(
@@ -673,20 +726,26 @@ SMOKE_CHANGES: dict[str, Any] = {
 }
 
 # A 0.5B instruct model on GSM8K on one 16 GB GPU without bfloat16 (a T4) or
-# an L4: float32 weights and compute (float16 compute would need loss scaling),
-# hf rollouts on the policy itself (no vLLM copy), its chat template, gradient
-# checkpointing and a chunked head; 16 prompts x 8 responses, two optimizer steps
-# per rollout batch.
+# an L4: rank-1 LoRA on every linear layer at lr 5e-5 (TRL's "LoRA Without
+# Regret" GRPO recipe), so only the adapters carry gradients and AdamW moments;
+# float16 autocast with a dynamic loss scale over float32 weights; hf rollouts
+# on the policy itself (no vLLM copy), its chat template, gradient checkpointing
+# and a chunked head; 8 prompts x 8 responses, two optimizer steps per rollout
+# batch. Its memory is estimated by training_memory_bytes (about 3 GiB); its
+# speed on a T4 has not been measured.
 SMALL_GPU_CHANGES: dict[str, Any] = {
     **{k: v for k, v in GPU_CHANGES.items() if k not in ("backend", "autocast_dtype")},
     "model": "Qwen/Qwen2.5-0.5B-Instruct",
     "chat_template": True,
-    "rollout_batch_size": 128,
-    "train_batch_size": 64,
-    "gradient_accumulation_steps": 32,
-    "max_new_tokens": 512,
-    "eval_size": 256,
+    "rollout_batch_size": 64,
+    "train_batch_size": 32,
+    "gradient_accumulation_steps": 16,
+    "max_new_tokens": 384,
+    "eval_size": 128,
     "rollout_max_batch_size": 64,
+    "lora_rank": 1,
+    "lora_lr": 5e-5,
+    "autocast_dtype": "float16",
 }
 
 PROFILE_CHANGES = {
@@ -703,6 +762,14 @@ KNOWN_PARAMETER_COUNTS = {
     "Qwen/Qwen2.5-Math-1.5B": 1_543_714_304,
     "Qwen/Qwen2.5-0.5B-Instruct": 494_032_768,
 }
+# Their published shapes: hidden, MLP width, layers, attention heads, key/value
+# heads, vocabulary (the LoRA count and the activation estimate need them).
+KNOWN_ARCHITECTURES = {
+    "Qwen/Qwen2.5-Math-1.5B": (1536, 8960, 28, 12, 2, 151936),
+    "Qwen/Qwen2.5-0.5B-Instruct": (896, 4864, 24, 14, 2, 151936),
+}
+# Prompt tokens budgeted per sequence (a GSM8K question in a chat template).
+_PROMPT_TOKENS = 256
 # Bytes per parameter while training with AdamW: the weight, its gradient and
 # two moments, each in the parameter dtype (float32: 4 + 4 + 8 = 16).
 _TRAINING_COPIES = 4
@@ -723,21 +790,24 @@ def training_memory_bytes(
 ) -> float:
     """GPU bytes a run of ``config`` needs for a model of ``parameter_count``.
 
-    needed = params x 4 copies (weight, gradient, two AdamW moments) x bytes per
-    parameter x (1 + working share), divided by the share of the GPU left to
-    training when a vLLM engine takes ``vllm_gpu_memory_utilization`` of it.
-    An estimate to choose a profile by, not a guarantee.
+    Full fine-tuning: params x 4 copies (weight, gradient, two AdamW moments) x
+    bytes per parameter x (1 + working share). LoRA (``lora_rank > 0``): the
+    frozen weights once, the adapters' 16 bytes each (float32 weight, gradient,
+    two moments; :func:`lora_parameter_count_of`), and :func:`activation_bytes`.
+    Either is divided by the share of the GPU left to training when a vLLM
+    engine takes ``vllm_gpu_memory_utilization`` of it. An estimate to choose
+    a profile by, not a guarantee.
 
     ``sharded`` names the copies (of ``SHARDABLE_COPIES``) that ZeRO divides
     over ``gpus`` data-parallel GPUs; the result is then one GPU's bytes. The
     working share (activations above all) is not sharded: each GPU keeps the
     activations of its own rows, so it stays a quarter of the unsharded copies.
-    Taught in ``notebooks/12_scaling_out.ipynb``.
+    Sharding applies to full fine-tuning. Taught in
+    ``notebooks/12_scaling_out.ipynb``.
     """
     _check_sharding(sharded, gpus)
-    per_parameter = (
-        _TRAINING_COPIES * torch.finfo(getattr(torch, config.dtype)).bits / 8
-    )
+    bytes_per_weight = torch.finfo(getattr(torch, config.dtype)).bits / 8
+    per_parameter = _TRAINING_COPIES * bytes_per_weight
     copies = sum(
         count / gpus if name in sharded else count
         for name, count in SHARDABLE_COPIES.items()
@@ -747,6 +817,12 @@ def training_memory_bytes(
         * per_parameter
         * (copies / _TRAINING_COPIES + _WORKING_MEMORY_SHARE)
     )
+    if config.lora_rank > 0:
+        training = (
+            parameter_count * bytes_per_weight
+            + lora_parameter_count_of(config) * ADAPTER_TRAINING_BYTES
+            + activation_bytes(config)
+        )
     if config.backend == "vllm":
         return training / (1 - config.vllm_gpu_memory_utilization)
     return training
@@ -761,6 +837,42 @@ def _check_sharding(sharded: tuple[str, ...], gpus: int) -> None:
         )
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
         raise ValueError(f"gpus must be an integer >= 1, got {gpus!r}")
+
+
+def lora_parameter_count_of(config: TrainConfig) -> int:
+    """Adapter parameters of ``config`` on a known hub model (every linear layer
+    but the output head, or the named ones): r x (in + out) per layer."""
+    hidden, mlp, layers, heads, kv_heads, _ = KNOWN_ARCHITECTURES[config.model]
+    shapes = qwen2_linear_shapes(hidden, mlp, layers, heads, kv_heads)
+    targets = config.lora_settings().target_modules
+    if targets != ALL_LINEAR:
+        names = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj")
+        names += ("down_proj",)
+        shapes = [s for s, n in zip(shapes, names * layers) if n in targets]
+    return lora_parameter_count(shapes, config.lora_rank)
+
+
+def activation_bytes(config: TrainConfig) -> float:
+    """Working memory of a gradient-checkpointed LoRA step on a known hub model.
+
+    The sum of: each layer's saved input for one microbatch (rows x tokens x
+    hidden, float32); one layer recomputed in backward (its MLP and attention
+    tensors, about 4 x MLP width + 10 x hidden per token, and the heads x
+    tokens^2 scores); the chunked head's (chunk x vocabulary) scratch, three
+    float32 copies; and the hf sampler's key/value cache (rollout_max_batch_size
+    rows, float16). Tokens = a 256-token prompt + max_new_tokens.
+    """
+    hidden, mlp, layers, heads, kv_heads, vocab = KNOWN_ARCHITECTURES[config.model]
+    rows = config.train_batch_size // config.gradient_accumulation_steps
+    tokens = _PROMPT_TOKENS + (config.max_new_tokens or 0)
+    saved_inputs = layers * rows * tokens * hidden * 4
+    one_layer = rows * tokens * (4 * mlp + 10 * hidden) * 4
+    scores = rows * heads * tokens**2 * 4
+    head = 3 * (config.logits_chunk_size or tokens) * vocab * 4
+    kv_size = hidden // heads * kv_heads
+    cache_rows = config.rollout_max_batch_size or config.rollout_batch_size
+    cache = cache_rows * tokens * layers * 2 * kv_size * 2
+    return float(saved_inputs + one_layer + scores + head + cache)
 
 
 def profile_fits(profile: str, gpu_bytes: float) -> bool:
@@ -829,6 +941,7 @@ def validate_config(config: TrainConfig) -> None:
     )
     _check_sampler_correction(config)
     _check_device(config)
+    _check_lora_and_precision(config)
     check_task_name_and_options(config.task, config.task_options)
     _check_tool_task(config)
     check_report_to(config.report_to)
@@ -1064,6 +1177,22 @@ def _check_device(config: TrainConfig) -> None:
         )
 
 
+def _check_lora_and_precision(config: TrainConfig) -> None:
+    check_lora_settings(
+        config.lora_rank,
+        config.lora_alpha,
+        config.lora_dropout,
+        config.lora_target_modules,
+    )
+    _check_range("lora_lr", config.lora_lr, low=0.0, low_open=True)
+    if config.autocast_dtype == "float16" and config.dtype != "float32":
+        raise ValueError(
+            "dtype must be 'float32' with autocast_dtype 'float16': the dynamic "
+            "loss scale (torch.amp.GradScaler) unscales float32 master weights "
+            f"and adapters, got dtype {config.dtype!r}"
+        )
+
+
 def _check_range(
     name: str,
     value: object,
@@ -1134,7 +1263,21 @@ def inert_settings(config: TrainConfig) -> dict[str, str]:
     if sharing:
         notes["share_prompt_prefix"] = sharing
     notes.update(_inert_length_settings(config))
+    notes.update(_inert_lora_settings(config))
     return notes
+
+
+def _inert_lora_settings(config: TrainConfig) -> dict[str, str]:
+    """The LoRA options a full fine-tuning run (lora_rank 0) does not read."""
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    names = ("lora_alpha", "lora_dropout", "lora_target_modules", "lora_lr")
+    if config.lora_rank > 0:
+        return {}
+    return {
+        name: "lora_rank is 0: full fine-tuning, no adapters"
+        for name in names
+        if getattr(config, name) != defaults[name]
+    }
 
 
 def _inert_length_settings(config: TrainConfig) -> dict[str, str]:

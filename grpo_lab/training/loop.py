@@ -99,6 +99,7 @@ from grpo_lab.train_step import (
     score_tokens,
 )
 from grpo_lab.training import checkpoint as checkpoints
+from grpo_lab.training import lora
 from grpo_lab.training import run_dir as run_dirs
 from grpo_lab.training.config import TrainConfig, inert_settings
 from grpo_lab.training.dynamic_sampling import (
@@ -127,6 +128,8 @@ from grpo_lab.training.sft import WarmUpSettings, warm_up
 from grpo_lab.training.trackers import open_trackers
 
 FINAL_MODEL_DIR = "final_model"
+# A LoRA run's warmed-up base model, the one its adapters apply to.
+BASE_MODEL_DIR = "base_model"
 REFERENCE_MODEL_FILE = "reference_model.pt"
 
 
@@ -148,8 +151,14 @@ class Policy:
     tokenizer: PreTrainedTokenizerBase
     optimizer: torch.optim.Optimizer
     backend: RolloutBackend
-    # The frozen policy of step 0 that a KL penalty pulls towards (None: no KL).
+    # The frozen policy of step 0 that a KL penalty pulls towards (None: no KL,
+    # or LoRA, whose reference is the base model with the adapters off).
     reference_model: PreTrainedModel | None = None
+    # The peft wrapper when the policy trains LoRA adapters (``model`` is the
+    # transformers model inside it), else None.
+    adapters: Any = None
+    # float16 autocast's dynamic loss scale (torch.amp.GradScaler), else None.
+    grad_scaler: torch.amp.GradScaler | None = None
 
 
 def train(config: TrainConfig, progress: bool = True) -> RunResult:
@@ -179,7 +188,7 @@ def _train_in(config: TrainConfig, progress: bool) -> RunResult:
     start_step = resume_or_start(
         config, run_dir, policy, task, eval_examples, progress=progress
     )
-    if config.kl_coef > 0:
+    if config.kl_coef > 0 and policy.adapters is None:
         policy.reference_model = reference_model(run_dir, policy, start_step)
     trackers = open_trackers(config, run_dir, start_step if resuming else None)
     completed_step, weights_match_completed_step = start_step, True
@@ -302,14 +311,33 @@ def build_policy(config: TrainConfig) -> Policy:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
     model.train()
+    adapters = None
+    if config.lora_settings() is not None:
+        adapters = lora.add_adapters(model, config.lora_settings(), config.seed)
+        model = lora.inner_model(adapters)  # the same object, LoRA layers inside
     optimizer = torch.optim.AdamW(
-        model.parameters(),
-        lr=config.lr,
+        lora.trainable_parameters(model),  # the adapters only, under LoRA
+        lr=config.learning_rate,
         weight_decay=config.weight_decay,
         betas=(0.9, config.adam_beta2),
     )
     backend = with_task_tool(config, build_backend(config, model, tokenizer))
-    return Policy(model, tokenizer, optimizer, backend)
+    return Policy(
+        model,
+        tokenizer,
+        optimizer,
+        backend,
+        adapters=adapters,
+        grad_scaler=build_grad_scaler(config),
+    )
+
+
+def build_grad_scaler(config: TrainConfig) -> torch.amp.GradScaler | None:
+    """A dynamic loss scale for float16 autocast (float16 gradients underflow
+    without one); None for every other precision."""
+    if config.autocast_dtype != "float16":
+        return None
+    return torch.amp.GradScaler(torch.device(config.device).type)
 
 
 def with_task_tool(config: TrainConfig, backend: RolloutBackend) -> RolloutBackend:
@@ -381,7 +409,11 @@ def resume_or_start(
         if found is not None:
             path, payload = found
             state = checkpoints.restore_checkpoint(
-                payload, path, policy.model, policy.optimizer
+                payload,
+                path,
+                policy.model,
+                policy.optimizer,
+                grad_scaler=policy.grad_scaler,
             )
             run_dirs.resume_run_dir(run_dir, config, state)
             load_current_weights(policy.backend, policy.model)
@@ -389,7 +421,8 @@ def resume_or_start(
         truncate_metrics(run_dir, 0)  # nothing saved or logged yet: start over
     if config.sft_max_steps > 0:
         bar = tqdm(total=config.sft_max_steps, desc="SFT warm-up", disable=not progress)
-        with bar:
+        # the full model warms up; adapters start after it
+        with bar, lora.training_base_weights(policy.adapters):
             warm_up(
                 policy.model,
                 policy.tokenizer,
@@ -399,6 +432,8 @@ def resume_or_start(
                 log=lambda record: _log_warm_up(run_dir, record, bar),
             )
         load_current_weights(policy.backend, policy.model)
+        if policy.adapters is not None:
+            save_base_model(policy, run_dir / BASE_MODEL_DIR)
     if config.eval_every:
         scores = evaluate(config, task, policy, eval_examples, 0, progress)
         append_metrics(run_dir, {"step": 0, **scores})
@@ -471,10 +506,11 @@ def warm_up_settings(config: TrainConfig, task: Task) -> WarmUpSettings:
 
 
 def learning_rate_at(config: TrainConfig, step: int) -> float:
-    """lr * min(1, step / lr_warmup_steps): a linear warm-up, then constant."""
+    """lr * min(1, step / lr_warmup_steps): a linear warm-up, then constant
+    (lora_lr in place of lr when training adapters)."""
     if config.lr_warmup_steps == 0:
-        return config.lr
-    return config.lr * min(1.0, step / config.lr_warmup_steps)
+        return config.learning_rate
+    return config.learning_rate * min(1.0, step / config.lr_warmup_steps)
 
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
@@ -578,11 +614,7 @@ def grpo_update(
     )
     reference_log_probs = None
     if config.kl_coef > 0:
-        if policy.reference_model is None:  # a direct caller: freeze it now
-            policy.reference_model = frozen_copy(policy.model)
-        reference_log_probs = score_old_log_probs(
-            config, policy.reference_model, batch
-        )  # (B·G, T)
+        reference_log_probs = score_reference_log_probs(config, policy, batch)
     sampler_log_probs = sampler_log_prob_batch(rollouts, batch["response_mask"])
     lengths = response_token_lengths(rollouts, policy.tokenizer)
     truncated = truncated_responses(config, task, policy, rollouts, lengths)  # (B·G,)
@@ -607,6 +639,7 @@ def grpo_update(
                 sampler_log_probs=(
                     None if sampler_log_probs is None else sampler_log_probs[rows]
                 ),
+                grad_scaler=policy.grad_scaler,
                 **settings,
             )
             update_records.append(metadata)
@@ -899,6 +932,19 @@ def score_old_log_probs(
     return torch.cat(chunks, dim=0)  # (B, T)
 
 
+def score_reference_log_probs(
+    config: TrainConfig, policy: Policy, batch: dict[str, torch.Tensor]
+) -> torch.Tensor:
+    """log pi_ref of every sampled token (B, T): the frozen step-0 copy, or under
+    LoRA the same model with its adapters off (the frozen base: no copy)."""
+    if policy.adapters is not None:
+        with lora.adapters_disabled(policy.adapters):
+            return score_old_log_probs(config, policy.model, batch)
+    if policy.reference_model is None:  # a direct caller: freeze it now
+        policy.reference_model = frozen_copy(policy.model)
+    return score_old_log_probs(config, policy.reference_model, batch)
+
+
 def train_batch_rows(config: TrainConfig) -> list[slice]:
     """Consecutive train batches; whole groups each (group_size divides them).
 
@@ -993,13 +1039,27 @@ def save_checkpoint(
         metrics_offset=count_metric_lines(run_dir),
         keep_last=config.keep_checkpoints,
         tokenizer=policy.tokenizer,  # and a save_pretrained folder beside it
+        pretrained=policy.adapters,  # under LoRA that folder holds the adapter
+        grad_scaler=policy.grad_scaler,
     )
 
 
 def save_final_model(policy: Policy, folder: Path) -> None:
-    """``save_pretrained`` the model and tokenizer (loadable by transformers)."""
+    """``save_pretrained`` the model and tokenizer (loadable by transformers);
+    under LoRA the adapter (``PeftModel.from_pretrained`` opens it)."""
     transformers_logging.disable_progress_bar()
-    policy.model.save_pretrained(folder)
+    (policy.adapters or policy.model).save_pretrained(folder)
+    policy.tokenizer.save_pretrained(folder)
+
+
+def save_base_model(policy: Policy, folder: Path) -> None:
+    """The frozen base weights of a LoRA policy as a plain ``save_pretrained``
+    model and its tokenizer: what the adapters apply to after a warm-up."""
+    transformers_logging.disable_progress_bar()
+    with torch.device("meta"):
+        base = type(policy.model)(policy.model.config)
+    base.load_state_dict(lora.base_state_dict(policy.model), assign=True)
+    base.save_pretrained(folder)
     policy.tokenizer.save_pretrained(folder)
 
 

@@ -1,0 +1,260 @@
+"""LoRA adapters on the policy, through ``peft``: train a low-rank update only.
+
+Each targeted linear layer ``y = W x`` becomes
+
+    y = W x + (alpha / r) * B (A dropout(x))
+
+with A (r, in) drawn at random and B (out, r) zero, so at initialisation the
+adapted model computes exactly what the base model does (an added 0.0), and
+only A and B are trained: r * (in + out) numbers per layer instead of
+in * out (Hu et al., arXiv:2106.09685). The base weights stay frozen, so a KL
+penalty's reference is the same model with the adapters switched off: no
+second copy of the weights (as TRL does).
+
+The loop hands the core the transformers model itself, with peft's LoRA
+layers injected in place (``PeftModel.base_model.model``): the chunked head,
+prefix sharing and ``generate`` see an ordinary causal LM. The ``PeftModel``
+wrapper is kept beside it for what only it does: ``save_pretrained`` of the
+adapter and switching the adapters off.
+
+``lora_rank = 0`` (the default) is full fine-tuning, untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+# peft's name for "every nn.Linear except the output head".
+ALL_LINEAR = "all-linear"
+# Bytes per adapter parameter while training with AdamW in float32: the weight,
+# its gradient and two moments.
+ADAPTER_TRAINING_BYTES = 16
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """One run's adapter shape: rank r, alpha (scale alpha / r), dropout, targets."""
+
+    # Rank r of each update B A (0: no adapters, full fine-tuning).
+    rank: int
+    # The update is scaled by alpha / rank.
+    alpha: float
+    # Dropout on the adapter's input (0: none, exact and deterministic).
+    dropout: float
+    # Module names (suffixes) to adapt, or "all-linear".
+    target_modules: str | tuple[str, ...]
+
+    @property
+    def scale(self) -> float:
+        """alpha / r, the factor on B A x."""
+        return self.alpha / self.rank
+
+
+def check_lora_settings(
+    rank: int,
+    alpha: float,
+    dropout: float,
+    target_modules: str | list[str] | tuple[str, ...],
+) -> None:
+    """Refuse a LoRA shape that cannot train, naming the setting.
+
+    rank: an int >= 0 (0: full fine-tuning); alpha: a finite number > 0;
+    dropout: in [0, 1); target_modules: "all-linear" or a non-empty list of
+    module names.
+    """
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+        raise ValueError(
+            f"lora_rank must be an int >= 0 (0: full fine-tuning), got {rank!r}"
+        )
+    if not _finite_number(alpha) or alpha <= 0:
+        raise ValueError(f"lora_alpha must be a finite number > 0, got {alpha!r}")
+    if not _finite_number(dropout) or not 0 <= dropout < 1:
+        raise ValueError(f"lora_dropout must be a number in [0, 1), got {dropout!r}")
+    target_names(target_modules)
+
+
+def target_names(
+    target_modules: str | list[str] | tuple[str, ...],
+) -> str | tuple[str, ...]:
+    """ "all-linear", or the module names of a list or a comma-separated string."""
+    if target_modules == ALL_LINEAR:
+        return ALL_LINEAR
+    names: list = []
+    if isinstance(target_modules, str):
+        names = [name.strip() for name in target_modules.split(",")]
+    elif isinstance(target_modules, (list, tuple)):
+        names = list(target_modules)
+    if not names or not all(isinstance(n, str) and n.isidentifier() for n in names):
+        raise ValueError(
+            f"lora_target_modules must be {ALL_LINEAR!r} or a non-empty list of "
+            "module names such as ['q_proj', 'v_proj'] (or 'q_proj,v_proj'), "
+            f"got {target_modules!r}"
+        )
+    return tuple(names)
+
+
+def _finite_number(value: object) -> bool:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return number and math.isfinite(value)
+
+
+def peft_lora_config(settings: LoraSettings):
+    """The ``peft.LoraConfig`` of ``settings`` (the one TRL's peft_config gets)."""
+    import peft
+
+    targets = settings.target_modules
+    return peft.LoraConfig(
+        r=settings.rank,
+        lora_alpha=settings.alpha,
+        lora_dropout=settings.dropout,
+        target_modules=targets if isinstance(targets, str) else list(targets),
+        task_type="CAUSAL_LM",
+    )
+
+
+def add_adapters(
+    model: torch.nn.Module, settings: LoraSettings, seed: int
+) -> torch.nn.Module:
+    """Inject LoRA layers into ``model`` in place; return the ``PeftModel``.
+
+    A is drawn from a generator seeded by ``seed`` (the global RNG is left as it
+    was, so the rest of the run draws what a full fine-tuning run draws), B is
+    zero. Every base weight is frozen; only A and B require grad.
+    """
+    import peft
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        adapted = peft.get_peft_model(model, peft_lora_config(settings))
+    if getattr(model, "is_gradient_checkpointing", False):
+        model.enable_input_require_grads()  # frozen embeddings: keep a grad path
+    return adapted
+
+
+def inner_model(adapted: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model inside a ``PeftModel`` (LoRA layers in place)."""
+    return adapted.base_model.model
+
+
+def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The parameters that require grad: the adapters, or every weight without."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def trainable_parameter_count(model: torch.nn.Module) -> int:
+    """Numbers the optimizer updates."""
+    return sum(p.numel() for p in trainable_parameters(model))
+
+
+def lora_parameter_count(linear_shapes: list[tuple[int, int]], rank: int) -> int:
+    """r * (in + out) summed over the adapted layers' (in, out) shapes."""
+    return sum(rank * (fan_in + fan_out) for fan_in, fan_out in linear_shapes)
+
+
+def qwen2_linear_shapes(
+    hidden_size: int,
+    intermediate_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+) -> list[tuple[int, int]]:
+    """(in, out) of every linear layer of a Qwen2 decoder but the output head."""
+    kv_size = hidden_size // num_heads * num_kv_heads
+    per_layer = [
+        (hidden_size, hidden_size),  # q_proj
+        (hidden_size, kv_size),  # k_proj
+        (hidden_size, kv_size),  # v_proj
+        (hidden_size, hidden_size),  # o_proj
+        (hidden_size, intermediate_size),  # gate_proj
+        (hidden_size, intermediate_size),  # up_proj
+        (intermediate_size, hidden_size),  # down_proj
+    ]
+    return per_layer * num_layers
+
+
+@contextlib.contextmanager
+def adapters_disabled(adapted: torch.nn.Module | None) -> Iterator[None]:
+    """Inside: the base model (adapters off). ``None`` (no adapters): nothing."""
+    if adapted is None:
+        yield
+        return
+    with adapted.disable_adapter():
+        yield
+
+
+@contextlib.contextmanager
+def training_base_weights(adapted: torch.nn.Module | None) -> Iterator[None]:
+    """Inside: adapters off and the base weights trainable (the supervised
+    warm-up trains the base model exactly as a full fine-tuning run would);
+    afterwards the base is frozen again. ``None``: nothing changes."""
+    if adapted is None:
+        yield
+        return
+    adapter_flags = {p: p.requires_grad for p in adapted.parameters()}
+    with adapted.disable_adapter():
+        for parameter, trains in adapter_flags.items():
+            parameter.requires_grad_(not trains)
+        try:
+            yield
+        finally:
+            for parameter, trains in adapter_flags.items():
+                parameter.requires_grad_(trains)
+
+
+def _lora_layers(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module]]:
+    from peft.tuners.lora import LoraLayer
+
+    for name, module in model.named_modules():
+        if isinstance(module, LoraLayer):
+            yield name, module
+
+
+def merged_named_parameters(
+    model: torch.nn.Module,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(base name, weight) of ``model`` with each adapter merged: W + (alpha/r) B A.
+
+    ``model`` is the transformers model with LoRA layers in place; names come
+    out as the base model spells them (``...q_proj.weight``, no ``base_layer``,
+    no adapter tensors), so a loader of the base checkpoint (vLLM, a fresh
+    model's ``load_state_dict``) takes them. Nothing is modified; one merged
+    tensor exists at a time.
+    """
+    deltas = {
+        f"{name}.base_layer.weight": module
+        for name, module in _lora_layers(model)
+        if not module.disable_adapters
+    }
+    for name, parameter in model.named_parameters():
+        if ".lora_" in name:
+            continue
+        weight = parameter.detach()
+        module = deltas.get(name)
+        if module is not None:
+            delta = sum(module.get_delta_weight(a) for a in module.active_adapters)
+            weight = weight + delta.to(weight.dtype)  # (out, in)
+        yield name.replace(".base_layer.", "."), weight
+
+
+def base_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The frozen base weights of an adapted model, under the base model's names."""
+    return {
+        name.replace(".base_layer.", "."): tensor
+        for name, tensor in model.state_dict().items()
+        if ".lora_" not in name
+    }
+
+
+def merge_adapter_into(base: torch.nn.Module, adapter_dir, out_dir) -> None:
+    """Open ``adapter_dir`` on ``base`` (``PeftModel.from_pretrained``), merge
+    W + (alpha/r) B A into each weight (``merge_and_unload``) and
+    ``save_pretrained`` the plain model to ``out_dir``. ``base`` is consumed."""
+    import peft
+
+    adapted = peft.PeftModel.from_pretrained(base, str(adapter_dir))
+    adapted.merge_and_unload().save_pretrained(str(out_dir))

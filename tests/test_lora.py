@@ -1,0 +1,694 @@
+"""LoRA adapters (grpo_lab/training/lora.py): exact at initialisation, the chain
+rule in float64, adapters-only training, the base model as KL reference,
+rollouts, checkpoints, merging, float16 loss scaling and the memory estimate."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+import time
+
+import pytest
+import torch
+from test_checkpoint import TINY_RUN_FLAGS, comparable, run_cli
+from transformers import AutoModelForCausalLM
+
+from grpo_lab import cli
+from grpo_lab.logprobs import get_response_log_probs
+from grpo_lab.masks import pad_prompt_and_response_ids
+from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2, load_tokenizer
+from grpo_lab.rollouts.base import SamplingSettings
+from grpo_lab.rollouts.hf import HFRolloutBackend
+from grpo_lab.rollouts.vllm import policy_weights_for_vllm
+from grpo_lab.train_step import policy_gradient_update
+from grpo_lab.training import config as config_module
+from grpo_lab.training import loop, lora
+from grpo_lab.training.config import TrainConfig
+from grpo_lab.training.metrics import read_metrics, step_records
+
+SIZES = {
+    "tiny_hidden_size": 32,
+    "tiny_num_layers": 1,
+    "tiny_intermediate_size": 64,
+}
+
+
+def tiny_config(tmp_path, **overrides) -> TrainConfig:
+    settings = {
+        "run_dir": str(tmp_path / "run"),
+        **SIZES,
+        "task_options": {"n_digits": 3},
+        "max_new_tokens": 5,
+        "rollout_batch_size": 16,
+        "group_size": 4,
+        "train_batch_size": 16,
+        "steps": 2,
+        "eval_every": 1,
+        "eval_size": 8,
+        "checkpoint_every": 1,
+        "sft_max_steps": 0,
+        "lora_rank": 4,
+    }
+    return TrainConfig.for_profile("cpu", **{**settings, **overrides})
+
+
+def fixed_batch(tokenizer) -> dict[str, torch.Tensor]:
+    prompts = [tokenizer.encode(p, add_special_tokens=False) for p in ["12>", "345>"]]
+    responses = [tokenizer.encode(r, add_special_tokens=False) for r in ["21", "543"]]
+    return pad_prompt_and_response_ids(
+        [prompts[0], prompts[0], prompts[1], prompts[1]],
+        [responses[0], responses[1], responses[1], responses[0]],
+        tokenizer.pad_token_id,
+    )
+
+
+ADVANTAGES = torch.tensor([1.0, -1.0, 0.5, -0.5])
+
+
+def randomize_adapters(model: torch.nn.Module, seed: int = 1) -> None:
+    """Give every B a random value (B starts at 0, which hides A's gradient)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if ".lora_B." in name:
+                noise = torch.randn(parameter.shape, generator=generator)
+                parameter.copy_(0.3 * noise.to(parameter.dtype))
+
+
+def load_merged(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    """Load base-named weights; only the tied output head may be absent."""
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    assert missing == ["lm_head.weight"] and unexpected == []
+
+
+class LowerCaseFirst:
+    """The reverse task's prompts, reward 1 when a response starts with a
+    lower-case letter: a random tiny model's groups have signal at once."""
+
+    def __init__(self, task):
+        self.task = task
+        self.stop_strings = task.stop_strings
+        self.max_new_tokens = task.max_new_tokens
+
+    def train(self, n, seed):
+        return self.task.train(n, seed)
+
+    def reward_fn(self, response, ground_truth):
+        value = float(response[:1].islower())
+        return {"reward": value, "format_reward": value, "answer_reward": value}
+
+
+def lora_names(model: torch.nn.Module) -> set[str]:
+    return {name for name, _ in model.named_parameters() if ".lora_" in name}
+
+
+# --- settings ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("lora_rank", -1, r"^lora_rank must be an int >= 0"),
+        ("lora_rank", 2.0, r"^lora_rank must be an int >= 0"),
+        ("lora_alpha", 0.0, r"^lora_alpha must be a finite number > 0, got 0.0"),
+        ("lora_alpha", float("nan"), r"^lora_alpha must be a finite number > 0"),
+        ("lora_dropout", 1.0, r"^lora_dropout must be a number in \[0, 1\), got 1.0"),
+        ("lora_target_modules", "all linear", r"^lora_target_modules must be"),
+        ("lora_target_modules", [], r"^lora_target_modules must be"),
+        ("lora_target_modules", ["q_proj", ""], r"^lora_target_modules must be"),
+        ("lora_lr", 0.0, r"^lora_lr must be a finite number in \(0.0, inf\)"),
+    ],
+)
+def test_bad_lora_settings_are_refused_when_the_config_is_built(field, value, message):
+    with pytest.raises(ValueError, match=message) as from_config:
+        TrainConfig.for_profile("cpu", **{"lora_rank": 4, field: value})
+    if field != "lora_lr":  # the validator a direct caller meets says the same
+        arguments = {"rank": 4, "alpha": 32.0, "dropout": 0.0}
+        arguments["target_modules"] = "all-linear"
+        arguments[field.removeprefix("lora_")] = value
+        with pytest.raises(ValueError) as from_validator:
+            lora.check_lora_settings(**arguments)
+        assert str(from_validator.value) == str(from_config.value)
+
+
+def test_target_modules_take_a_list_or_comma_separated_names():
+    config = TrainConfig.for_profile(
+        "cpu", lora_rank=2, lora_target_modules="q_proj,v_proj"
+    )
+    assert config.lora_settings().target_modules == ("q_proj", "v_proj")
+    assert TrainConfig.for_profile("cpu").lora_settings() is None
+
+
+def test_float16_autocast_needs_float32_master_weights():
+    with pytest.raises(ValueError, match=r"^dtype must be 'float32' with autocast"):
+        TrainConfig.for_profile("cpu", dtype="float16", autocast_dtype="float16")
+
+
+def test_lora_settings_without_adapters_are_named_inert():
+    config = TrainConfig.for_profile("cpu", lora_alpha=8.0, lora_lr=1e-3)
+    notes = config_module.inert_settings(config)
+    assert set(notes) == {"lora_alpha", "lora_lr"}
+    assert "lora_rank is 0" in notes["lora_alpha"]
+    assert config_module.inert_settings(dataclasses.replace(config, lora_rank=2)) == {}
+
+
+# --- the policy: what trains, and exactness at initialisation ------------------------
+
+
+def test_full_fine_tuning_is_untouched_and_lora_trains_only_the_adapters(tmp_path):
+    full = loop.build_policy(tiny_config(tmp_path, lora_rank=0))
+    assert full.adapters is None and lora_names(full.model) == set()
+    full_parameters = {id(p) for g in full.optimizer.param_groups for p in g["params"]}
+    assert full_parameters == {id(p) for p in full.model.parameters()}
+    assert full.optimizer.param_groups[0]["lr"] == 3e-4
+
+    adapted = loop.build_policy(tiny_config(tmp_path, lora_rank=4))
+    optimized = {id(p) for g in adapted.optimizer.param_groups for p in g["params"]}
+    by_id = dict((id(p), n) for n, p in adapted.model.named_parameters())
+    assert {by_id[i] for i in optimized} == lora_names(adapted.model)
+    assert adapted.optimizer.param_groups[0]["lr"] == 3e-3  # lora_lr
+    # r (in + out) per linear layer: one Qwen2 layer of hidden 32, MLP 64.
+    shapes = lora.qwen2_linear_shapes(32, 64, 1, 4, 2)
+    assert lora.trainable_parameter_count(adapted.model) == lora.lora_parameter_count(
+        shapes, 4
+    )
+    assert lora.trainable_parameter_count(adapted.model) == 4 * (
+        (32 + 32) * 2 + (32 + 16) * 2 + (32 + 64) * 2 + (64 + 32)
+    )
+
+
+def test_at_initialisation_log_probs_and_loss_equal_the_base_model_bit_for_bit(
+    tmp_path,
+):
+    full = loop.build_policy(tiny_config(tmp_path, lora_rank=0))
+    adapted = loop.build_policy(tiny_config(tmp_path, lora_rank=8))
+    batch = fixed_batch(full.tokenizer)
+    base_scores = get_response_log_probs(
+        full.model, batch["input_ids"], batch["labels"], return_token_entropy=True
+    )
+    lora_scores = get_response_log_probs(
+        adapted.model, batch["input_ids"], batch["labels"], return_token_entropy=True
+    )
+    for key in ("log_probs", "token_entropy"):
+        assert torch.equal(base_scores[key], lora_scores[key]), key
+    base_loss, _ = policy_gradient_update(
+        full.model, full.optimizer, 2, 1.0, batch, ADVANTAGES
+    )
+    lora_loss, _ = policy_gradient_update(
+        adapted.model, adapted.optimizer, 2, 1.0, batch, ADVANTAGES
+    )
+    assert base_loss.item() != 0 and torch.equal(base_loss, lora_loss)
+
+
+def test_an_update_moves_the_adapters_and_leaves_the_base_weights(tmp_path):
+    policy = loop.build_policy(tiny_config(tmp_path))
+    before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    policy_gradient_update(
+        policy.model,
+        policy.optimizer,
+        1,
+        1.0,
+        fixed_batch(policy.tokenizer),
+        ADVANTAGES,
+    )
+    for name, parameter in policy.model.named_parameters():
+        moved = not torch.equal(parameter, before[name])
+        assert moved == (".lora_B." in name), name  # A's gradient is 0 while B = 0
+
+
+def test_adapter_gradients_are_the_chain_rule_of_the_full_weight_gradient():
+    """float64: with W' = W + s B A, dL/dB = s dL/dW' A^T and dL/dA = s B^T dL/dW'."""
+    tokenizer = build_char_tokenizer()
+    settings = lora.LoraSettings(
+        rank=3, alpha=6.0, dropout=0.0, target_modules="all-linear"
+    )
+    base = build_tiny_qwen2(
+        tokenizer, hidden_size=32, num_layers=1, intermediate_size=64
+    )
+    adapted = lora.inner_model(lora.add_adapters(base.double(), settings, seed=0))
+    randomize_adapters(adapted)
+    merged = build_tiny_qwen2(
+        tokenizer, hidden_size=32, num_layers=1, intermediate_size=64
+    )
+    merged = merged.double()
+    load_merged(merged, dict(lora.merged_named_parameters(adapted)))
+    batch = fixed_batch(tokenizer)
+
+    def loss_of(model):
+        scores = get_response_log_probs(model, batch["input_ids"], batch["labels"])
+        weights = ADVANTAGES.double()[:, None] * batch["response_mask"]
+        return -(scores["log_probs"] * weights).sum()
+
+    loss_of(adapted).backward()
+    loss_of(merged).backward()
+    merged_weights = dict(merged.named_parameters())
+    checked = 0
+    for name, module in adapted.named_modules():
+        if not hasattr(module, "lora_A"):
+            continue
+        a = module.lora_A["default"].weight  # (r, in)
+        b = module.lora_B["default"].weight  # (out, r)
+        full_gradient = merged_weights[f"{name}.weight"].grad  # (out, in)
+        scale = settings.scale
+        assert scale == module.scaling["default"] == 2.0
+        torch.testing.assert_close(
+            b.grad, scale * full_gradient @ a.T, rtol=0, atol=1e-12
+        )
+        torch.testing.assert_close(
+            a.grad, scale * b.T @ full_gradient, rtol=0, atol=1e-12
+        )
+        assert b.grad.abs().max() > 1e-6 and a.grad.abs().max() > 1e-6
+        checked += 1
+    assert checked == 7  # q, k, v, o, gate, up, down
+
+
+def test_the_kl_reference_is_the_base_model_with_adapters_off(tmp_path, monkeypatch):
+    config = tiny_config(tmp_path, kl_coef=0.1)
+    policy = loop.build_policy(config)
+    base = loop.build_policy(tiny_config(tmp_path, lora_rank=0))
+    randomize_adapters(policy.model)
+    monkeypatch.setattr(loop, "frozen_copy", lambda model: pytest.fail("a copy"))
+    batch = fixed_batch(policy.tokenizer)
+    reference = loop.score_reference_log_probs(config, policy, batch)
+    expected = loop.score_old_log_probs(config, base.model, batch)
+    adapted = loop.score_old_log_probs(config, policy.model, batch)
+    assert torch.equal(reference, expected)
+    assert not torch.equal(adapted, expected)  # the adapters are back on after
+    assert policy.reference_model is None
+
+
+def update_with_sgd(config: TrainConfig, rollouts_seed: int = 0):
+    """One grpo_update of a LoRA policy with random B, by plain SGD (lr 1): the
+    adapters afterwards are (before - gradient), easy to compare across options."""
+    policy = loop.build_policy(config)
+    randomize_adapters(policy.model)
+    policy.optimizer = torch.optim.SGD(lora.trainable_parameters(policy.model), lr=1.0)
+    task = LowerCaseFirst(loop.build_task(config, policy.tokenizer))
+    torch.manual_seed(rollouts_seed)
+    rollouts, examples = loop.sample_rollout_batch(config, task, policy, 1)
+    record = loop.grpo_update(config, task, policy, rollouts, examples)
+    adapters = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    return record, adapters
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        {"logits_chunk_size": 3},
+        {"share_prompt_prefix": False},
+        {"gradient_checkpointing": True},
+        {"kl_coef": 0.05, "entropy_coef": 0.01},
+    ],
+    ids=["chunked head", "no prefix sharing", "gradient checkpointing", "kl"],
+)
+def test_lora_gives_the_same_update_through_each_memory_option(tmp_path, option):
+    plain_record, plain = update_with_sgd(tiny_config(tmp_path))
+    record, adapters = update_with_sgd(tiny_config(tmp_path, **option))
+    assert record["train/optimizer_steps"] == 1
+    moved = 0
+    for name, value in plain.items():
+        if "kl_coef" in option and ".lora_" in name:
+            moved += not torch.allclose(value, adapters[name], atol=1e-7)
+            continue
+        torch.testing.assert_close(adapters[name], value, rtol=1e-5, atol=1e-6)
+    if "kl_coef" in option:
+        assert moved > 0  # the penalty and the bonus change the update
+    else:
+        assert record["loss/loss"] == pytest.approx(plain_record["loss/loss"], rel=1e-5)
+
+
+def test_off_policy_epochs_train_the_adapters(tmp_path):
+    config = tiny_config(
+        tmp_path,
+        epochs_per_rollout_batch=2,
+        train_batch_size=8,
+        importance_reweighting_method="grpo",
+        cliprange=0.2,
+    )
+    record, _ = update_with_sgd(config)
+    assert record["train/optimizer_steps"] == 4
+
+
+# --- rollouts -------------------------------------------------------------------------
+
+
+def merged_copy(policy) -> torch.nn.Module:
+    """A plain model holding the policy's merged weights."""
+    merged = build_tiny_qwen2(
+        policy.tokenizer, hidden_size=32, num_layers=1, intermediate_size=64
+    )
+    load_merged(merged, dict(lora.merged_named_parameters(policy.model)))
+    return merged
+
+
+def test_rollouts_sample_the_adapted_policy(tmp_path):
+    policy = loop.build_policy(tiny_config(tmp_path))
+    randomize_adapters(policy.model)
+    sampling = SamplingSettings(temperature=1.0, max_new_tokens=6, seed=3)
+    prompts = ["12>", "345>"]
+    sampled = policy.backend.generate(prompts, 4, sampling)
+    reference = HFRolloutBackend(merged_copy(policy), policy.tokenizer)
+    expected = reference.generate(prompts, 4, sampling)
+    assert sampled.response_token_ids == expected.response_token_ids
+    base = loop.build_policy(tiny_config(tmp_path, lora_rank=0))
+    assert base.backend.generate(prompts, 4, sampling).responses != sampled.responses
+
+
+def test_vllm_receives_merged_weights_under_the_base_names(tmp_path):
+    policy = loop.build_policy(tiny_config(tmp_path))
+    randomize_adapters(policy.model)
+    weights = dict(policy_weights_for_vllm(policy.model, torch.float32))
+    assert not any(".lora_" in n or "base_layer" in n for n in weights)
+    base = build_tiny_qwen2(
+        policy.tokenizer, hidden_size=32, num_layers=1, intermediate_size=64
+    )
+    assert set(weights) == {n for n, _ in base.named_parameters()}
+    base.load_state_dict(weights, strict=False)  # lm_head is tied
+    batch = fixed_batch(policy.tokenizer)
+    torch.testing.assert_close(
+        base(batch["input_ids"]).logits, policy.model(batch["input_ids"]).logits
+    )
+
+
+# --- checkpoints, the saved adapter, merging ------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_run_saves_an_adapter_peft_opens_and_merge_reproduces_its_logits(tmp_path):
+    from peft import PeftModel
+
+    config = tiny_config(tmp_path, sft_max_steps=2, sft_eval_every=1, sft_eval_size=4)
+    run_dir = loop.train(config, progress=False).run_dir
+    final = run_dir / loop.FINAL_MODEL_DIR
+    assert (final / "adapter_config.json").exists()
+    assert not (final / "model.safetensors").exists()
+    checkpoint_folder = run_dir / "checkpoints" / "step_000002"
+    assert (checkpoint_folder / "adapter_model.safetensors").exists()
+    base_dir = run_dir / loop.BASE_MODEL_DIR
+
+    def opened(adapter_folder):
+        base = AutoModelForCausalLM.from_pretrained(base_dir)
+        return PeftModel.from_pretrained(base, adapter_folder).eval()
+
+    # The run's own policy, restored from its last checkpoint payload.
+    policy = loop.build_policy(config)
+    payload = torch.load(run_dir / "checkpoints" / "step_000002.pt", weights_only=True)
+    policy.model.load_state_dict(payload["model"])
+    policy.model.eval()
+    ids = fixed_batch(policy.tokenizer)["input_ids"]
+    expected = policy.model(ids).logits
+    for folder in (final, checkpoint_folder):
+        with torch.no_grad():
+            assert torch.equal(opened(folder)(input_ids=ids).logits, expected)
+    merged_dir = tmp_path / "merged"
+    assert cli.main(["merge", str(run_dir), "--out", str(merged_dir)]) == 0
+    merged = AutoModelForCausalLM.from_pretrained(merged_dir).eval()
+    assert not any(".lora_" in n for n, _ in merged.named_parameters())
+    with torch.no_grad():
+        torch.testing.assert_close(merged(ids).logits, expected, rtol=0, atol=1e-5)
+    assert load_tokenizer(str(merged_dir)).get_vocab() == policy.tokenizer.get_vocab()
+
+
+@pytest.mark.slow
+def test_the_first_step_loss_equals_full_fine_tuning_after_the_same_warm_up(tmp_path):
+    """lora_rank 8 vs 0: the warm-up trains the full model either way, the
+    adapters start at B = 0, so the step-0 evaluation and step 1's loss are the
+    same numbers bit for bit."""
+    # An entropy bonus scores every response: a loss even if no group has signal.
+    overrides = {
+        "steps": 1,
+        "entropy_coef": 0.01,
+        "sft_max_steps": 6,
+        "sft_eval_every": 6,
+        "sft_eval_size": 4,
+    }
+    full = loop.train(
+        tiny_config(tmp_path / "full", lora_rank=0, **overrides), progress=False
+    )
+    adapted = loop.train(
+        tiny_config(tmp_path / "lora", lora_rank=8, **overrides), progress=False
+    )
+    full_steps, lora_steps = step_records(full.history), step_records(adapted.history)
+    assert full_steps[0] == lora_steps[0]  # step 0: the same evaluation
+    assert full_steps[1]["loss/loss"] != 0
+    assert full_steps[1]["loss/loss"] == lora_steps[1]["loss/loss"]
+    assert full_steps[1]["train/reward_mean"] == lora_steps[1]["train/reward_mean"]
+
+
+@pytest.mark.slow
+def test_a_lora_run_killed_with_sigkill_resumes_to_the_same_metrics(tmp_path):
+    flags = [*TINY_RUN_FLAGS, "--lora-rank", "4"]
+    reference = tmp_path / "reference"
+    finished = run_cli([*flags, "--run-dir", str(reference)], tmp_path)
+    output, _ = finished.communicate(timeout=300)
+    assert finished.returncode == 0, output
+    assert json.loads((reference / "config.json").read_text())["lora_rank"] == 4
+
+    killed = tmp_path / "killed"
+    process = run_cli([*flags, "--run-dir", str(killed), "--steps", "400"], tmp_path)
+    second_checkpoint = killed / "checkpoints" / "step_000004.pt"
+    deadline = time.monotonic() + 300
+    while not second_checkpoint.exists() and process.poll() is None:
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.communicate(timeout=60)
+    assert process.returncode == -signal.SIGKILL
+    lines_at_kill = len(read_metrics(killed))
+
+    resumed = run_cli(
+        ["--resume", str(killed), "--steps", "8", "--no-progress"], tmp_path
+    )
+    output, _ = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, output
+    assert 1 <= lines_at_kill < len(read_metrics(killed))
+    assert comparable(killed) == comparable(reference)
+    assert (killed / "final_model" / "adapter_config.json").exists()
+
+
+# --- float16: a dynamic loss scale -------------------------------------------------------
+
+
+def test_an_overflowing_loss_scale_skips_the_step_and_says_so(tmp_path):
+    policy = loop.build_policy(tiny_config(tmp_path))
+    randomize_adapters(policy.model)
+    batch = fixed_batch(policy.tokenizer)
+    before = [p.detach().clone() for p in policy.model.parameters()]
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**127)  # x 2^127 x 1000: inf
+    _, metadata = policy_gradient_update(
+        policy.model,
+        policy.optimizer,
+        1,
+        1.0,
+        batch,
+        1000 * ADVANTAGES,
+        grad_scaler=scaler,
+    )
+    assert metadata["optimizer_step"] == 0.0 and metadata["loss_scale_skipped"] == 1.0
+    assert torch.isfinite(metadata["loss"])  # the loss is fine: only the scale was not
+    assert metadata["loss_scale"] == 2.0**126  # halved for the next step
+    assert all(torch.equal(p, b) for p, b in zip(policy.model.parameters(), before))
+    assert all(p.grad is None for p in policy.model.parameters())
+
+
+def test_a_scaled_float16_step_equals_the_unscaled_step(tmp_path):
+    batch = fixed_batch(build_char_tokenizer())
+    results = []
+    for scaler in (None, torch.amp.GradScaler("cpu", init_scale=2.0**10)):
+        policy = loop.build_policy(tiny_config(tmp_path))
+        randomize_adapters(policy.model)
+        policy.optimizer = torch.optim.SGD(
+            lora.trainable_parameters(policy.model), lr=1.0
+        )
+        with torch.autocast("cpu", dtype=torch.float16):
+            _, metadata = policy_gradient_update(
+                policy.model, policy.optimizer, 1, None, batch, ADVANTAGES,
+                grad_scaler=scaler,
+            )  # fmt: skip
+        results.append(
+            (metadata, [p.detach().clone() for p in policy.model.parameters()])
+        )
+    (plain, plain_weights), (scaled, scaled_weights) = results
+    assert scaled["optimizer_step"] == 1.0 and scaled["loss_scale_skipped"] == 0.0
+    assert all(p.dtype == torch.float32 for p in scaled_weights)  # master weights
+    for a, b in zip(plain_weights, scaled_weights):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=5e-4)
+    assert "loss_scale_skipped" not in plain
+
+
+def test_a_non_finite_loss_is_still_refused_under_a_loss_scale(tmp_path):
+    policy = loop.build_policy(tiny_config(tmp_path))
+    advantages = torch.tensor([float("nan"), 1.0, 0.0, 0.0])
+    with pytest.raises(RuntimeError, match="Non-finite GRPO loss"):
+        policy_gradient_update(
+            policy.model, policy.optimizer, 1, 1.0, fixed_batch(policy.tokenizer),
+            advantages, grad_scaler=torch.amp.GradScaler("cpu"),
+        )  # fmt: skip
+
+
+def test_float16_runs_build_a_grad_scaler_and_checkpoint_its_scale(tmp_path):
+    config = tiny_config(tmp_path, autocast_dtype="float16")
+    policy = loop.build_policy(config)
+    assert isinstance(policy.grad_scaler, torch.amp.GradScaler)
+    assert loop.build_policy(tiny_config(tmp_path)).grad_scaler is None
+    policy.grad_scaler.scale(torch.ones(()))  # the scale is made lazily
+    policy.grad_scaler.update(new_scale=1024.0)
+    path = loop.save_checkpoint(config, tmp_path / "run", policy, 1)
+    fresh = loop.build_policy(config)
+    payload = torch.load(path, weights_only=True)
+    from grpo_lab.training import checkpoint
+
+    checkpoint.restore_checkpoint(
+        payload, path, fresh.model, fresh.optimizer, grad_scaler=fresh.grad_scaler
+    )
+    assert fresh.grad_scaler.get_scale() == 1024.0
+
+
+# --- the small-gpu profile's memory estimate ------------------------------------------
+
+
+def test_the_small_gpu_estimate_counts_the_real_lora_parameters():
+    """The estimate's adapter count is the count peft gives Qwen2.5-0.5B's
+    architecture (built on the meta device, nothing downloaded)."""
+    from peft import get_peft_model
+    from transformers import Qwen2Config
+
+    config = TrainConfig.for_profile("small-gpu")
+    sizes = {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+             "num_attention_heads": 14, "num_key_value_heads": 2}  # fmt: skip
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(
+            Qwen2Config(vocab_size=151936, tie_word_embeddings=True, **sizes)
+        )
+        adapted = get_peft_model(model, lora.peft_lora_config(config.lora_settings()))
+    counted = lora.trainable_parameter_count(adapted)
+    assert config_module.lora_parameter_count_of(config) == counted
+    estimate = config_module.training_memory_bytes(
+        config, config_module.KNOWN_PARAMETER_COUNTS[config.model]
+    )
+    base = config_module.KNOWN_PARAMETER_COUNTS[config.model] * 4  # frozen float32
+    assert estimate == pytest.approx(
+        (base + counted * lora.ADAPTER_TRAINING_BYTES)
+        + config_module.activation_bytes(config)
+    )
+    assert estimate < 15 * 2**30  # a T4 under the 15 GiB cap
+
+
+# --- the first step against TRL's GRPOTrainer with the same peft_config ------------------
+
+
+def set_adapters(named_parameters, seed: int = 5) -> None:
+    """A and B from one seeded generator, in name order (B nonzero: A trains)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in named_parameters:
+            if ".lora_" in name:
+                noise = torch.randn(parameter.shape, generator=generator)
+                parameter.copy_(0.2 * noise.to(parameter.dtype))
+
+
+@pytest.mark.slow
+def test_the_first_lora_step_equals_trls_with_the_same_peft_config(tmp_path):
+    """float64, loss_type grpo off-policy: TRL wraps the model with peft itself;
+    both sides then get the same adapter values, and the loss and every
+    adapter gradient agree."""
+    from test_trl_parity import (
+        COMPLETIONS,
+        GROUP_SIZE,
+        MAX_COMPLETION_LENGTH,
+        REWARDS,
+        ROW_PROMPTS,
+        SIZES,
+        encode,
+        grpo_lab_batch,
+        off_policy,
+        to_grpo_lab_layout,
+    )
+
+    from grpo_lab.integrations.trl import (
+        fixed_completions_trainer,
+        peft_config_for,
+        trl_first_step,
+    )
+    from grpo_lab.teaching.gradient_recorder import GradientRecorder
+
+    tokenizer = build_char_tokenizer()
+    config = TrainConfig.for_profile("cpu", lora_rank=2, lora_alpha=8.0)
+
+    def fresh():
+        return build_tiny_qwen2(tokenizer, seed=0, **SIZES).double()
+
+    trainer = fixed_completions_trainer(
+        {"num_generations": GROUP_SIZE, "max_completion_length": MAX_COMPLETION_LENGTH,
+         "loss_type": "grpo"},
+        fresh(), tokenizer, ROW_PROMPTS, [encode(tokenizer, c) for c in COMPLETIONS],
+        REWARDS, tmp_path, peft_config=peft_config_for(config),
+    )  # fmt: skip
+    trl_names = [n for n, _ in trainer.model.named_parameters()]
+    assert any(".lora_A." in n for n in trl_names)
+    set_adapters(trainer.model.named_parameters())
+    trl_run = trl_first_step(trainer, ROW_PROMPTS, **off_policy(0))
+
+    adapted = lora.inner_model(lora.add_adapters(fresh(), config.lora_settings(), 0))
+    set_adapters(adapted.named_parameters())
+    batch = grpo_lab_batch(tokenizer)
+    inputs, mask = trl_run.inputs, batch["response_mask"]
+    old = to_grpo_lab_layout(
+        inputs["old_per_token_logps"], inputs["completion_mask"], mask
+    )
+    recorder = GradientRecorder(lora.trainable_parameters(adapted))
+    loss, _ = policy_gradient_update(
+        adapted, recorder, 1, None, batch, inputs["advantages"],
+        importance_reweighting_method="grpo", old_log_probs=old, cliprange=0.2,
+    )  # fmt: skip
+    trl_gradients = [
+        g for n, g in zip(trl_names, trl_run.parameter_gradients) if ".lora_" in n
+    ]
+    assert len(trl_gradients) == len(recorder.gradients) == 14  # 7 layers x (A, B)
+    assert all(p.dtype == torch.float64 for p in lora.trainable_parameters(adapted))
+    assert abs(loss.double() - sum(trl_run.losses)).item() <= 1e-12
+    for ours, theirs in zip(recorder.gradients, trl_gradients, strict=True):
+        assert theirs.abs().max() > 1e-8  # every adapter gets a gradient
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-12)
+
+
+def test_the_model_card_of_a_lora_run_says_it_is_an_adapter():
+    from grpo_lab.hub import card_metadata, model_card
+
+    config = TrainConfig.for_profile("cpu", lora_rank=8).to_dict()
+    assert card_metadata(config)["library_name"] == "peft"
+    assert "lora" in card_metadata(config)["tags"]
+    card = model_card(config, [], "me/run", curve_file=None)
+    assert 'PeftModel.from_pretrained(base, "me/run")' in card
+    assert "RUN_DIR/base_model" in card and "grpo-lab merge" in card
+    full = TrainConfig.for_profile("cpu").to_dict()
+    assert card_metadata(full)["library_name"] == "transformers"
+    assert "PeftModel" not in model_card(full, [], "me/run", curve_file=None)
+
+
+def test_export_maps_lora_to_trl_peft_config_and_verl_settings():
+    from grpo_lab.integrations import trl as grpo_trl
+    from grpo_lab.integrations import verl
+
+    config = TrainConfig.for_profile(
+        "cpu", lora_rank=8, lora_target_modules="q_proj", sft_max_steps=0
+    )
+    peft_config = grpo_trl.peft_config_for(config)
+    assert (peft_config.r, peft_config.lora_alpha) == (8, 32.0)
+    assert peft_config.target_modules == {"q_proj"}
+    assert grpo_trl.peft_config_for(TrainConfig.for_profile("cpu")) is None
+    assert grpo_trl.to_trl_config(config)["learning_rate"] == config.lora_lr
+    full = TrainConfig.for_profile("cpu", sft_max_steps=0)
+    assert grpo_trl.to_trl_config(full)["learning_rate"] == full.lr
+    assert verl.lora_overrides(config) == {
+        "actor_rollout_ref.model.lora_rank": 8,
+        "actor_rollout_ref.model.lora_alpha": 32.0,
+        "actor_rollout_ref.model.target_modules": ["q_proj"],
+        "actor_rollout_ref.actor.optim.lr": 3e-3,
+    }
+    assert verl.lora_overrides(full) == {}
+    with pytest.raises(ValueError, match=r"^lora_dropout must be 0"):
+        verl.lora_overrides(dataclasses.replace(config, lora_dropout=0.1))
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    assert {n for n in fields if n.startswith("lora_")} <= set(verl.exported_fields())
