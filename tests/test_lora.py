@@ -669,7 +669,7 @@ def test_the_model_card_of_a_lora_run_says_it_is_an_adapter():
 
 def test_export_maps_lora_to_trl_peft_config_and_verl_settings():
     from grpo_lab.integrations import trl as grpo_trl
-    from grpo_lab.integrations import verl
+    from grpo_lab.integrations import verl_launch as verl
 
     config = TrainConfig.for_profile(
         "cpu", lora_rank=8, lora_target_modules="q_proj", sft_max_steps=0
