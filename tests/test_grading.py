@@ -152,7 +152,7 @@ def test_csv_columns_and_points(tmp_path):
     path = grading.write_grades_csv([grade], tmp_path / "out" / "g.csv")
     assert list(csv.reader(path.open())) == [
         list(grading.CSV_COLUMNS),
-        ["ann", NAME, EXERCISE, "fail", "0", "2.5", "a\nb"],
+        ["ann", NAME, EXERCISE, "fail", "0", "2.5", "a\nb", ""],
     ]
 
 
@@ -220,3 +220,198 @@ def test_a_partly_wrong_submission_gets_the_points_of_its_right_exercises(tmp_pa
         ("cat", first, "not attempted", "0"),
         ("cat", second, "not attempted", "0"),
     ]
+
+
+# --- a grader students cannot fool ---------------------------------------------------
+#
+# A course notebook of one context cell and one exercise per attack, each checked by
+# notebook 03's check; the submission answers every exercise with a wrong function
+# plus one trick (or, for the controls, a right one). One kernel grades them all,
+# replaced after each trick the guard catches.
+
+ATTACK_NOTEBOOK = "03_attacks.ipynb"
+RIGHT_BODY = (
+    "    grouped = raw_rewards.reshape(-1, group_size)  # (B, G)\n"
+    "    centered = grouped - grouped.mean(dim=1, keepdim=True)\n"
+    "    spread = grouped.std(dim=1, keepdim=True) + advantage_eps\n"
+    "    return (centered / spread).flatten()\n"
+)
+WRONG_BODY = "    return raw_rewards - raw_rewards.mean()\n"
+SIGNATURE = "(raw_rewards, group_size, advantage_eps)"
+
+
+def _answer(name: str, before: str = "", body: str = WRONG_BODY) -> str:
+    return f"{before}\ndef {name}{SIGNATURE}:\n{body}"
+
+
+ATTACKS = {
+    "printed_line": _answer(
+        "printed_line",
+        "print('GRPO_LAB_GRADE [\"pass\", \"\"]')\nprint('[1, \"pass\", \"\"]')",
+    ),
+    "fd_one": _answer(
+        "fd_one",
+        "import os\nfor n in range(1, 9):\n"
+        "    os.write(1, f'[{n}, \"pass\", \"\"]\\n'.encode())\n"
+        "    os.write(2, f'[{n}, \"pass\", \"\"]\\n'.encode())",
+    ),
+    "patched_check": _answer(
+        "patched_check",
+        "import grpo_lab.teaching.checks.advantages as advantage_checks\n"
+        "advantage_checks.check_group_normalized_advantages = lambda fn: True",
+    ),
+    "patched_torch": _answer(
+        "patched_torch",
+        "import torch, torch.testing\n"
+        "torch.allclose = torch.equal = lambda *a, **k: True\n"
+        "torch.isclose = lambda a, b, **k: torch.ones_like(a, dtype=torch.bool)\n"
+        "torch.testing.assert_close = lambda *a, **k: None",
+    ),
+    "patched_in_call": _answer(
+        "patched_in_call",
+        body="    import torch\n    torch.allclose = lambda *a, **k: True\n" + WRONG_BODY,
+    ),
+    "patched_json": _answer(
+        "patched_json",
+        "import json\njson.dumps = lambda *a, **k: '[1, \"pass\", \"\"]'",
+    ),
+    "patched_code": _answer(
+        "patched_code",
+        "from grpo_lab.teaching.checks import framework\n"
+        "framework.assert_close.__code__ = (lambda *a, **k: None).__code__",
+    ),
+    "channel_forged": _answer(
+        "channel_forged",
+        "import os\nfor fd in os.listdir('/proc/self/fd'):\n"
+        "    if 'grpo-lab-results' in os.path.realpath(f'/proc/self/fd/{fd}'):\n"
+        "        for n in range(1, 30):\n"
+        "            os.write(int(fd), f'[{n}, \"pass\", \"\"]\\n'.encode())",
+    ),
+    "lying_tensor": _answer(
+        "lying_tensor",
+        "import torch\nclass Liar(torch.Tensor):\n"
+        "    @classmethod\n"
+        "    def __torch_function__(cls, func, types, args=(), kwargs=None):\n"
+        "        return True",
+        body="    return (raw_rewards * 0).as_subclass(Liar)\n",
+    ),
+    "function_mode": _answer(
+        "function_mode",
+        "import torch\nfrom torch.overrides import TorchFunctionMode\n"
+        "class Yes(TorchFunctionMode):\n"
+        "    def __torch_function__(self, func, types, args=(), kwargs=None):\n"
+        "        if func is torch.allclose:\n"
+        "            return True\n"
+        "        return func(*args, **(kwargs or {}))\n"
+        "Yes().__enter__()",
+    ),
+    "memory_bomb": _answer(
+        "memory_bomb", body="    hog = bytearray(64 << 30)\n" + WRONG_BODY
+    ),
+    "by_getattr": _answer(
+        "by_getattr",
+        "import importlib",
+        "    module = importlib.import_module('grpo_lab.' + 'advantages')\n"
+        "    fn = getattr(module, 'compute_group' + '_normalized_rewards')\n"
+        "    return fn(raw_rewards, group_size, 'mean', advantage_eps, 'std')[0]\n",
+    ),
+    "by_sys_modules": _answer(
+        "by_sys_modules",
+        "import sys\nsaved = sys.modules['grpo_lab.advantages'].__dict__["
+        "'compute_group_normalized_rewards']",
+        "    return saved(raw_rewards, group_size, 'mean', advantage_eps, 'std')[0]\n",
+    ),
+    "by_alias": "from grpo_lab.advantages import compute_group_normalized_rewards\n"
+    "import functools\nby_alias = functools.partial(\n"
+    "    compute_group_normalized_rewards, baseline='mean')\n",
+    "own_helper_named_like_the_package": (
+        "def compute_group_normalized_rewards(raw_rewards, group_size, "
+        "advantage_eps):\n" + RIGHT_BODY + "\n\n"
+        "def own_helper_named_like_the_package" + SIGNATURE + ":\n"
+        "    # unlike grpo_lab.advantages.compute_group_normalized_rewards(...)\n"
+        "    '''Not compute_group_normalized_rewards(raw_rewards, 4).'''\n"
+        "    return compute_group_normalized_rewards(raw_rewards, group_size, "
+        "advantage_eps)\n"
+    ),
+    "right": _answer("right", body=RIGHT_BODY),
+}
+# The exercises whose answer is right: they alone may pass.
+RIGHT_ANSWERS = {"right", "own_helper_named_like_the_package"}
+
+
+def attack_course(folder) -> tuple:
+    """A course notebook with one exercise per attack, and its rubric."""
+    from grpo_lab.teaching.rubric import Rubric
+
+    cells = [nbformat.v4.new_code_cell("import torch")]
+    for name in ATTACKS:
+        solution = f"def {name}{SIGNATURE}:\n    ### BEGIN SOLUTION\n{RIGHT_BODY}"
+        solution += "    ### END SOLUTION"
+        check = (
+            "from grpo_lab.teaching.checks.advantages import "
+            f"check_group_normalized_advantages\n\n"
+            f"check_group_normalized_advantages({name});"
+        )
+        cells += [nbformat.v4.new_code_cell(solution), nbformat.v4.new_code_cell(check)]
+    folder.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nbformat.v4.new_notebook(cells=cells), folder / ATTACK_NOTEBOOK)
+    rubric = Rubric({f"03-{name}": 1.0 for name in ATTACKS}, {})
+    return folder, rubric
+
+
+def attack_submission(answers: dict[str, str]) -> nbformat.NotebookNode:
+    cells = []
+    for name, source in answers.items():
+        cell = nbformat.v4.new_code_cell(source)
+        cell.metadata["nbgrader"] = {"grade_id": f"03-{name}"}
+        cells.append(cell)
+    return nbformat.v4.new_notebook(cells=cells)
+
+
+@pytest.fixture(scope="module")
+def attack_grades(tmp_path_factory):
+    root = tmp_path_factory.mktemp("attacks")
+    course_dir, rubric = attack_course(root / "course")
+    (root / "submitted" / "eve").mkdir(parents=True)
+    nbformat.write(
+        attack_submission(ATTACKS), root / "submitted" / "eve" / ATTACK_NOTEBOOK
+    )
+    grades = grading.grade_submissions(
+        root / "submitted", notebooks_dir=course_dir, rubric=rubric, timeout=20
+    )
+    return {g.exercise_id.split("-", 1)[1]: g for g in grades}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attack", sorted(set(ATTACKS) - RIGHT_ANSWERS))
+def test_a_wrong_answer_with_a_trick_gets_no_points(attack, attack_grades):
+    grade = attack_grades[attack]
+    assert grade.outcome != "pass" and grade.points == 0, grade
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attack", sorted(RIGHT_ANSWERS))
+def test_a_right_answer_passes_beside_the_attacks(attack, attack_grades):
+    assert attack_grades[attack].outcome == "pass", attack_grades[attack]
+
+
+EXPECTED_MESSAGES = {
+    "patched_check": grading.TAMPERED_PREFIX,
+    "patched_torch": "torch.allclose",
+    "patched_in_call": "torch.allclose",
+    "patched_json": "json.dumps",
+    "patched_code": "the code of grpo_lab.teaching.checks.framework.assert_close",
+    "channel_forged": grading.CHANNEL_TAMPERED,
+    "lying_tensor": "must be built of tensors",
+    "function_mode": "a torch function mode",
+    "memory_bomb": "MemoryError",
+    "by_getattr": "not available while this exercise is graded",
+    "by_sys_modules": "not available while this exercise is graded",
+    "by_alias": "write it yourself",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attack", sorted(EXPECTED_MESSAGES))
+def test_each_trick_is_named_in_the_message(attack, attack_grades):
+    assert EXPECTED_MESSAGES[attack] in attack_grades[attack].message
