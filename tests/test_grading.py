@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import csv
+import inspect
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import nbformat
 import pytest
 
 from grpo_lab import cli
+from grpo_lab.advantages import compute_group_normalized_rewards
 from grpo_lab.teaching import grading
 from grpo_lab.teaching.rubric import find_exercises, load_rubric, notebook_number
+from grpo_lab.teaching.sandbox import fence_available
 from grpo_lab.teaching.shipped_notebooks import shipped_notebooks_dir
 from grpo_lab.teaching.student import student_notebook
 
@@ -247,13 +255,13 @@ def _answer(name: str, before: str = "", body: str = WRONG_BODY) -> str:
 ATTACKS = {
     "printed_line": _answer(
         "printed_line",
-        "print('GRPO_LAB_GRADE [\"pass\", \"\"]')\nprint('[1, \"pass\", \"\"]')",
+        'print(\'GRPO_LAB_GRADE ["pass", ""]\')\nprint(\'[1, "pass", ""]\')',
     ),
     "fd_one": _answer(
         "fd_one",
         "import os\nfor n in range(1, 9):\n"
-        "    os.write(1, f'[{n}, \"pass\", \"\"]\\n'.encode())\n"
-        "    os.write(2, f'[{n}, \"pass\", \"\"]\\n'.encode())",
+        '    os.write(1, f\'[{n}, "pass", ""]\\n\'.encode())\n'
+        '    os.write(2, f\'[{n}, "pass", ""]\\n\'.encode())',
     ),
     "patched_check": _answer(
         "patched_check",
@@ -269,11 +277,12 @@ ATTACKS = {
     ),
     "patched_in_call": _answer(
         "patched_in_call",
-        body="    import torch\n    torch.allclose = lambda *a, **k: True\n" + WRONG_BODY,
+        body="    import torch\n    torch.allclose = lambda *a, **k: True\n"
+        + WRONG_BODY,
     ),
     "patched_json": _answer(
         "patched_json",
-        "import json\njson.dumps = lambda *a, **k: '[1, \"pass\", \"\"]'",
+        'import json\njson.dumps = lambda *a, **k: \'[1, "pass", ""]\'',
     ),
     "patched_code": _answer(
         "patched_code",
@@ -285,7 +294,7 @@ ATTACKS = {
         "import os\nfor fd in os.listdir('/proc/self/fd'):\n"
         "    if 'grpo-lab-results' in os.path.realpath(f'/proc/self/fd/{fd}'):\n"
         "        for n in range(1, 30):\n"
-        "            os.write(int(fd), f'[{n}, \"pass\", \"\"]\\n'.encode())",
+        '            os.write(int(fd), f\'[{n}, "pass", ""]\\n\'.encode())',
     ),
     "lying_tensor": _answer(
         "lying_tensor",
@@ -305,8 +314,10 @@ ATTACKS = {
         "        return func(*args, **(kwargs or {}))\n"
         "Yes().__enter__()",
     ),
+    # 10 GiB of address space in untouched pages: only RLIMIT_AS refuses it.
     "memory_bomb": _answer(
-        "memory_bomb", body="    hog = bytearray(64 << 30)\n" + WRONG_BODY
+        "memory_bomb",
+        body="    hog = [bytearray(1 << 28) for _ in range(40)]\n" + WRONG_BODY,
     ),
     "by_getattr": _answer(
         "by_getattr",
@@ -334,9 +345,16 @@ ATTACKS = {
         "advantage_eps)\n"
     ),
     "right": _answer("right", body=RIGHT_BODY),
+    # Right, and fails should the grader's token have reached the kernel.
+    "token_free": _answer(
+        "token_free",
+        "import os",
+        "    assert 'HF_TOKEN' not in os.environ, os.environ['HF_TOKEN']\n"
+        + RIGHT_BODY,
+    ),
 }
 # The exercises whose answer is right: they alone may pass.
-RIGHT_ANSWERS = {"right", "own_helper_named_like_the_package"}
+RIGHT_ANSWERS = {"right", "own_helper_named_like_the_package", "token_free"}
 
 
 def attack_course(folder) -> tuple:
@@ -376,9 +394,17 @@ def attack_grades(tmp_path_factory):
     nbformat.write(
         attack_submission(ATTACKS), root / "submitted" / "eve" / ATTACK_NOTEBOOK
     )
-    grades = grading.grade_submissions(
-        root / "submitted", notebooks_dir=course_dir, rubric=rubric, timeout=20
-    )
+    token = os.environ.get("HF_TOKEN")
+    os.environ["HF_TOKEN"] = "hf_not_for_students"
+    try:
+        grades = grading.grade_submissions(
+            root / "submitted", notebooks_dir=course_dir, rubric=rubric, timeout=20
+        )
+    finally:
+        if token is None:
+            del os.environ["HF_TOKEN"]
+        else:
+            os.environ["HF_TOKEN"] = token
     return {g.exercise_id.split("-", 1)[1]: g for g in grades}
 
 
@@ -415,3 +441,174 @@ EXPECTED_MESSAGES = {
 @pytest.mark.parametrize("attack", sorted(EXPECTED_MESSAGES))
 def test_each_trick_is_named_in_the_message(attack, attack_grades):
     assert EXPECTED_MESSAGES[attack] in attack_grades[attack].message
+
+
+def test_the_kernel_environment_holds_none_of_the_graders(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_TOKEN", "hf_not_for_students")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not for students")
+    environment = grading.kernel_environment(str(tmp_path), 7)
+    assert "HF_TOKEN" not in environment and "AWS_SECRET_ACCESS_KEY" not in environment
+    assert set(os.environ) - set(environment) >= {"HF_TOKEN", "AWS_SECRET_ACCESS_KEY"}
+    assert environment["HOME"].startswith(str(tmp_path))
+    assert environment[grading.RESULT_FD_VARIABLE] == "7"
+
+
+def test_a_pasted_package_function_is_flagged_and_an_own_one_is_not():
+    from grpo_lab.teaching.grading_refusal import pasted_counterpart
+
+    source = inspect.getsource(compute_group_normalized_rewards)
+    pasted = source.replace("compute_group_normalized_rewards", "my_advantages")
+    pasted = pasted.replace("raw_rewards", "scores")  # names do not hide it
+    checks = ("check_group_normalized_advantages",)
+    assert pasted_counterpart(pasted, checks) == (
+        "grpo_lab.advantages.compute_group_normalized_rewards"
+    )
+    own = _answer("own", body=RIGHT_BODY)
+    assert pasted_counterpart(own, checks) == ""
+
+
+# --- containment -------------------------------------------------------------------
+#
+# mallory's solution cell starts a double-forked setsid daemon (which would rewrite
+# the grades after the run), overwrites zoe's notebook, and writes into the
+# grader's own folder, found through /proc; her second answer ignores SIGINT and
+# never returns. zoe (graded after her) answers both exercises right.
+
+DAEMON_MARKER = "grpo-lab-daemon-marker-7731"
+CONTAINMENT_EXERCISES = ("escape", "stubborn")
+
+
+def _escape_answer(out, zoe_notebook) -> str:
+    daemon_code = (
+        f"import time; time.sleep(3); open({str(out)!r}, 'w').write('hacked')"
+        f"  # {DAEMON_MARKER}"
+    )
+    return (
+        "import os, sys\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        f"        os.execv(sys.executable, [sys.executable, '-c', {daemon_code!r}])\n"
+        "    os._exit(0)\n"
+        "os.wait()\n"
+        "def attempt(path, text):\n"
+        "    try:\n"
+        "        with open(path, 'w') as handle:\n"
+        "            handle.write(text)\n"
+        "    except OSError:\n"
+        "        pass\n"
+        f"attempt({str(zoe_notebook)!r}, 'overwritten')\n"
+        "warden = int(open(f'/proc/{os.getppid()}/status').read()"
+        ".split('PPid:')[1].split()[0])\n"
+        "attempt(f'/proc/{warden}/cwd/pwned', 'pwned')\n"
+        f"attempt({str(out.parent / 'pwned')!r}, 'pwned')\n" + _answer("escape")
+    )
+
+
+STUBBORN_ANSWER = (
+    "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+    + _answer("stubborn", body="    while True:\n        pass\n")
+)
+
+
+def _processes_with(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not fence_available(), reason="needs Linux with Landlock")
+def test_a_submission_cannot_escape_outlive_or_hang_the_grader(tmp_path, monkeypatch):
+    from grpo_lab.teaching.rubric import Rubric
+
+    grader_folder = tmp_path / "grader"
+    grader_folder.mkdir()
+    monkeypatch.chdir(grader_folder)
+    out = tmp_path / "out" / "grades.csv"
+    out.parent.mkdir()
+    course_cells = [nbformat.v4.new_code_cell("import torch")]
+    for name in CONTAINMENT_EXERCISES:
+        solution = f"def {name}{SIGNATURE}:\n    ### BEGIN SOLUTION\n{RIGHT_BODY}"
+        course_cells += [
+            nbformat.v4.new_code_cell(solution + "    ### END SOLUTION"),
+            nbformat.v4.new_code_cell(
+                "from grpo_lab.teaching.checks.advantages import "
+                f"check_group_normalized_advantages\n\n"
+                f"check_group_normalized_advantages({name});"
+            ),
+        ]
+    course_dir = tmp_path / "course"
+    course_dir.mkdir()
+    nbformat.write(
+        nbformat.v4.new_notebook(cells=course_cells), course_dir / ATTACK_NOTEBOOK
+    )
+    rubric = Rubric({f"03-{n}": 1.0 for n in CONTAINMENT_EXERCISES}, {})
+    root = tmp_path / "submitted"
+    zoe_notebook = root / "zoe" / ATTACK_NOTEBOOK
+    answers = {
+        "mallory": {
+            "escape": _escape_answer(out, zoe_notebook),
+            "stubborn": STUBBORN_ANSWER,
+        },
+        "zoe": {n: _answer(n, body=RIGHT_BODY) for n in CONTAINMENT_EXERCISES},
+    }
+    for student, answer in answers.items():
+        (root / student).mkdir(parents=True)
+        nbformat.write(attack_submission(answer), root / student / ATTACK_NOTEBOOK)
+    zoe_before = zoe_notebook.read_bytes()
+    grades = grading.grade_submissions(
+        root, notebooks_dir=course_dir, rubric=rubric, timeout=5
+    )
+    grading.write_grades_csv(grades, out)
+    assert _processes_with(DAEMON_MARKER) == []  # killed with its kernel
+    time.sleep(4)  # past the daemon's wake-up
+    table = {(g.student, g.exercise_id): (g.outcome, g.message) for g in grades}
+    assert table[("mallory", "03-escape")][0] == "fail"
+    assert table[("mallory", "03-stubborn")] == (
+        "error",
+        "ran past the time limit of 5 s",
+    )
+    assert table[("zoe", "03-escape")] == ("pass", "")
+    assert table[("zoe", "03-stubborn")] == ("pass", "")
+    assert "hacked" not in out.read_text()
+    assert zoe_notebook.read_bytes() == zoe_before
+    assert not (grader_folder / "pwned").exists()
+    assert not (out.parent / "pwned").exists()
+
+
+@pytest.mark.skipif(not fence_available(), reason="needs Linux with Landlock")
+def test_the_warden_sets_the_limits_and_fences_writes(tmp_path):
+    """The sandbox's own command: a child reports its limits and a fenced write."""
+    inside, outside = tmp_path / "inside", tmp_path / "outside"
+    inside.mkdir()
+    outside.mkdir()
+    probe = (
+        "import resource, sys\n"
+        "limits = [resource.getrlimit(r)[0] for r in (resource.RLIMIT_AS, "
+        "resource.RLIMIT_CPU, resource.RLIMIT_NPROC)]\n"
+        "open('ok.txt', 'w').write('ok')\n"
+        "try:\n"
+        f"    open({str(outside / 'no.txt')!r}, 'w')\n"
+        "    fenced = False\n"
+        "except PermissionError:\n"
+        "    fenced = True\n"
+        "print(limits, fenced)\n"
+    )
+    command = [
+        sys.executable, "-m", "grpo_lab.teaching.sandbox", "--workdir", str(inside),
+        "--memory", str(2 << 30), "--cpu", "30", "--nproc", "500",
+        "--write", str(inside), "--", sys.executable, "-c", probe,
+    ]  # fmt: skip
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=60, check=True
+    )
+    assert result.stdout.strip() == f"[{2 << 30}, 30, 500] True"
+    assert (inside / "ok.txt").read_text() == "ok"
+    assert not (outside / "no.txt").exists()

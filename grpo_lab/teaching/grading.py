@@ -22,7 +22,6 @@ out of time is replaced by a fresh one for the next exercise.
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import csv
 import json
@@ -30,18 +29,19 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 import nbformat
-from jupyter_client.manager import KernelManager
+from jupyter_client.manager import AsyncKernelManager
 
 from grpo_lab.teaching import grading_kernel
 from grpo_lab.teaching.grading_kernel import (
+    RESTART_TEXT,
     RESULT_FD_VARIABLE,
-    TAMPERED_PREFIX,
     check_names_in,
 )
 from grpo_lab.teaching.grading_refusal import pasted_counterpart
@@ -73,6 +73,8 @@ CONTEXT_TIMEOUT = 600.0
 MEMORY_BYTES = 4 << 30
 # Processes and threads of the kernel's user (not enforced for root).
 PROCESSES = 4096
+# Seconds past a cell's time limit after which its kernel is killed outright.
+KILL_GRACE = 3.0
 # Seconds the kernel's warden has to kill what the kernel started.
 STOP_TIMEOUT = 10.0
 CHANNEL_TAMPERED = "the result channel held something the grader did not write"
@@ -102,20 +104,11 @@ class Grade:
 # --- inside the kernel (grpo_lab.teaching.grading_kernel) ------------------------
 
 run_exercise = grading_kernel.run_exercise
+import_statements = grading_kernel.import_statements
 NOT_ATTEMPTED_TEXT = grading_kernel.NOT_ATTEMPTED_TEXT
 _one_line = grading_kernel.one_line
 _python_source = grading_kernel.python_source
-
-
-def import_statements(source: str) -> str:
-    """The top-level ``import`` and ``from ... import`` statements of a cell."""
-    tree = ast.parse(_python_source(source))
-    kept = [
-        ast.unparse(node)
-        for node in tree.body
-        if isinstance(node, (ast.Import, ast.ImportFrom))
-    ]
-    return "\n".join(kept)
+TAMPERED_PREFIX = grading_kernel.TAMPERED_PREFIX
 
 
 def grading_cell_source(
@@ -328,7 +321,7 @@ def _run_exercises(
     return results
 
 
-class _ContainedKernelManager(KernelManager):
+class _ContainedKernelManager(AsyncKernelManager):
     """A kernel manager whose kernel command runs under the sandbox's warden."""
 
     sandbox_prefix: ClassVar[list[str]] = []
@@ -386,7 +379,7 @@ class _Kernel:
             self.stop()
             return "error", "the kernel died while grading this exercise"
         outcome, message = self._verdict(outputs)
-        if message.startswith((TAMPERED_PREFIX, CHANNEL_TAMPERED)):
+        if message.endswith(RESTART_TEXT):
             self.stop()  # the next exercise gets a fresh kernel
         return outcome, message
 
@@ -397,7 +390,9 @@ class _Kernel:
         if error is not None:
             return "error", f"{error.ename}: {' '.join(error.evalue.split())}"
         if len(lines) != 1:
-            return "error", f"{CHANNEL_TAMPERED} ({len(lines)} result lines)"
+            return "error", (
+                f"{CHANNEL_TAMPERED} ({len(lines)} result lines) {RESTART_TEXT}"
+            )
         try:
             sequence, outcome, message = json.loads(lines[0])
         except ValueError:
@@ -484,24 +479,42 @@ class _Kernel:
         ]
 
     def _execute(self, source: str, timeout: float, store_history: bool = True) -> list:
+        """Run a cell; CellTimeoutError past ``timeout``. A kernel that ignores
+        the clock (and SIGINT) is killed KILL_GRACE seconds later."""
+        from nbclient.exceptions import CellTimeoutError, DeadKernelError
+
         cell = nbformat.v4.new_code_cell(source)
         self.client.timeout = int(max(1, round(timeout)))
         self.client.nb.cells.append(cell)
-        self.client.execute_cell(
-            cell, len(self.client.nb.cells) - 1, store_history=store_history
-        )
+        watchdog = threading.Timer(timeout + KILL_GRACE, self._kill)
+        watchdog.start()
+        try:
+            self.client.execute_cell(
+                cell, len(self.client.nb.cells) - 1, store_history=store_history
+            )
+        except DeadKernelError:
+            if watchdog.finished.is_set() and not watchdog.is_alive():
+                raise CellTimeoutError(f"killed after {timeout:g} s") from None
+            raise
+        finally:
+            watchdog.cancel()
         return cell.outputs
+
+    def _kill(self) -> None:
+        """SIGTERM to the warden, which kills the kernel and all it started."""
+        process = getattr(getattr(self.client.km, "provisioner", None), "process", None)
+        if process is not None and process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
 
     def stop(self) -> None:
         """Kill the kernel and everything it started (a later grade starts afresh)."""
         if self.client is None:
             return
+        self._kill()
         process = getattr(getattr(self.client.km, "provisioner", None), "process", None)
-        if process is not None and process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signal.SIGTERM)  # the warden kills the rest
-            with contextlib.suppress(Exception):
-                process.wait(timeout=STOP_TIMEOUT)
+        with contextlib.suppress(Exception):
+            process.wait(timeout=STOP_TIMEOUT)
         with contextlib.suppress(Exception):
             self.client._cleanup_kernel()
         with contextlib.suppress(Exception):

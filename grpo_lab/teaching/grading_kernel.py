@@ -52,6 +52,7 @@ from typing import Any
 
 RESULT_FD_VARIABLE = "GRPO_LAB_RESULT_FD"
 TAMPERED_PREFIX = "the solution changed the grader's world: "
+RESTART_TEXT = "(the kernel is replaced)"
 UNAVAILABLE_TEXT = "is not available while this exercise is graded"
 NOT_ATTEMPTED_TEXT = "not attempted yet"
 # Modules a verdict depends on, by exact name or by prefix ("grpo_lab.").
@@ -191,11 +192,16 @@ class Tampered(Exception):
 
 
 def check_world(where: str) -> None:
-    """Raise Tampered (after putting the recorded state back) on any change."""
-    changed = _changes(_state["record"]) + _modes_and_threads()
-    if changed:
-        shown = ", ".join(sorted(set(changed))[:5])
-        raise Tampered(f"{TAMPERED_PREFIX}{shown} ({where})")
+    """Raise Tampered (after putting the recorded state back) on any change.
+
+    A change that cannot be put back (a mode, a trace function, a thread) ends
+    the message with RESTART_TEXT: the grader then replaces the kernel."""
+    restored = _changes(_state["record"])
+    lasting = _modes_and_threads()
+    if restored or lasting:
+        shown = ", ".join(sorted(set(restored + lasting))[:5])
+        restart = f" {RESTART_TEXT}" if lasting else ""
+        raise Tampered(f"{TAMPERED_PREFIX}{shown} ({where}){restart}")
 
 
 # --- the reference out of reach --------------------------------------------------
@@ -331,7 +337,6 @@ def bootstrap() -> None:
     if "channel" in _state:
         raise RuntimeError("bootstrap() runs once per kernel")
     descriptor = int(os.environ.pop(RESULT_FD_VARIABLE))
-    _import_every_check()
     grading_refusal.install()
     _state["channel"] = (descriptor, os.fstat(descriptor).st_ino)
     _state["write"] = os.write
@@ -339,16 +344,6 @@ def bootstrap() -> None:
     _state["encode"] = json.encoder.c_encode_basestring_ascii or (
         json.encoder.py_encode_basestring_ascii
     )
-
-
-def _import_every_check() -> None:
-    import importlib
-    import pkgutil
-
-    import grpo_lab.teaching.checks as checks
-
-    for module in pkgutil.iter_modules(checks.__path__):
-        importlib.import_module(f"grpo_lab.teaching.checks.{module.name}")
 
 
 def grade(
@@ -401,6 +396,8 @@ def run_exercise(
     if check_names is None:
         check_names = check_names_in(check_source)
 
+    # The check's own modules are imported (and so recorded) before the solution.
+    exec(compile(import_statements(check_source), "<check imports>", "exec"), {})
     hide = [f for name in check_names for f in counterpart_functions(name)]
     names = dict(namespace)
     _state["threads"] = threading.active_count()
@@ -436,6 +433,17 @@ def run_exercise(
     if NOT_ATTEMPTED_TEXT in printed.getvalue() or value is False:
         return "not attempted", "the check found a stub"
     return "pass", ""
+
+
+def import_statements(source: str) -> str:
+    """The top-level ``import`` and ``from ... import`` statements of a cell."""
+    tree = ast.parse(python_source(source))
+    kept = [
+        ast.unparse(node)
+        for node in tree.body
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+    ]
+    return "\n".join(kept)
 
 
 def check_names_in(check_source: str) -> tuple[str, ...]:

@@ -13,8 +13,8 @@ process (the warden) is trusted and runs no student code. It
   root), no core files, and, where the Linux kernel offers Landlock, a fence:
   files may be written, created or removed only under the ``--write`` paths,
   and no process outside the fence may be signalled;
-* on SIGTERM, or when the kernel exits, kills every descendant with SIGKILL
-  until none is left, then exits. SIGINT (the kernel manager's interrupt, sent
+* on SIGTERM (also sent when the grader dies), or when the kernel exits,
+  kills every descendant with SIGKILL until none is left, then exits. SIGINT (the kernel manager's interrupt, sent
   to the process group) is ignored here and reaches the kernel.
 
 POSIX only; the fence and the subreaper are Linux only (elsewhere the limits
@@ -32,6 +32,7 @@ import signal
 import sys
 from pathlib import Path
 
+PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
 # Landlock system calls (the same numbers on x86-64 and arm64).
@@ -239,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _stop)
     if sys.platform.startswith("linux"):
         _libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        # Should the grader die, the warden is told and kills everything.
+        _libc().prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     kernel = os.fork()
     if kernel == 0:
         _exec_kernel(options)
