@@ -14,8 +14,9 @@ process (the warden) is trusted and runs no student code. It
   files may be written, created or removed only under the ``--write`` paths,
   and no process outside the fence may be signalled;
 * on SIGTERM (also sent when the grader dies), or when the kernel exits,
-  kills every descendant with SIGKILL until none is left, then exits. SIGINT (the kernel manager's interrupt, sent
-  to the process group) is ignored here and reaches the kernel.
+  kills every descendant with SIGKILL until none is left, then exits. SIGINT
+  (the kernel manager's interrupt, sent to the process group) is ignored here
+  and reaches the kernel.
 
 POSIX only; the fence and the subreaper are Linux only (elsewhere the limits
 alone apply, and :func:`fence_available` says so).
