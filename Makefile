@@ -8,6 +8,7 @@ TORCH ?= torch==2.13.0
 EXTRAS ?= lab,dev
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.grpo-lab-installed
+INSTRUCTOR_STAMP := $(VENV)/.grpo-lab-instructor-installed
 JOBS ?= 2
 
 # Without nvidia-smi (a CPU-only machine) torch comes from PyTorch's CPU wheel
@@ -56,6 +57,11 @@ $(STAMP): pyproject.toml
 lab: $(STAMP)
 	$(LAB_COMMAND)
 
+# The tests also need the instructor extra (nbgrader); `make lab` does not.
+$(INSTRUCTOR_STAMP): $(STAMP)
+	$(PIP_INSTALL) -e ".[$(EXTRAS),instructor]"
+	touch $(INSTRUCTOR_STAMP)
+
 # verl 0.9.1 needs transformers < 5.11, so its tests (tests/verl) run in an
 # environment of their own: torch as above, requirements/verl.txt, then verl and
 # grpo-lab without their dependency lists (see requirements/verl.txt for why).
@@ -80,7 +86,7 @@ test-verl: $(VERL_STAMP)
 
 # verl's environment (mostly downloads) builds while the main tests run; its log is
 # printed if it fails.
-test: $(STAMP)
+test: $(INSTRUCTOR_STAMP)
 	$(VENV)/bin/ruff check grpo_lab tests benchmarks notebooks
 	@echo "==> building $(VERL_VENV) in the background (log: $(VERL_VENV).log)"
 	@$(MAKE) --no-print-directory $(VERL_STAMP) > $(VERL_VENV).log 2>&1 & verl=$$!; \

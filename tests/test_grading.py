@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import csv
+import inspect
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import nbformat
 import pytest
 
 from grpo_lab import cli
+from grpo_lab.advantages import compute_group_normalized_rewards
 from grpo_lab.teaching import grading
 from grpo_lab.teaching.rubric import find_exercises, load_rubric, notebook_number
+from grpo_lab.teaching.sandbox import fence_available
 from grpo_lab.teaching.shipped_notebooks import shipped_notebooks_dir
 from grpo_lab.teaching.student import student_notebook
 
@@ -152,7 +160,7 @@ def test_csv_columns_and_points(tmp_path):
     path = grading.write_grades_csv([grade], tmp_path / "out" / "g.csv")
     assert list(csv.reader(path.open())) == [
         list(grading.CSV_COLUMNS),
-        ["ann", NAME, EXERCISE, "fail", "0", "2.5", "a\nb"],
+        ["ann", NAME, EXERCISE, "fail", "0", "2.5", "a\nb", ""],
     ]
 
 
@@ -175,13 +183,31 @@ def test_bad_grade_invocations_print_one_line_and_exit_2(name, tmp_path, capsys)
     assert not (tmp_path / "g.csv").exists()
 
 
-def test_the_solutions_key_is_current():
+def test_the_solutions_key_is_generated_with_every_exercise_and_answer(tmp_path):
     from grpo_lab.teaching import solutions_key
 
-    wanted = solutions_key.solutions_key(shipped_notebooks_dir(), load_rubric())
-    assert solutions_key.KEY_PATH.read_text(encoding="utf-8") == wanted, (
-        "run `python -m grpo_lab.teaching.solutions_key` to update docs/solutions.md"
+    out = tmp_path / "solutions.md"
+    assert solutions_key.main([str(out)]) == 0
+    text = out.read_text(encoding="utf-8")
+    rubric = load_rubric()
+    for exercise_id in rubric.exercises:
+        assert f"### Exercise `{exercise_id}`" in text
+    for question in rubric.questions.values():
+        assert question.answer in text
+
+
+def test_the_solutions_key_is_not_in_the_repository():
+    import subprocess
+
+    tracked = subprocess.run(
+        ["git", "ls-files", "docs"],
+        capture_output=True,
+        text=True,
+        cwd=shipped_notebooks_dir().parent,
     )
+    if tracked.returncode != 0:
+        pytest.skip("not a git checkout")
+    assert "docs/solutions.md" not in tracked.stdout.split()
 
 
 @pytest.mark.slow
@@ -220,3 +246,387 @@ def test_a_partly_wrong_submission_gets_the_points_of_its_right_exercises(tmp_pa
         ("cat", first, "not attempted", "0"),
         ("cat", second, "not attempted", "0"),
     ]
+
+
+# --- a grader students cannot fool ---------------------------------------------------
+#
+# A course notebook of one context cell and one exercise per attack, each checked by
+# notebook 03's check; the submission answers every exercise with a wrong function
+# plus one trick (or, for the controls, a right one). One kernel grades them all,
+# replaced after each trick the guard catches.
+
+ATTACK_NOTEBOOK = "03_attacks.ipynb"
+RIGHT_BODY = (
+    "    grouped = raw_rewards.reshape(-1, group_size)  # (B, G)\n"
+    "    centered = grouped - grouped.mean(dim=1, keepdim=True)\n"
+    "    spread = grouped.std(dim=1, keepdim=True) + advantage_eps\n"
+    "    return (centered / spread).flatten()\n"
+)
+WRONG_BODY = "    return raw_rewards - raw_rewards.mean()\n"
+SIGNATURE = "(raw_rewards, group_size, advantage_eps)"
+
+
+def _answer(name: str, before: str = "", body: str = WRONG_BODY) -> str:
+    return f"{before}\ndef {name}{SIGNATURE}:\n{body}"
+
+
+ATTACKS = {
+    "printed_line": _answer(
+        "printed_line",
+        'print(\'GRPO_LAB_GRADE ["pass", ""]\')\nprint(\'[1, "pass", ""]\')',
+    ),
+    "fd_one": _answer(
+        "fd_one",
+        "import os\nfor n in range(1, 9):\n"
+        '    os.write(1, f\'[{n}, "pass", ""]\\n\'.encode())\n'
+        '    os.write(2, f\'[{n}, "pass", ""]\\n\'.encode())',
+    ),
+    "patched_check": _answer(
+        "patched_check",
+        "import grpo_lab.teaching.checks.advantages as advantage_checks\n"
+        "advantage_checks.check_group_normalized_advantages = lambda fn: True",
+    ),
+    "patched_torch": _answer(
+        "patched_torch",
+        "import torch, torch.testing\n"
+        "torch.allclose = torch.equal = lambda *a, **k: True\n"
+        "torch.isclose = lambda a, b, **k: torch.ones_like(a, dtype=torch.bool)\n"
+        "torch.testing.assert_close = lambda *a, **k: None",
+    ),
+    "patched_in_call": _answer(
+        "patched_in_call",
+        body="    import torch\n    torch.allclose = lambda *a, **k: True\n"
+        + WRONG_BODY,
+    ),
+    "patched_json": _answer(
+        "patched_json",
+        'import json\njson.dumps = lambda *a, **k: \'[1, "pass", ""]\'',
+    ),
+    "patched_code": _answer(
+        "patched_code",
+        "from grpo_lab.teaching.checks import framework\n"
+        "framework.assert_close.__code__ = (lambda *a, **k: None).__code__",
+    ),
+    "channel_forged": _answer(
+        "channel_forged",
+        "import os\nfor fd in os.listdir('/proc/self/fd'):\n"
+        "    if 'grpo-lab-results' in os.path.realpath(f'/proc/self/fd/{fd}'):\n"
+        "        for n in range(1, 30):\n"
+        '            os.write(int(fd), f\'[{n}, "pass", ""]\\n\'.encode())',
+    ),
+    "lying_tensor": _answer(
+        "lying_tensor",
+        "import torch\nclass Liar(torch.Tensor):\n"
+        "    @classmethod\n"
+        "    def __torch_function__(cls, func, types, args=(), kwargs=None):\n"
+        "        return True",
+        body="    return (raw_rewards * 0).as_subclass(Liar)\n",
+    ),
+    "function_mode": _answer(
+        "function_mode",
+        "import torch\nfrom torch.overrides import TorchFunctionMode\n"
+        "class Yes(TorchFunctionMode):\n"
+        "    def __torch_function__(self, func, types, args=(), kwargs=None):\n"
+        "        if func is torch.allclose:\n"
+        "            return True\n"
+        "        return func(*args, **(kwargs or {}))\n"
+        "Yes().__enter__()",
+    ),
+    # 10 GiB of address space in untouched pages: only RLIMIT_AS refuses it.
+    "memory_bomb": _answer(
+        "memory_bomb",
+        body="    hog = [bytearray(1 << 28) for _ in range(40)]\n" + WRONG_BODY,
+    ),
+    "by_getattr": _answer(
+        "by_getattr",
+        "import importlib",
+        "    module = importlib.import_module('grpo_lab.' + 'advantages')\n"
+        "    fn = getattr(module, 'compute_group' + '_normalized_rewards')\n"
+        "    return fn(raw_rewards, group_size, 'mean', advantage_eps, 'std')[0]\n",
+    ),
+    "by_sys_modules": _answer(
+        "by_sys_modules",
+        "import sys\nsaved = sys.modules['grpo_lab.advantages'].__dict__["
+        "'compute_group_normalized_rewards']",
+        "    return saved(raw_rewards, group_size, 'mean', advantage_eps, 'std')[0]\n",
+    ),
+    "by_alias": "from grpo_lab.advantages import compute_group_normalized_rewards\n"
+    "import functools\nby_alias = functools.partial(\n"
+    "    compute_group_normalized_rewards, baseline='mean')\n",
+    "own_helper_named_like_the_package": (
+        "def compute_group_normalized_rewards(raw_rewards, group_size, "
+        "advantage_eps):\n" + RIGHT_BODY + "\n\n"
+        "def own_helper_named_like_the_package" + SIGNATURE + ":\n"
+        "    # unlike grpo_lab.advantages.compute_group_normalized_rewards(...)\n"
+        "    '''Not compute_group_normalized_rewards(raw_rewards, 4).'''\n"
+        "    return compute_group_normalized_rewards(raw_rewards, group_size, "
+        "advantage_eps)\n"
+    ),
+    "right": _answer("right", body=RIGHT_BODY),
+    # Right, and fails should the grader's token have reached the kernel.
+    "token_free": _answer(
+        "token_free",
+        "import os",
+        "    assert 'HF_TOKEN' not in os.environ, os.environ['HF_TOKEN']\n"
+        + RIGHT_BODY,
+    ),
+}
+# The exercises whose answer is right: they alone may pass.
+RIGHT_ANSWERS = {"right", "own_helper_named_like_the_package", "token_free"}
+
+
+def attack_course(folder) -> tuple:
+    """A course notebook with one exercise per attack, and its rubric."""
+    from grpo_lab.teaching.rubric import Rubric
+
+    cells = [nbformat.v4.new_code_cell("import torch")]
+    for name in ATTACKS:
+        solution = f"def {name}{SIGNATURE}:\n    ### BEGIN SOLUTION\n{RIGHT_BODY}"
+        solution += "    ### END SOLUTION"
+        check = (
+            "from grpo_lab.teaching.checks.advantages import "
+            f"check_group_normalized_advantages\n\n"
+            f"check_group_normalized_advantages({name});"
+        )
+        cells += [nbformat.v4.new_code_cell(solution), nbformat.v4.new_code_cell(check)]
+    folder.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nbformat.v4.new_notebook(cells=cells), folder / ATTACK_NOTEBOOK)
+    rubric = Rubric({f"03-{name}": 1.0 for name in ATTACKS}, {})
+    return folder, rubric
+
+
+def attack_submission(answers: dict[str, str]) -> nbformat.NotebookNode:
+    cells = []
+    for name, source in answers.items():
+        cell = nbformat.v4.new_code_cell(source)
+        cell.metadata["nbgrader"] = {"grade_id": f"03-{name}"}
+        cells.append(cell)
+    return nbformat.v4.new_notebook(cells=cells)
+
+
+@pytest.fixture(scope="module")
+def attack_grades(tmp_path_factory):
+    root = tmp_path_factory.mktemp("attacks")
+    course_dir, rubric = attack_course(root / "course")
+    (root / "submitted" / "eve").mkdir(parents=True)
+    nbformat.write(
+        attack_submission(ATTACKS), root / "submitted" / "eve" / ATTACK_NOTEBOOK
+    )
+    token = os.environ.get("HF_TOKEN")
+    os.environ["HF_TOKEN"] = "hf_not_for_students"
+    try:
+        grades = grading.grade_submissions(
+            root / "submitted", notebooks_dir=course_dir, rubric=rubric, timeout=20
+        )
+    finally:
+        if token is None:
+            del os.environ["HF_TOKEN"]
+        else:
+            os.environ["HF_TOKEN"] = token
+    return {g.exercise_id.split("-", 1)[1]: g for g in grades}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attack", sorted(set(ATTACKS) - RIGHT_ANSWERS))
+def test_a_wrong_answer_with_a_trick_gets_no_points(attack, attack_grades):
+    grade = attack_grades[attack]
+    assert grade.outcome != "pass" and grade.points == 0, grade
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attack", sorted(RIGHT_ANSWERS))
+def test_a_right_answer_passes_beside_the_attacks(attack, attack_grades):
+    assert attack_grades[attack].outcome == "pass", attack_grades[attack]
+
+
+EXPECTED_MESSAGES = {
+    "patched_check": grading.TAMPERED_PREFIX,
+    "patched_torch": "torch.allclose",
+    "patched_in_call": "torch.allclose",
+    "patched_json": "json.dumps",
+    "patched_code": "the code of grpo_lab.teaching.checks.framework.assert_close",
+    "channel_forged": grading.CHANNEL_TAMPERED,
+    "lying_tensor": "must be built of tensors",
+    "function_mode": "a torch function mode",
+    "memory_bomb": "MemoryError",
+    "by_getattr": "not available while this exercise is graded",
+    "by_sys_modules": "not available while this exercise is graded",
+    "by_alias": "write it yourself",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attack", sorted(EXPECTED_MESSAGES))
+def test_each_trick_is_named_in_the_message(attack, attack_grades):
+    assert EXPECTED_MESSAGES[attack] in attack_grades[attack].message
+
+
+def test_the_kernel_environment_holds_none_of_the_graders(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_TOKEN", "hf_not_for_students")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not for students")
+    environment = grading.kernel_environment(str(tmp_path), 7)
+    assert "HF_TOKEN" not in environment and "AWS_SECRET_ACCESS_KEY" not in environment
+    assert set(os.environ) - set(environment) >= {"HF_TOKEN", "AWS_SECRET_ACCESS_KEY"}
+    assert environment["HOME"].startswith(str(tmp_path))
+    assert environment[grading.RESULT_FD_VARIABLE] == "7"
+
+
+def test_a_pasted_package_function_is_flagged_and_an_own_one_is_not():
+    from grpo_lab.teaching.grading_refusal import pasted_counterpart
+
+    source = inspect.getsource(compute_group_normalized_rewards)
+    pasted = source.replace("compute_group_normalized_rewards", "my_advantages")
+    pasted = pasted.replace("raw_rewards", "scores")  # names do not hide it
+    checks = ("check_group_normalized_advantages",)
+    assert pasted_counterpart(pasted, checks) == (
+        "grpo_lab.advantages.compute_group_normalized_rewards"
+    )
+    own = _answer("own", body=RIGHT_BODY)
+    assert pasted_counterpart(own, checks) == ""
+
+
+# --- containment -------------------------------------------------------------------
+#
+# mallory's solution cell starts a double-forked setsid daemon (which would rewrite
+# the grades after the run), overwrites zoe's notebook, and writes into the
+# grader's own folder, found through /proc; her second answer ignores SIGINT and
+# never returns. zoe (graded after her) answers both exercises right.
+
+DAEMON_MARKER = "grpo-lab-daemon-marker-7731"
+CONTAINMENT_EXERCISES = ("escape", "stubborn")
+
+
+def _escape_answer(out, zoe_notebook) -> str:
+    daemon_code = (
+        f"import time; time.sleep(3); open({str(out)!r}, 'w').write('hacked')"
+        f"  # {DAEMON_MARKER}"
+    )
+    return (
+        "import os, sys\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        f"        os.execv(sys.executable, [sys.executable, '-c', {daemon_code!r}])\n"
+        "    os._exit(0)\n"
+        "os.wait()\n"
+        "def attempt(path, text):\n"
+        "    try:\n"
+        "        with open(path, 'w') as handle:\n"
+        "            handle.write(text)\n"
+        "    except OSError:\n"
+        "        pass\n"
+        f"attempt({str(zoe_notebook)!r}, 'overwritten')\n"
+        "warden = int(open(f'/proc/{os.getppid()}/status').read()"
+        ".split('PPid:')[1].split()[0])\n"
+        "attempt(f'/proc/{warden}/cwd/pwned', 'pwned')\n"
+        f"attempt({str(out.parent / 'pwned')!r}, 'pwned')\n" + _answer("escape")
+    )
+
+
+STUBBORN_ANSWER = (
+    "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+    + _answer("stubborn", body="    while True:\n        pass\n")
+)
+
+
+def _processes_with(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not fence_available(), reason="needs Linux with Landlock")
+def test_a_submission_cannot_escape_outlive_or_hang_the_grader(tmp_path, monkeypatch):
+    from grpo_lab.teaching.rubric import Rubric
+
+    grader_folder = tmp_path / "grader"
+    grader_folder.mkdir()
+    monkeypatch.chdir(grader_folder)
+    out = tmp_path / "out" / "grades.csv"
+    out.parent.mkdir()
+    course_cells = [nbformat.v4.new_code_cell("import torch")]
+    for name in CONTAINMENT_EXERCISES:
+        solution = f"def {name}{SIGNATURE}:\n    ### BEGIN SOLUTION\n{RIGHT_BODY}"
+        course_cells += [
+            nbformat.v4.new_code_cell(solution + "    ### END SOLUTION"),
+            nbformat.v4.new_code_cell(
+                "from grpo_lab.teaching.checks.advantages import "
+                f"check_group_normalized_advantages\n\n"
+                f"check_group_normalized_advantages({name});"
+            ),
+        ]
+    course_dir = tmp_path / "course"
+    course_dir.mkdir()
+    nbformat.write(
+        nbformat.v4.new_notebook(cells=course_cells), course_dir / ATTACK_NOTEBOOK
+    )
+    rubric = Rubric({f"03-{n}": 1.0 for n in CONTAINMENT_EXERCISES}, {})
+    root = tmp_path / "submitted"
+    zoe_notebook = root / "zoe" / ATTACK_NOTEBOOK
+    answers = {
+        "mallory": {
+            "escape": _escape_answer(out, zoe_notebook),
+            "stubborn": STUBBORN_ANSWER,
+        },
+        "zoe": {n: _answer(n, body=RIGHT_BODY) for n in CONTAINMENT_EXERCISES},
+    }
+    for student, answer in answers.items():
+        (root / student).mkdir(parents=True)
+        nbformat.write(attack_submission(answer), root / student / ATTACK_NOTEBOOK)
+    zoe_before = zoe_notebook.read_bytes()
+    grades = grading.grade_submissions(
+        root, notebooks_dir=course_dir, rubric=rubric, timeout=5
+    )
+    grading.write_grades_csv(grades, out)
+    assert _processes_with(DAEMON_MARKER) == []  # killed with its kernel
+    time.sleep(4)  # past the daemon's wake-up
+    table = {(g.student, g.exercise_id): (g.outcome, g.message) for g in grades}
+    assert table[("mallory", "03-escape")][0] == "fail"
+    assert table[("mallory", "03-stubborn")] == (
+        "error",
+        "ran past the time limit of 5 s",
+    )
+    assert table[("zoe", "03-escape")] == ("pass", "")
+    assert table[("zoe", "03-stubborn")] == ("pass", "")
+    assert "hacked" not in out.read_text()
+    assert zoe_notebook.read_bytes() == zoe_before
+    assert not (grader_folder / "pwned").exists()
+    assert not (out.parent / "pwned").exists()
+
+
+@pytest.mark.skipif(not fence_available(), reason="needs Linux with Landlock")
+def test_the_warden_sets_the_limits_and_fences_writes(tmp_path):
+    """The sandbox's own command: a child reports its limits and a fenced write."""
+    inside, outside = tmp_path / "inside", tmp_path / "outside"
+    inside.mkdir()
+    outside.mkdir()
+    probe = (
+        "import resource, sys\n"
+        "limits = [resource.getrlimit(r)[0] for r in (resource.RLIMIT_AS, "
+        "resource.RLIMIT_CPU, resource.RLIMIT_NPROC)]\n"
+        "open('ok.txt', 'w').write('ok')\n"
+        "try:\n"
+        f"    open({str(outside / 'no.txt')!r}, 'w')\n"
+        "    fenced = False\n"
+        "except PermissionError:\n"
+        "    fenced = True\n"
+        "print(limits, fenced)\n"
+    )
+    command = [
+        sys.executable, "-m", "grpo_lab.teaching.sandbox", "--workdir", str(inside),
+        "--memory", str(2 << 30), "--cpu", "30", "--nproc", "500",
+        "--write", str(inside), "--", sys.executable, "-c", probe,
+    ]  # fmt: skip
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=60, check=True
+    )
+    assert result.stdout.strip() == f"[{2 << 30}, 30, 500] True"
+    assert (inside / "ok.txt").read_text() == "ok"
+    assert not (outside / "no.txt").exists()

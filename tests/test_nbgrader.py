@@ -64,9 +64,9 @@ def test_a_missing_rubric_entry_is_refused():
 def nbgrader(root: Path, *arguments: str) -> None:
     environment = dict(os.environ, GRPO_LAB_PROFILE="smoke", OMP_NUM_THREADS="1")
     environment["PYTHONPATH"] = str(PACKAGE_DIR.parent)
-    # nbgrader runs the `alembic` script installed beside its Python.
-    bin_dir = str(Path(sys.executable).parent)
-    environment["PATH"] = os.pathsep.join([bin_dir, environment.get("PATH", "")])
+    # A shell without the virtual environment on PATH: the course's
+    # nbgrader_config.py (autograde_preprocessors) finds `alembic` itself.
+    environment["PATH"] = os.pathsep.join(["/usr/bin", "/bin"])
     done = subprocess.run(
         [sys.executable, "-m", "nbgrader", *arguments],
         cwd=root,

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -191,8 +192,19 @@ class NotAttemptedScoresZero(Preprocessor):
 
 def autograde_preprocessors() -> list[type]:
     """nbgrader's autograde preprocessors with NotAttemptedScoresZero before the
-    grades are saved."""
+    grades are saved.
+
+    Also puts this Python's scripts folder first on ``PATH``: nbgrader upgrades
+    its gradebook by running the ``alembic`` script by name, which a shell
+    without the virtual environment on ``PATH`` would not find.
+    """
     from nbgrader.converters.autograde import Autograde
+
+    scripts = os.path.dirname(sys.executable)
+    if scripts not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = os.pathsep.join(
+            p for p in (scripts, os.environ.get("PATH", "")) if p
+        )
 
     defaults = list(Autograde.class_traits()["autograde_preprocessors"].default())
     names = [p.__name__ for p in defaults]

@@ -2,8 +2,9 @@
 
 ``python -m grpo_lab.teaching.solutions_key [OUT]`` writes, per notebook, each
 exercise's id, points and solution cell, then each written question's prompt,
-points and model answer (from ``rubric.toml``). Generated, so it cannot drift:
-tests/test_grading.py checks that the committed key is current.
+points and model answer (from ``rubric.toml``). Generated on the instructor's
+side, never committed (``.gitignore`` lists it), so it cannot drift and a
+student reading the repository does not find it.
 """
 
 from __future__ import annotations

@@ -1,0 +1,481 @@
+"""The grader's side of a grading kernel: the course and its libraries under guard.
+
+The grader (:mod:`grpo_lab.teaching.grading`) runs :func:`bootstrap` in each fresh
+kernel before any student code. It takes the result channel (a file descriptor
+the grader opened and named in ``GRPO_LAB_RESULT_FD``, which it removes from
+the environment), keeps its own references to ``os.write`` and to the JSON
+string encoder, and records the state of the modules a verdict depends on
+(``torch`` and the comparison functions, ``json``, ``builtins``, every
+``grpo_lab`` module, their functions' code and their classes' attributes).
+
+:func:`grade` then runs one exercise: the student's solution cell, then the
+course's check cell with the student's function, in a copy of the namespace.
+The recorded state is compared, and put back, after the solution cell, before
+and after each call of the student's function and after the check; any change
+(a patched check, ``torch.allclose``, ``json``, a code object), a torch function
+or dispatch mode left on, a trace function or a new thread makes the exercise an
+``error`` whose message starts with ``TAMPERED_PREFIX`` (the grader then starts
+a fresh kernel). What the student's function returns must be built of plain
+types (tensors, numbers, strings, containers), so no object with its own
+``__eq__`` or ``__torch_function__`` reaches a comparison.
+
+While the solution cell and the student's function run, the exercise's package
+counterparts (``PACKAGE_COUNTERPARTS``) and the functions of their own module
+they call (the private helpers, registries included) raise "not available while
+this exercise is graded", whatever path reaches them: their code objects are
+swapped, so getattr, importlib, sys.modules and a saved reference all meet the
+same stub.
+
+Exactly one line per exercise is written to the channel, ``[sequence, outcome,
+message]``. The grader counts a verdict only when the line is the only one of
+its cell and carries the expected sequence number, and the cell itself ended
+cleanly; printed text and writes to file descriptors 1 and 2 are not read.
+This is in-process defence: it stops the tricks named above and in
+tests/test_grading.py, not an adversary who rewrites the interpreter's memory
+(see the README's "For instructors").
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import inspect
+import io
+import json.encoder
+import os
+import re
+import sys
+import threading
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+RESULT_FD_VARIABLE = "GRPO_LAB_RESULT_FD"
+TAMPERED_PREFIX = "the solution changed the grader's world: "
+RESTART_TEXT = "(the kernel is replaced)"
+UNAVAILABLE_TEXT = "is not available while this exercise is graded"
+NOT_ATTEMPTED_TEXT = "not attempted yet"
+# Modules a verdict depends on, by exact name or by prefix ("grpo_lab.").
+GUARDED_MODULES = (
+    "builtins",
+    "json",
+    "json.encoder",
+    "json.decoder",
+    "torch",
+    "torch.testing",
+    "torch.testing._comparison",
+    "torch.nn",
+    "torch.nn.functional",
+    "torch.autograd",
+    "torch.functional",
+    "torch.linalg",
+    "functools",
+    "inspect",
+    "importlib",
+    "copy",
+    "math",
+    "operator",
+    "contextlib",
+    "io",
+    "ast",
+    "re",
+)
+GUARDED_PREFIXES = ("grpo_lab.", "grpo_lab")
+PLAIN_TYPES = (bool, int, float, complex, str, bytes, type(None), slice, range)
+
+_state: dict[str, Any] = {}
+
+
+# --- the recorded world ------------------------------------------------------------
+
+
+def _guarded_modules() -> dict[str, types.ModuleType]:
+    return {
+        name: module
+        for name, module in list(sys.modules.items())
+        if isinstance(module, types.ModuleType)
+        and (name in GUARDED_MODULES or name.startswith(GUARDED_PREFIXES))
+    }
+
+
+def _record() -> dict[str, Any]:
+    """What the guard compares: module dicts, function internals, class dicts."""
+    import torch
+
+    modules = _guarded_modules()
+    owners: dict[str, Any] = {"torch.Tensor": torch.Tensor, **modules}
+    functions: dict[int, tuple[Any, tuple[Any, ...]]] = {}
+    for module in modules.values():
+        for value in list(vars(module).values()):
+            if isinstance(value, types.FunctionType):
+                functions[id(value)] = (value, _internals(value))
+            elif isinstance(value, type) and str(value.__module__).startswith(
+                GUARDED_PREFIXES
+            ):
+                owners[f"class {value.__module__}.{value.__qualname__}"] = value
+    for name, owner in owners.items():
+        if name.startswith("class "):
+            for member in list(vars(owner).values()):
+                if isinstance(member, types.FunctionType):
+                    functions[id(member)] = (member, _internals(member))
+    return {
+        "sys.modules": dict(modules),
+        "namespaces": {name: dict(vars(owner)) for name, owner in owners.items()},
+        "owners": owners,
+        "functions": functions,
+    }
+
+
+def _internals(function: types.FunctionType) -> tuple[Any, ...]:
+    return (function.__code__, function.__defaults__, function.__kwdefaults__)
+
+
+# Names the shell itself rebinds in builtins.
+_SHELL_NAMES = frozenset({"_", "__", "___"})
+_MISSING = object()
+
+
+def _changes(record: dict[str, Any]) -> list[str]:
+    """Names of what differs from ``record``; each is put back as recorded."""
+    changed = []
+    for name, module in record["sys.modules"].items():
+        if sys.modules.get(name) is not module:
+            changed.append(f"sys.modules[{name!r}]")
+            sys.modules[name] = module
+    for name, recorded in record["namespaces"].items():
+        owner = record["owners"][name]
+        current = dict(vars(owner))
+        for key in set(current) | set(recorded):
+            value = current.get(key, _MISSING)
+            if value is recorded.get(key, _MISSING) or key in _SHELL_NAMES:
+                continue
+            if key not in recorded and isinstance(value, types.ModuleType):
+                continue  # a submodule imported since
+            changed.append(f"{name}.{key}")
+            _put_back(owner, key, recorded.get(key, _MISSING))
+    for function, internals in record["functions"].values():
+        if any(a is not b for a, b in zip(_internals(function), internals)):
+            changed.append(f"the code of {function.__module__}.{function.__qualname__}")
+            function.__code__, function.__defaults__, function.__kwdefaults__ = (
+                internals
+            )
+    return changed
+
+
+def _put_back(owner: Any, key: str, value: Any) -> None:
+    with contextlib.suppress(AttributeError, TypeError):
+        if value is _MISSING:
+            delattr(owner, key)
+        else:
+            setattr(owner, key, value)
+
+
+def _modes_and_threads() -> list[str]:
+    import torch
+
+    found = []
+    if torch._C._len_torch_function_stack() > 0:
+        found.append("a torch function mode left on")
+    if torch._C._len_torch_dispatch_stack() > 0:
+        found.append("a torch dispatch mode left on")
+    if sys.gettrace() is not None or sys.getprofile() is not None:
+        sys.settrace(None)
+        sys.setprofile(None)
+        found.append("a trace or profile function")
+    if threading.active_count() > _state["threads"]:
+        found.append("a thread started by the solution")
+    return found
+
+
+class Tampered(Exception):
+    """The solution changed something the verdict depends on."""
+
+
+def check_world(where: str) -> None:
+    """Raise Tampered (after putting the recorded state back) on any change.
+
+    A change that cannot be put back (a mode, a trace function, a thread) ends
+    the message with RESTART_TEXT: the grader then replaces the kernel."""
+    restored = _changes(_state["record"])
+    lasting = _modes_and_threads()
+    if restored or lasting:
+        shown = ", ".join(sorted(set(restored + lasting))[:5])
+        restart = f" {RESTART_TEXT}" if lasting else ""
+        raise Tampered(f"{TAMPERED_PREFIX}{shown} ({where}){restart}")
+
+
+# --- the reference out of reach --------------------------------------------------
+
+
+def counterpart_functions(check_name: str) -> list[types.FunctionType]:
+    """The package counterparts of a check and the functions of their own module
+    that they reach (directly, or through a dict or record they read)."""
+    from grpo_lab.teaching.checks.exercises import PACKAGE_COUNTERPARTS
+    from grpo_lab.teaching.checks.framework import resolve
+
+    found: dict[int, types.FunctionType] = {}
+    for path in PACKAGE_COUNTERPARTS.get(check_name, ()):
+        target = resolve(path)
+        target = getattr(target, "fget", target)
+        if isinstance(target, types.FunctionType):
+            _reach(target, found)
+    return list(found.values())
+
+
+def _reach(function: types.FunctionType, found: dict[int, types.FunctionType]) -> None:
+    if id(function) in found:
+        return
+    found[id(function)] = function
+    if not function.__module__.startswith(GUARDED_PREFIXES):
+        return  # another library's function: itself only
+    for value in _referenced(function):
+        if (
+            isinstance(value, types.FunctionType)
+            and value.__module__ == function.__module__
+        ):
+            _reach(value, found)
+
+
+def _referenced(function: types.FunctionType) -> Iterator[Any]:
+    names = set()
+    stack = [function.__code__]
+    while stack:
+        code = stack.pop()
+        names |= set(code.co_names)
+        stack += [c for c in code.co_consts if inspect.iscode(c)]
+    for name in names:
+        value = function.__globals__.get(name)
+        yield value
+        members = []
+        if isinstance(value, dict):
+            members = list(value.values())
+        elif isinstance(value, (list, tuple)):
+            members = list(value)
+        for member in members:
+            yield member
+            yield from vars(member).values() if hasattr(member, "__dict__") else ()
+
+
+def _stub_code(path: str) -> types.CodeType:
+    namespace: dict[str, Any] = {}
+    message = f"{path} {UNAVAILABLE_TEXT}"
+    exec(f"def stub(*args, **kwargs):\n    raise RuntimeError({message!r})", namespace)
+    return namespace["stub"].__code__
+
+
+@contextlib.contextmanager
+def hidden(functions: list[types.FunctionType]) -> Iterator[None]:
+    """Swap each function's code for a stub that raises, then put it back."""
+    swapped = []
+    for function in functions:
+        if function.__code__.co_freevars:
+            continue  # a closure's code cannot take a stub's place
+        path = f"{function.__module__}.{function.__qualname__}"
+        swapped.append((function, function.__code__))
+        function.__code__ = _stub_code(path)
+    try:
+        yield
+    finally:
+        for function, code in swapped:
+            function.__code__ = code
+
+
+# --- results the student built ---------------------------------------------------
+
+
+def plain(value: Any, where: str = "the result") -> Any:
+    """``value`` if it is built of plain types; else ValueError naming what is not."""
+    import torch
+
+    kind = type(value)
+    if kind in PLAIN_TYPES or kind in (torch.Tensor, torch.nn.Parameter):
+        return value
+    if kind in (list, tuple):
+        for index, item in enumerate(value):
+            plain(item, f"{where}[{index}]")
+        return value
+    if kind is dict:
+        for key, item in value.items():
+            plain(key, f"a key of {where}")
+            plain(item, f"{where}[{key!r}]")
+        return value
+    if kind.__module__ == "numpy" and not hasattr(kind, "__torch_function__"):
+        return value
+    raise ValueError(
+        f"{where} must be built of tensors, numbers, strings, lists, tuples and "
+        f"dicts, got an object of type {kind.__module__}.{kind.__qualname__}"
+    )
+
+
+def guarded(
+    student_fn: Callable[..., Any], hide: list[types.FunctionType]
+) -> Callable[..., Any]:
+    """``student_fn`` called with the world checked before and after it, its
+    counterparts hidden while it runs, and a plain result."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        check_world("before a call of the solution")
+        try:
+            with hidden(hide):
+                result = student_fn(*args, **kwargs)
+        finally:
+            check_world("after a call of the solution")
+        return plain(result)
+
+    call.__wrapped__ = student_fn  # type: ignore[attr-defined]
+    call.__name__ = getattr(student_fn, "__name__", "solution")
+    return call
+
+
+# --- one exercise ----------------------------------------------------------------
+
+
+def bootstrap() -> None:
+    """Take the result channel and record the world; run once per kernel, first."""
+    from grpo_lab.teaching import grading_refusal
+
+    if "channel" in _state:
+        raise RuntimeError("bootstrap() runs once per kernel")
+    descriptor = int(os.environ.pop(RESULT_FD_VARIABLE))
+    grading_refusal.install()
+    _state["channel"] = (descriptor, os.fstat(descriptor).st_ino)
+    _state["write"] = os.write
+    _state["fstat"] = os.fstat
+    _state["encode"] = json.encoder.c_encode_basestring_ascii or (
+        json.encoder.py_encode_basestring_ascii
+    )
+
+
+def grade(
+    sequence: int,
+    solution_source: str,
+    check_source: str,
+    function_name: str,
+    check_names: tuple[str, ...],
+    namespace: dict[str, Any],
+) -> None:
+    """Grade one exercise in a copy of ``namespace``; write its line."""
+    try:
+        outcome, message = run_exercise(
+            solution_source, check_source, namespace, function_name, check_names
+        )
+    except Tampered as error:
+        outcome, message = "error", str(error)
+    _report(sequence, outcome, message)
+
+
+def _report(sequence: int, outcome: str, message: str) -> None:
+    descriptor, inode = _state["channel"]
+    if _state["fstat"](descriptor).st_ino != inode:
+        raise RuntimeError("the result channel was replaced")
+    encode = _state["encode"]
+    line = f"[{int(sequence)}, {encode(outcome)}, {encode(message)}]\n"
+    _state["write"](descriptor, line.encode("ascii"))
+
+
+def run_exercise(
+    solution_source: str,
+    check_source: str,
+    namespace: dict[str, Any],
+    function_name: str | None = None,
+    check_names: tuple[str, ...] | None = None,
+) -> tuple[str, str]:
+    """``(outcome, message)`` of the solution cell, then the check cell.
+
+    The check passes when it raises nothing, prints no "not attempted yet" and
+    its last expression is not ``False``. ``function_name`` (default: the first
+    function the solution defines) is the function guarded; ``check_names``
+    (default: the checks the check cell names) say which counterparts to hide.
+    Raises Tampered.
+    """
+    from grpo_lab.teaching.checks.framework import ExerciseFailed
+
+    if function_name is None:
+        found = re.search(r"^\s*def\s+([A-Za-z_]\w*)", solution_source, re.M)
+        function_name = found.group(1) if found else ""
+    if check_names is None:
+        check_names = check_names_in(check_source)
+
+    # The check's own modules are imported (and so recorded) before the solution.
+    exec(compile(import_statements(check_source), "<check imports>", "exec"), {})
+    hide = [f for name in check_names for f in counterpart_functions(name)]
+    names = dict(namespace)
+    _state["threads"] = threading.active_count()
+    _state["record"] = _record()
+    check_world("before the solution cell")
+    try:
+        with hidden(hide):
+            run_cell(solution_source, names, "<solution cell>")
+    except NotImplementedError:
+        return "not attempted", "the solution cell raises NotImplementedError"
+    except Exception as error:
+        check_world("after the solution cell")
+        return "error", f"the solution cell raised {one_line(error)}"
+    check_world("after the solution cell")
+    if callable(names.get(function_name)):
+        names[function_name] = guarded(names[function_name], hide)
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            value = run_cell(check_source, names, "<check cell>")
+    except Tampered:
+        raise
+    except ExerciseFailed as error:
+        check_world("after the check")
+        return "fail", str(error)
+    except NotImplementedError:
+        check_world("after the check")
+        return "not attempted", "the solution raises NotImplementedError"
+    except Exception as error:
+        check_world("after the check")
+        return "error", f"the check raised {one_line(error)}"
+    check_world("after the check")
+    if NOT_ATTEMPTED_TEXT in printed.getvalue() or value is False:
+        return "not attempted", "the check found a stub"
+    return "pass", ""
+
+
+def import_statements(source: str) -> str:
+    """The top-level ``import`` and ``from ... import`` statements of a cell."""
+    tree = ast.parse(python_source(source))
+    kept = [
+        ast.unparse(node)
+        for node in tree.body
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+    ]
+    return "\n".join(kept)
+
+
+def check_names_in(check_source: str) -> tuple[str, ...]:
+    """The checks (rows of PACKAGE_COUNTERPARTS) a check cell names."""
+    from grpo_lab.teaching.checks.exercises import PACKAGE_COUNTERPARTS
+
+    named = re.findall(r"\bcheck_\w+", check_source)
+    return tuple(dict.fromkeys(n for n in named if n in PACKAGE_COUNTERPARTS))
+
+
+def run_cell(source: str, names: dict[str, Any], filename: str) -> Any:
+    """Execute a cell's source in ``names``; the value of its last expression."""
+    source = python_source(source)
+    tree = ast.parse(source, filename)
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = ast.Expression(tree.body.pop().value)
+    exec(compile(tree, filename, "exec"), names)
+    return None if last is None else eval(compile(last, filename, "eval"), names)
+
+
+def python_source(source: str) -> str:
+    """The cell's Python (IPython syntax translated when a shell is running)."""
+    try:
+        from IPython import get_ipython
+    except ModuleNotFoundError:
+        return source
+    shell = get_ipython()
+    return source if shell is None else shell.transform_cell(source)
+
+
+def one_line(error: BaseException) -> str:
+    """``Type: message`` on one line."""
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
