@@ -532,6 +532,21 @@ def test_every_trl_field_in_the_translation_table_exists():
             assert re.search(rf"\b{re.escape(value)}\b", help_text), (name, value)
 
 
+def test_every_test_the_table_names_exists():
+    """The "Tests behind each row" section names only tests that are there."""
+    text = TABLE.read_text(encoding="utf-8")
+    section = text.split("## Tests behind each row", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"`(?:[\w/.]+::)?(test_\w+)`", section))
+    assert len(named) > 20
+    tests = Path(__file__).resolve().parent
+    defined = {
+        name
+        for path in tests.rglob("test_*.py")
+        for name in re.findall(r"^def (test_\w+)", path.read_text(), re.MULTILINE)
+    }
+    assert named <= defined, sorted(named - defined)
+
+
 # --- where TRL and grpo_lab differ, measured ---------------------------------------
 
 
