@@ -730,6 +730,7 @@ def run_merge(arguments: argparse.Namespace) -> int:
     """``grpo-lab merge RUN_DIR --out DIR``: the adapted model as a plain one."""
     from grpo_lab.models import load_pretrained, load_tokenizer
     from grpo_lab.training import lora
+    from grpo_lab.training.config import TrainConfig
     from grpo_lab.training.loop import BASE_MODEL_DIR, FINAL_MODEL_DIR, tiny_model
 
     run_dir = Path(arguments.run_dir)

@@ -848,7 +848,9 @@ def test_trl_names_as_flags_get_their_grpo_lab_flag(capsys):
         cli.main(["train", "--learning-rate", "1e-4", "--num_generations=4"])
     assert raised.value.code == 2
     error = capsys.readouterr().err
-    assert "TRL's `learning_rate` is grpo_lab's `lr` (AdamW (torch)): use --lr" in error
+    # learning_rate is lr, or lora_lr for a run that trains adapters.
+    assert "TRL's `learning_rate` is grpo_lab's `lr` (AdamW (torch)) and " in error
+    assert "`lora_lr` (lora_rank > 0: learning_rate): use --lr" in error
     assert "TRL's `num_generations` is grpo_lab's `group_size`" in error
     assert "use --group-size" in error
 

@@ -407,7 +407,11 @@ def test_a_run_saves_an_adapter_peft_opens_and_merge_reproduces_its_logits(tmp_p
     assert not any(".lora_" in n for n, _ in merged.named_parameters())
     with torch.no_grad():
         torch.testing.assert_close(merged(ids).logits, expected, rtol=0, atol=1e-5)
-    assert load_tokenizer(str(merged_dir)).get_vocab() == policy.tokenizer.get_vocab()
+    reloaded = load_tokenizer(str(merged_dir))
+    text = "12 + 34 = 46\n<answer>46</answer>"
+    ids = policy.tokenizer.encode(text)
+    assert reloaded.encode(text) == ids
+    assert reloaded.decode(ids) == policy.tokenizer.decode(ids)
 
 
 @pytest.mark.slow

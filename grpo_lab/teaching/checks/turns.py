@@ -25,7 +25,11 @@ from grpo_lab.rollouts.multiturn import (
     Segment,
     pad_prompt_and_segment_ids,
 )
-from grpo_lab.teaching.checks.framework import ExerciseFailed, exercise_check
+from grpo_lab.teaching.checks.framework import (
+    CaseCount,
+    ExerciseFailed,
+    exercise_check,
+)
 
 MaskFunction = Callable[[list[list[int]], list[list[Segment]]], torch.Tensor]
 PAD_TOKEN_ID = 0
@@ -119,27 +123,28 @@ def _diagnosis(received: torch.Tensor, prompt_ids, segments) -> str:
 
 
 @exercise_check("Exercise 14 (the multi-turn response mask)")
-def check_multi_turn_mask(student_fn: MaskFunction) -> None:
+def check_multi_turn_mask(student_fn: MaskFunction, cases: CaseCount) -> None:
     """``student_fn(prompt_ids, segments)`` -> response_mask (B, T - 1)."""
     for prompt_ids, segments in MASK_CASES:
-        expected = pad_prompt_and_segment_ids(prompt_ids, segments, PAD_TOKEN_ID)[
-            "response_mask"
-        ]
-        received = student_fn(prompt_ids, segments)
-        roles = [[(s.role, list(s.token_ids)) for s in row] for row in segments]
-        inputs = f"prompt_ids={prompt_ids}, segments={roles}"
-        if not isinstance(received, torch.Tensor):
-            raise ExerciseFailed(
-                f"For {inputs}: expected a tensor, got {type(received).__name__}"
-            )
-        if received.shape != expected.shape:
-            raise ExerciseFailed(
-                f"For {inputs}: expected shape {tuple(expected.shape)} (B, T - 1), "
-                f"got {tuple(received.shape)}"
-            )
-        if not torch.equal(received.long(), expected):
-            raise ExerciseFailed(
-                f"For {inputs}:\n  expected {expected.tolist()}\n"
-                f"  got      {received.long().tolist()}"
-                f"{_diagnosis(received, prompt_ids, segments)}"
-            )
+        with cases.case():
+            expected = pad_prompt_and_segment_ids(prompt_ids, segments, PAD_TOKEN_ID)[
+                "response_mask"
+            ]
+            received = student_fn(prompt_ids, segments)
+            roles = [[(s.role, list(s.token_ids)) for s in row] for row in segments]
+            inputs = f"prompt_ids={prompt_ids}, segments={roles}"
+            if not isinstance(received, torch.Tensor):
+                raise ExerciseFailed(
+                    f"For {inputs}: expected a tensor, got {type(received).__name__}"
+                )
+            if received.shape != expected.shape:
+                raise ExerciseFailed(
+                    f"For {inputs}: expected shape {tuple(expected.shape)} (B, T - 1), "
+                    f"got {tuple(received.shape)}"
+                )
+            if not torch.equal(received.long(), expected):
+                raise ExerciseFailed(
+                    f"For {inputs}:\n  expected {expected.tolist()}\n"
+                    f"  got      {received.long().tolist()}"
+                    f"{_diagnosis(received, prompt_ids, segments)}"
+                )
