@@ -379,6 +379,27 @@ def comparable(run_dir: Path) -> list[dict]:
     return [without_timing(record) for record in read_metrics(run_dir)]
 
 
+def kill_after_second_checkpoint_and_resume(
+    flags: list[str], run_dir: Path, cwd: Path
+) -> int:
+    """Start a long run of ``flags`` in ``run_dir``, SIGKILL it once step 4's
+    checkpoint exists, resume it to 8 steps; the metrics lines at the kill."""
+    process = run_cli([*flags, "--run-dir", str(run_dir), "--steps", "400"], cwd)
+    second_checkpoint = run_dir / "checkpoints" / "step_000004.pt"
+    deadline = time.monotonic() + 300
+    while not second_checkpoint.exists() and process.poll() is None:
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.communicate(timeout=60)
+    assert process.returncode == -signal.SIGKILL
+    lines_at_kill = len(read_metrics(run_dir))
+    resumed = run_cli(["--resume", str(run_dir), "--steps", "8", "--no-progress"], cwd)
+    output, _ = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, output
+    return lines_at_kill
+
+
 @pytest.mark.slow
 def test_a_run_killed_with_sigkill_resumes_to_the_same_metrics(tmp_path):
     # Uninterrupted reference run.
@@ -387,27 +408,12 @@ def test_a_run_killed_with_sigkill_resumes_to_the_same_metrics(tmp_path):
     output, _ = finished.communicate(timeout=300)
     assert finished.returncode == 0, output
 
-    # The same run, killed once its second checkpoint after step 0 exists.
+    # The same run, killed once its second checkpoint after step 0 exists,
+    # then resumed with the reference's step count.
     killed = tmp_path / "killed"
-    process = run_cli(
-        [*TINY_RUN_FLAGS, "--run-dir", str(killed), "--steps", "400"], tmp_path
+    lines_at_kill = kill_after_second_checkpoint_and_resume(
+        TINY_RUN_FLAGS, killed, tmp_path
     )
-    second_checkpoint = killed / "checkpoints" / "step_000004.pt"
-    deadline = time.monotonic() + 300
-    while not second_checkpoint.exists() and process.poll() is None:
-        assert time.monotonic() < deadline, "no checkpoint appeared"
-        time.sleep(0.05)
-    process.send_signal(signal.SIGKILL)
-    process.communicate(timeout=60)
-    assert process.returncode == -signal.SIGKILL
-    lines_at_kill = len(read_metrics(killed))
-
-    # Resume with the reference's step count.
-    resumed = run_cli(
-        ["--resume", str(killed), "--steps", "8", "--no-progress"], tmp_path
-    )
-    output, _ = resumed.communicate(timeout=300)
-    assert resumed.returncode == 0, output
     assert json.loads((killed / "config.json").read_text())["steps"] == 8
     assert 1 <= lines_at_kill < len(read_metrics(killed))
     assert len(step_records(read_metrics(killed))) == 9  # steps 0..8

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import signal
-import time
 
 import pytest
 import torch
-from test_checkpoint import TINY_RUN_FLAGS, comparable, run_cli
+from test_checkpoint import (
+    TINY_RUN_FLAGS,
+    comparable,
+    kill_after_second_checkpoint_and_resume,
+    run_cli,
+)
 from transformers import AutoModelForCausalLM
 
 from grpo_lab import cli
@@ -450,22 +453,7 @@ def test_a_lora_run_killed_with_sigkill_resumes_to_the_same_metrics(tmp_path):
     assert json.loads((reference / "config.json").read_text())["lora_rank"] == 4
 
     killed = tmp_path / "killed"
-    process = run_cli([*flags, "--run-dir", str(killed), "--steps", "400"], tmp_path)
-    second_checkpoint = killed / "checkpoints" / "step_000004.pt"
-    deadline = time.monotonic() + 300
-    while not second_checkpoint.exists() and process.poll() is None:
-        assert time.monotonic() < deadline, "no checkpoint appeared"
-        time.sleep(0.05)
-    process.send_signal(signal.SIGKILL)
-    process.communicate(timeout=60)
-    assert process.returncode == -signal.SIGKILL
-    lines_at_kill = len(read_metrics(killed))
-
-    resumed = run_cli(
-        ["--resume", str(killed), "--steps", "8", "--no-progress"], tmp_path
-    )
-    output, _ = resumed.communicate(timeout=300)
-    assert resumed.returncode == 0, output
+    lines_at_kill = kill_after_second_checkpoint_and_resume(flags, killed, tmp_path)
     assert 1 <= lines_at_kill < len(read_metrics(killed))
     assert comparable(killed) == comparable(reference)
     assert (killed / "final_model" / "adapter_config.json").exists()
