@@ -1,5 +1,8 @@
 """Rewards for a rollout batch and group-normalized advantages.
 
+:func:`rollout_advantages` is the one call from responses to advantages (the
+train step's and the loop's).
+
 Taught in ``notebooks/03_rewards_and_advantages.ipynb``.
 """
 
@@ -293,4 +296,69 @@ def check_advantage_settings(
     ):
         raise ValueError(
             f"advantage_eps must be a finite number >= 0, got {advantage_eps!r}"
+        )
+
+
+def rollout_advantages(
+    reward_fn: Callable[[str, str], dict[str, float]],
+    rollout_responses: list[str],
+    repeated_ground_truths: list[str],
+    group_size: int,
+    *,
+    baseline: str = "mean",
+    advantage_eps: float = 1e-6,
+    advantage_normalizer: str = "std",
+    nan_rewards: str = "propagate",
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """Raw rewards (B,), group-normalized advantages (B,) and their statistics.
+
+    Each response is scored once (:func:`compute_rollout_rewards`), then
+    normalized within its group of ``group_size``
+    (:func:`compute_group_normalized_rewards`). The one place both the step and
+    the training loop turn responses into advantages.
+    """
+    raw_rewards, reward_metadata = compute_rollout_rewards(
+        reward_fn, rollout_responses, repeated_ground_truths
+    )  # (B,)
+    advantages, advantage_metadata = compute_group_normalized_rewards(
+        raw_rewards,
+        group_size,
+        baseline,
+        advantage_eps,
+        advantage_normalizer,
+        nan_rewards=nan_rewards,
+    )  # (B,)
+    return raw_rewards, advantages, {**reward_metadata, **advantage_metadata}
+
+
+def check_rollout_lists(
+    repeated_prompts: list[str],
+    rollout_responses: list[str],
+    repeated_ground_truths: list[str],
+    group_size: int,
+) -> None:
+    """Prompts, responses and truths: lists of one length B > 0, which
+    ``group_size`` divides."""
+    # Responses and truths are checked where they are scored
+    # (compute_rollout_rewards); the prompts only reach the tokenizer.
+    if isinstance(repeated_prompts, str) or not isinstance(
+        repeated_prompts, (list, tuple)
+    ):
+        raise ValueError(
+            "repeated_prompts must be a list of strings, "
+            f"got {type(repeated_prompts).__name__}"
+        )
+    batch_size = len(rollout_responses)
+    if batch_size == 0:
+        raise ValueError("rollout_responses must hold at least one response, got 0")
+    if len(repeated_prompts) != batch_size or len(repeated_ground_truths) != batch_size:
+        raise ValueError(
+            "repeated_prompts, rollout_responses and repeated_ground_truths must have "
+            f"the same length, got {len(repeated_prompts)}, {batch_size} and "
+            f"{len(repeated_ground_truths)}"
+        )
+    if group_size <= 0 or batch_size % group_size != 0:
+        raise ValueError(
+            f"group_size must be positive and divide the batch size {batch_size}, "
+            f"got {group_size}"
         )

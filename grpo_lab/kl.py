@@ -88,3 +88,28 @@ def check_kl_settings(kl_coef: float, kl_estimator: str) -> None:
             f"kl_coef must be a finite number >= 0 (0: no KL penalty), got {kl_coef!r}"
         )
     check_kl_estimator(kl_estimator)
+
+
+def kl_importance_weights(
+    log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor | None,
+    mask: torch.Tensor,
+    *,
+    per_sequence: bool = False,
+) -> torch.Tensor:
+    """pi / pi_old per token (b, T), or per response (b, 1) when ``per_sequence``
+    (gspo, gmpo: exp of the mean log ratio over the response's tokens).
+
+    The weight of each token's KL under ``kl_importance_weighting`` (TRL's
+    ``use_bias_correction_kl``). On-policy (no old log-probs) the ratio is
+    exp(log pi - sg(log pi)): 1, whose gradient d/d log pi is 1.
+    """
+    old = log_probs if old_log_probs is None else old_log_probs
+    dtype = torch.promote_types(log_probs.dtype, torch.float32)
+    log_ratio = log_probs.to(dtype) - old.detach().to(dtype)  # (b, T)
+    if per_sequence:
+        weights = mask.to(dtype)  # (b, T)
+        log_ratio = (log_ratio * weights).sum(dim=1, keepdim=True) / weights.sum(
+            dim=1, keepdim=True
+        ).clamp_min(1)  # (b, 1)
+    return torch.exp(log_ratio)

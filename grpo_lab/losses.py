@@ -1,8 +1,10 @@
 """Per-token policy-gradient losses (the GRPO family) and their aggregation.
 
 REINFORCE, PPO/GRPO clip (with DAPO's clip-higher and a dual-clip cap), GSPO,
-CISPO, SAPO and GMPO share one signature (``OBJECTIVES``), and three
-aggregations reduce their (B, T) losses (``LOSS_NORMALIZATIONS``). Taught in
+CISPO, SAPO and GMPO share one signature; each is a record of
+``OBJECTIVE_RECORDS`` (:mod:`grpo_lab.objectives`, re-exported here), reached by
+:func:`compute_policy_gradient_loss`. Three aggregations reduce their (B, T)
+losses (``LOSS_NORMALIZATIONS``). Taught in
 ``notebooks/04_policy_gradient_and_clipping.ipynb``, ``notebooks/05_gspo.ipynb``,
 ``notebooks/06_loss_aggregation.ipynb`` and ``notebooks/10_the_grpo_family.ipynb``.
 """
@@ -10,66 +12,61 @@ aggregations reduce their (B, T) losses (``LOSS_NORMALIZATIONS``). Taught in
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
-LossAndDiagnostics = tuple[torch.Tensor, dict[str, torch.Tensor]]
-CLIP_SIDE_KEYS = (
-    "clip_low_count",
-    "clip_high_count",
-    "clip_low_fraction",
-    "clip_high_fraction",
+from grpo_lab.objectives import (
+    CAPPED_METHODS,
+    CLIP_SIDE_KEYS,
+    CLIPPED_METHODS,
+    COUNT_KEYS,
+    OBJECTIVE_RECORDS,
+    OBJECTIVES,
+    RATIO_METHODS,
+    REWEIGHTING_METHODS,
+    SEQUENCE_METHODS,
+    SPLIT_CLIP_METHODS,
+    DiagnosticAccumulator,
+    Method,
+    Objective,
+    ObjectiveOptions,
+    ObjectiveRecord,
+    check_objective_settings,
+    effective_cliprange_high,
+    is_positive_number,
+    objective_loss,
 )
 
-
-@dataclass(frozen=True)
-class ObjectiveOptions:
-    """The knobs an objective reads besides its tensors (one door: validated here)."""
-
-    # Lower clip range eps_low: the ratio is clipped below at 1 - eps_low (gmpo:
-    # log ratio at -eps_low).
-    cliprange: float | None = None
-    # Upper clip range eps_high (DAPO's clip-higher): clipped above at
-    # 1 + eps_high (gmpo: log ratio at +eps_high). None: eps_high = eps_low.
-    cliprange_high: float | None = None
-    # Dual clip (INTELLECT-2; TRL's delta): the unclipped ratio term is capped at
-    # this value, bounding the loss of a negative-advantage token whose ratio
-    # explodes. None: no cap.
-    ratio_cap: float | None = None
-    # SAPO gate temperatures for tokens with A > 0 and with A <= 0.
-    sapo_temperature_pos: float = 1.0
-    sapo_temperature_neg: float = 1.05
-
-    @property
-    def low_bound(self) -> float:
-        """1 - eps_low (gmpo: -eps_low on the log ratio)."""
-        return 1 - self.cliprange
-
-    @property
-    def upper_cliprange(self) -> float:
-        """eps_high: cliprange_high, or cliprange when that is None."""
-        return self.cliprange if self.cliprange_high is None else self.cliprange_high
-
-    @property
-    def high_bound(self) -> float:
-        """1 + eps_high."""
-        return 1 + self.upper_cliprange
-
-    @property
-    def splits_clip_sides(self) -> bool:
-        """Whether grpo/gspo report clip_low_* and clip_high_* (see
-        :func:`compute_policy_gradient_loss`)."""
-        return self.cliprange_high is not None or self.ratio_cap is not None
-
-
-Objective = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor, ObjectiveOptions],
-    LossAndDiagnostics,
+__all__ = [
+    "CAPPED_METHODS",
+    "CLIPPED_METHODS",
+    "CLIP_SIDE_KEYS",
+    "COUNT_KEYS",
+    "LOSS_NORMALIZATIONS",
+    "OBJECTIVES",
+    "OBJECTIVE_RECORDS",
+    "RATIO_METHODS",
+    "REWEIGHTING_METHODS",
+    "SEQUENCE_METHODS",
+    "SPLIT_CLIP_METHODS",
+    "DiagnosticAccumulator",
+    "Method",
+    "Objective",
+    "ObjectiveOptions",
+    "ObjectiveRecord",
+    "aggregate_loss_across_microbatch",
+    "check_aggregation_inputs",
+    "check_entropy_settings",
+    "check_loss_normalization",
+    "check_objective_settings",
+    "compute_policy_gradient_loss",
+    "effective_cliprange_high",
+    "high_entropy_mask",
+    "microbatch_loss_scale",
+    "objective_loss",
+    "reduce_masked_loss",
 ]
-Method = Literal["none", "noclip", "grpo", "gspo", "cispo", "sapo", "gmpo"]
 
 
 def compute_policy_gradient_loss(
@@ -79,11 +76,7 @@ def compute_policy_gradient_loss(
     old_log_probs: torch.Tensor | None = None,
     cliprange: float | None = None,
     response_mask: torch.Tensor | None = None,
-    *,
-    cliprange_high: float | None = None,
-    ratio_cap: float | None = None,
-    sapo_temperature_pos: float = 1.0,
-    sapo_temperature_neg: float = 1.05,
+    **options: Any,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token loss (B, T) to minimise, and detached diagnostics.
 
@@ -106,9 +99,12 @@ def compute_policy_gradient_loss(
             eps_high))                                   (geometric mean, clipped
             per token in log space)
 
-    A is (B,) or (B, 1); eps_low is ``cliprange``, eps_high ``cliprange_high``
-    (None: eps_low). For gmpo the bounds apply to log w (the paper's 0.4 means
-    w in [e^-0.4, e^0.4]). Each method is one entry of ``OBJECTIVES``.
+    A is (B,) or (B, 1); eps_low is ``cliprange``, eps_high the keyword option
+    ``cliprange_high`` (None: eps_low). For gmpo the bounds apply to log w (the
+    paper's 0.4 means w in [e^-0.4, e^0.4]). ``options``: the other
+    :class:`ObjectiveOptions` fields by name (``cliprange_high``, ``ratio_cap``,
+    ``sapo_temperature_pos``, ``sapo_temperature_neg``), checked once here; the
+    loss itself is :func:`objective_loss`, one record of ``OBJECTIVE_RECORDS``.
 
     Diagnostics are means over ``response_mask`` tokens (every token when the
     mask is None). ``clip_count`` counts only the clips that remove a gradient:
@@ -122,389 +118,21 @@ def compute_policy_gradient_loss(
     the split of a symmetric clip). Half-precision log-probs are computed in
     float32, because bfloat16 cannot represent GSPO's 1 +/- 3e-4 bounds.
     """
-    _check_loss_shapes(raw_rewards_or_advantages, policy_log_probs, response_mask)
-    check_objective_settings(
-        importance_reweighting_method,
-        cliprange,
-        cliprange_high=cliprange_high,
-        ratio_cap=ratio_cap,
-        sapo_temperature_pos=sapo_temperature_pos,
-        sapo_temperature_neg=sapo_temperature_neg,
-    )
-    _check_objective_tensors(
-        importance_reweighting_method, policy_log_probs, old_log_probs, response_mask
-    )
-    if policy_log_probs.dtype in {torch.float16, torch.bfloat16}:
-        policy_log_probs = policy_log_probs.float()
-    advantages = raw_rewards_or_advantages
-    if advantages.ndim == 1:
-        advantages = advantages.unsqueeze(-1)  # (B, 1)
-    token_mask = (
-        response_mask.bool()
-        if response_mask is not None
-        else torch.ones_like(policy_log_probs, dtype=torch.bool)
-    )  # (B, T)
-    if old_log_probs is not None:
-        old_log_probs = _finite_where_masked_out(
-            old_log_probs, policy_log_probs, token_mask
-        )
-    objective = OBJECTIVES[importance_reweighting_method]
-    options = ObjectiveOptions(
+    settings = ObjectiveOptions.from_keywords(
+        importance_reweighting_method=importance_reweighting_method,
         cliprange=cliprange,
-        cliprange_high=cliprange_high,
-        ratio_cap=ratio_cap,
-        sapo_temperature_pos=sapo_temperature_pos,
-        sapo_temperature_neg=sapo_temperature_neg,
+        **options,
     )
-    return objective(advantages, policy_log_probs, old_log_probs, token_mask, options)
-
-
-def _finite_where_masked_out(
-    old_log_probs: torch.Tensor,
-    policy_log_probs: torch.Tensor,
-    token_mask: torch.Tensor,
-) -> torch.Tensor:
-    """old log-probs with each non-finite masked-out entry replaced by log pi there.
-
-    A masked-out position must not matter, but a NaN or -inf old log-prob there
-    would still send NaN through exp() into the gradient (0 * exp(NaN) is NaN).
-    Finite values, masked or not, are kept as they are. (B, T)
-    """
-    unusable = ~token_mask & ~torch.isfinite(old_log_probs)  # (B, T)
-    if not unusable.any():
-        return old_log_probs
-    return torch.where(unusable, policy_log_probs.detach(), old_log_probs)
-
-
-def _token_mean(values: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
-    """Detached mean of values over masked-in tokens (0 when there are none)."""
-    count = token_mask.sum().detach()
-    return values.detach().masked_fill(~token_mask, 0.0).sum() / count.clamp_min(1)
-
-
-def _token_ratio_diagnostics(
-    ratio: torch.Tensor, per_token_loss: torch.Tensor, token_mask: torch.Tensor
-) -> dict[str, torch.Tensor]:
-    """Mean token ratio (and its token count) and mean loss of a token objective."""
-    return {
-        "importance_ratio_mean": _token_mean(ratio, token_mask),
-        "importance_ratio_count": token_mask.sum().detach(),
-        "off_policy_loss_mean": _token_mean(per_token_loss, token_mask),
-    }
-
-
-def _log_ratio(
-    policy_log_probs: torch.Tensor, old_log_probs: torch.Tensor
-) -> torch.Tensor:
-    """log pi - log pi_old, with no gradient through the old policy. (B, T)"""
-    return policy_log_probs - old_log_probs.detach()
-
-
-def _reinforce_loss(
-    advantages: torch.Tensor,
-    policy_log_probs: torch.Tensor,
-    old_log_probs: torch.Tensor | None,
-    token_mask: torch.Tensor,
-    options: ObjectiveOptions,
-) -> LossAndDiagnostics:
-    per_token_loss = -advantages * policy_log_probs  # (B, T)
-    return per_token_loss, {
-        "on_policy_loss_mean": _token_mean(per_token_loss, token_mask)
-    }
-
-
-def _noclip_loss(
-    advantages: torch.Tensor,
-    policy_log_probs: torch.Tensor,
-    old_log_probs: torch.Tensor,
-    token_mask: torch.Tensor,
-    options: ObjectiveOptions,
-) -> LossAndDiagnostics:
-    weights = torch.exp(_log_ratio(policy_log_probs, old_log_probs))  # (B, T)
-    per_token_loss = -advantages * weights  # (B, T)
-    return per_token_loss, _token_ratio_diagnostics(weights, per_token_loss, token_mask)
-
-
-def _clipped_sides(
-    advantages: torch.Tensor,
-    ratio: torch.Tensor,
-    options: ObjectiveOptions,
-    low: float,
-    high: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Where a clip removes the gradient, split by the ratio's side.
-
-    A clip only matters when it removes the gradient: A < 0 below ``low``
-    (low side); A > 0 above ``high``, or A < 0 above ``ratio_cap`` (high side).
-    Elsewhere min() keeps the unclipped term.
-    """
-    low_side = (advantages < 0) & (ratio < low)
-    high_side = (advantages > 0) & (ratio > high)
-    if options.ratio_cap is not None:
-        high_side = high_side | ((advantages < 0) & (ratio > options.ratio_cap))
-    return low_side, high_side
-
-
-def _clip_diagnostics(
-    low_side: torch.Tensor,
-    high_side: torch.Tensor,
-    valid: torch.Tensor,
-    total: torch.Tensor,
-    split: bool,
-) -> dict[str, torch.Tensor]:
-    """clip_fraction, clip_count, clip_total (and the low/high split)."""
-    clip_count = (valid & (high_side | low_side)).sum()
-    diagnostics = {
-        "clip_fraction": (clip_count / total.clamp_min(1)).detach(),
-        "clip_count": clip_count.detach(),
-        "clip_total": total.detach(),
-    }
-    if split:
-        low_count = (valid & low_side).sum().detach()
-        high_count = (valid & high_side).sum().detach()
-        diagnostics.update(
-            clip_low_count=low_count,
-            clip_high_count=high_count,
-            clip_low_fraction=low_count / total.clamp_min(1),
-            clip_high_fraction=high_count / total.clamp_min(1),
-        )
-    return diagnostics
-
-
-def _capped(ratio: torch.Tensor, options: ObjectiveOptions) -> torch.Tensor:
-    """min(ratio, ratio_cap): the unclipped term under the dual clip."""
-    if options.ratio_cap is None:
-        return ratio
-    return torch.clamp(ratio, max=options.ratio_cap)
-
-
-def _grpo_clip_loss(
-    advantages: torch.Tensor,
-    policy_log_probs: torch.Tensor,
-    old_log_probs: torch.Tensor,
-    token_mask: torch.Tensor,
-    options: ObjectiveOptions,
-) -> LossAndDiagnostics:
-    low, high = options.low_bound, options.high_bound
-    ratio = torch.exp(_log_ratio(policy_log_probs, old_log_probs))  # (B, T)
-    clipped_ratio = torch.clamp(ratio, min=low, max=high)  # (B, T)
-    per_token_loss = -torch.minimum(
-        advantages * _capped(ratio, options), advantages * clipped_ratio
-    )  # (B, T)
-    token_count = token_mask.sum().detach()
-    low_side, high_side = _clipped_sides(advantages, ratio, options, low, high)
-    return per_token_loss, {
-        **_clip_diagnostics(
-            low_side, high_side, token_mask, token_count, options.splits_clip_sides
-        ),
-        **_token_ratio_diagnostics(ratio, per_token_loss, token_mask),
-    }
-
-
-def _sequence_mean_log_ratio(
-    log_ratio: torch.Tensor, token_mask: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean over each response's tokens of the log ratio (B, 1), and lengths."""
-    lengths = token_mask.sum(dim=1, keepdim=True)  # (B, 1)
-    mean_log_ratio = log_ratio.masked_fill(~token_mask, 0.0).sum(
-        dim=1, keepdim=True
-    ) / lengths.clamp_min(1)  # (B, 1)
-    return mean_log_ratio, lengths
-
-
-def _sequence_diagnostics(
-    ratio: torch.Tensor, clipped_ratio: torch.Tensor, valid: torch.Tensor
-) -> dict[str, torch.Tensor]:
-    sequence_count = valid.sum()
-
-    def sequence_mean(values: torch.Tensor) -> torch.Tensor:
-        masked = values.detach().masked_fill(~valid, 0.0)
-        return masked.sum() / sequence_count.clamp_min(1)
-
-    return {
-        "importance_ratio_mean": sequence_mean(ratio),
-        "clipped_importance_ratio_mean": sequence_mean(clipped_ratio),
-        "importance_ratio_count": sequence_count.detach(),
-    }
-
-
-def _gspo_clip_loss(
-    advantages: torch.Tensor,
-    policy_log_probs: torch.Tensor,
-    old_log_probs: torch.Tensor,
-    token_mask: torch.Tensor,
-    options: ObjectiveOptions,
-) -> LossAndDiagnostics:
-    low, high = options.low_bound, options.high_bound
-    log_ratio = _log_ratio(policy_log_probs, old_log_probs)  # (B, T)
-    mean_log_ratio, lengths = _sequence_mean_log_ratio(log_ratio, token_mask)
-    ratio = torch.exp(mean_log_ratio)  # (B, 1): geometric mean of token ratios
-    clipped_ratio = torch.clamp(ratio, min=low, max=high)  # (B, 1)
-    sequence_loss = -torch.minimum(
-        advantages * _capped(ratio, options), advantages * clipped_ratio
-    )  # (B, 1)
-    # Sequence aggregation averages these repeated values: no second length divide.
-    per_token_loss = sequence_loss.expand_as(log_ratio)  # (B, T)
-    valid = lengths > 0  # (B, 1): responses with at least one token
-    low_side, high_side = _clipped_sides(advantages, ratio, options, low, high)
-    clips = _clip_diagnostics(
-        low_side, high_side, valid, valid.sum(), options.splits_clip_sides
+    return objective_loss(
+        settings,
+        raw_rewards_or_advantages,
+        policy_log_probs,
+        old_log_probs,
+        response_mask,
     )
-    return per_token_loss, {
-        **_sequence_diagnostics(ratio, clipped_ratio, valid),
-        **clips,
-        "off_policy_loss_mean": _token_mean(per_token_loss, token_mask),
-    }
 
 
-def _cispo_loss(
-    advantages: torch.Tensor,
-    policy_log_probs: torch.Tensor,
-    old_log_probs: torch.Tensor,
-    token_mask: torch.Tensor,
-    options: ObjectiveOptions,
-) -> LossAndDiagnostics:
-    low, high = options.low_bound, options.high_bound
-    ratio = torch.exp(_log_ratio(policy_log_probs, old_log_probs))  # (B, T)
-    weights = torch.clamp(ratio, min=low, max=high).detach()  # (B, T), sg(clip(w))
-    per_token_loss = -weights * advantages * policy_log_probs  # (B, T)
-    token_count = token_mask.sum().detach()
-    return per_token_loss, {
-        **_clip_diagnostics(ratio < low, ratio > high, token_mask, token_count, True),
-        **_token_ratio_diagnostics(ratio, per_token_loss, token_mask),
-    }
-
-
-def _sapo_loss(
-    advantages: torch.Tensor,
-    policy_log_probs: torch.Tensor,
-    old_log_probs: torch.Tensor,
-    token_mask: torch.Tensor,
-    options: ObjectiveOptions,
-) -> LossAndDiagnostics:
-    ratio = torch.exp(_log_ratio(policy_log_probs, old_log_probs))  # (B, T)
-    positive = torch.full_like(advantages, options.sapo_temperature_pos)  # (B, 1)
-    negative = torch.full_like(advantages, options.sapo_temperature_neg)  # (B, 1)
-    temperature = torch.where(advantages > 0, positive, negative)  # (B, 1)
-    gate = torch.sigmoid(temperature * (ratio - 1)) * 4 / temperature  # (B, T)
-    per_token_loss = -gate * advantages  # (B, T)
-    return per_token_loss, _token_ratio_diagnostics(ratio, per_token_loss, token_mask)
-
-
-def _gmpo_loss(
-    advantages: torch.Tensor,
-    policy_log_probs: torch.Tensor,
-    old_log_probs: torch.Tensor,
-    token_mask: torch.Tensor,
-    options: ObjectiveOptions,
-) -> LossAndDiagnostics:
-    low, high = -options.cliprange, options.upper_cliprange  # bounds on log w
-    log_ratio = _log_ratio(policy_log_probs, old_log_probs)  # (B, T)
-    sign = torch.sign(advantages)  # (B, 1)
-    clipped_log_ratio = torch.clamp(log_ratio, min=low, max=high)  # (B, T)
-    kept_log_ratio = sign * torch.minimum(
-        sign * log_ratio, sign * clipped_log_ratio
-    )  # (B, T): the pessimistic side, as PPO's min
-    mean_log_ratio, lengths = _sequence_mean_log_ratio(kept_log_ratio, token_mask)
-    ratio = torch.exp(mean_log_ratio)  # (B, 1): geometric mean of clipped ratios
-    per_token_loss = (-advantages * ratio).expand_as(log_ratio)  # (B, T)
-    valid = lengths > 0  # (B, 1)
-    unclipped_ratio = torch.exp(_sequence_mean_log_ratio(log_ratio, token_mask)[0])
-    low_side = (advantages < 0) & (log_ratio < low)  # (B, T)
-    high_side = (advantages > 0) & (log_ratio > high)  # (B, T)
-    clips = _clip_diagnostics(
-        low_side, high_side, token_mask, token_mask.sum(), split=True
-    )
-    return per_token_loss, {
-        **_sequence_diagnostics(unclipped_ratio, ratio, valid),
-        **clips,
-        "off_policy_loss_mean": _token_mean(per_token_loss, token_mask),
-    }
-
-
-# Every objective, by name: one signature, (A (B, 1), log pi (B, T),
-# log pi_old (B, T) or None, token mask (B, T), options) -> (loss (B, T), diagnostics).
-OBJECTIVES: dict[str, Objective] = {
-    "none": _reinforce_loss,
-    "noclip": _noclip_loss,
-    "grpo": _grpo_clip_loss,
-    "gspo": _gspo_clip_loss,
-    "cispo": _cispo_loss,
-    "sapo": _sapo_loss,
-    "gmpo": _gmpo_loss,
-}
-REWEIGHTING_METHODS = tuple(OBJECTIVES)
-# Methods that weigh by pi / pi_old, those that also clip that ratio, and those
-# with one ratio per response (they need the response mask).
-RATIO_METHODS = frozenset({"noclip", "grpo", "gspo", "cispo", "sapo", "gmpo"})
-CLIPPED_METHODS = frozenset({"grpo", "gspo", "cispo", "gmpo"})
-SEQUENCE_METHODS = frozenset({"gspo", "gmpo"})
-# Methods that always report clip_low_* and clip_high_* (grpo and gspo do once
-# cliprange_high or ratio_cap is set).
-SPLIT_CLIP_METHODS = frozenset({"cispo", "gmpo"})
-# Methods whose unclipped term the dual-clip cap bounds.
-CAPPED_METHODS = frozenset({"grpo", "gspo"})
 LOSS_NORMALIZATIONS = ("sequence", "constant", "token")
-
-
-def check_objective_settings(
-    method: str,
-    cliprange: float | None,
-    *,
-    cliprange_high: float | None = None,
-    ratio_cap: float | None = None,
-    sapo_temperature_pos: float = 1.0,
-    sapo_temperature_neg: float = 1.05,
-) -> None:
-    """The one check of an objective's name and options (config and callers).
-
-    A clipped method needs cliprange > 0; cliprange_high is None or > 0;
-    ratio_cap is None or above the upper clip bound 1 + eps_high (at or below
-    it, the cap would remove gradients the clip keeps: another objective, not a
-    dual clip); SAPO temperatures are > 0. Options a method does not read are
-    still range-checked, and named by ``TrainConfig``'s inert settings.
-    """
-    if method not in REWEIGHTING_METHODS:
-        raise ValueError(
-            f"importance_reweighting_method must be one of {REWEIGHTING_METHODS}, "
-            f"got {method!r}"
-        )
-    if method in CLIPPED_METHODS and not _is_positive_number(
-        cliprange, allow_infinity=True
-    ):
-        raise ValueError(
-            f"cliprange must be positive for {method!r}, got {cliprange!r}"
-        )
-    if cliprange_high is not None and not _is_positive_number(cliprange_high):
-        raise ValueError(
-            "cliprange_high must be None (the same as cliprange) or a positive "
-            f"number, got {cliprange_high!r}"
-        )
-    _check_ratio_cap(method, cliprange, cliprange_high, ratio_cap)
-    for name, value in (
-        ("sapo_temperature_pos", sapo_temperature_pos),
-        ("sapo_temperature_neg", sapo_temperature_neg),
-    ):
-        if not _is_positive_number(value):
-            raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-
-
-def _check_ratio_cap(
-    method: str,
-    cliprange: float | None,
-    cliprange_high: float | None,
-    ratio_cap: float | None,
-) -> None:
-    if ratio_cap is None:
-        return
-    bound = 1.0
-    if method in CAPPED_METHODS:
-        bound = 1 + (cliprange if cliprange_high is None else cliprange_high)
-    if not _is_positive_number(ratio_cap) or ratio_cap <= bound:
-        raise ValueError(
-            f"ratio_cap must be None (no cap) or a finite number above the upper "
-            f"clip bound {bound:g}, got {ratio_cap!r}"
-        )
 
 
 def check_loss_normalization(
@@ -516,24 +144,13 @@ def check_loss_normalization(
             f"loss_normalization must be one of {LOSS_NORMALIZATIONS}, "
             f"got {loss_normalization!r}"
         )
-    if loss_normalization == "constant" and not _is_positive_number(
+    if loss_normalization == "constant" and not is_positive_number(
         normalization_constant
     ):
         raise ValueError(
             "normalization_constant must be positive for constant normalization, "
             f"got {normalization_constant!r}"
         )
-
-
-def _is_positive_number(value: object, allow_infinity: bool = False) -> bool:
-    """A number > 0 (not a bool, not NaN; infinite only if allowed: an infinite
-    clip range means no clipping, an infinite divisor means no loss)."""
-    return (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and (math.isfinite(value) or (allow_infinity and value == math.inf))
-        and value > 0
-    )
 
 
 def microbatch_loss_scale(
@@ -646,71 +263,11 @@ def check_entropy_settings(
             "entropy_coef must be a finite number >= 0 (0: no entropy bonus), "
             f"got {entropy_coef!r}"
         )
-    if not (_is_positive_number(top_entropy_quantile) and top_entropy_quantile <= 1):
+    if not (is_positive_number(top_entropy_quantile) and top_entropy_quantile <= 1):
         raise ValueError(
             "top_entropy_quantile must be a number in (0, 1] (1: every token), "
             f"got {top_entropy_quantile!r}"
             + (f" (argument {quantile_name})" if quantile_name else "")
-        )
-
-
-def _check_loss_shapes(
-    advantages: torch.Tensor,
-    policy_log_probs: torch.Tensor,
-    response_mask: torch.Tensor | None,
-) -> None:
-    for name, value in (
-        ("raw_rewards_or_advantages", advantages),
-        ("policy_log_probs", policy_log_probs),
-    ):
-        if not isinstance(value, torch.Tensor):
-            raise ValueError(f"{name} must be a tensor, got {type(value).__name__}")
-    if policy_log_probs.ndim != 2:
-        raise ValueError(
-            "policy_log_probs must have shape (batch_size, sequence_length), got "
-            f"{tuple(policy_log_probs.shape)}"
-        )
-    if response_mask is not None and response_mask.shape != policy_log_probs.shape:
-        raise ValueError(
-            f"response_mask must have shape {tuple(policy_log_probs.shape)} like "
-            f"policy_log_probs, got {tuple(response_mask.shape)}"
-        )
-    if not (
-        advantages.ndim == 1 or (advantages.ndim == 2 and advantages.shape[1] == 1)
-    ):
-        raise ValueError(
-            "raw_rewards_or_advantages must have shape (batch_size,) or "
-            f"(batch_size, 1), got {tuple(advantages.shape)}"
-        )
-    if advantages.shape[0] != policy_log_probs.shape[0]:
-        raise ValueError(
-            f"raw_rewards_or_advantages must have batch size "
-            f"{policy_log_probs.shape[0]} like policy_log_probs, "
-            f"got {advantages.shape[0]}"
-        )
-
-
-def _check_objective_tensors(
-    method: str,
-    policy_log_probs: torch.Tensor,
-    old_log_probs: torch.Tensor | None,
-    response_mask: torch.Tensor | None,
-) -> None:
-    if method not in RATIO_METHODS:
-        return
-    if not isinstance(old_log_probs, torch.Tensor):
-        raise ValueError(
-            f"old_log_probs must be a tensor for {method!r} reweighting, got "
-            f"{type(old_log_probs).__name__ if old_log_probs is not None else None}"
-        )
-    if old_log_probs.shape != policy_log_probs.shape:
-        raise ValueError(
-            f"old_log_probs must have shape {tuple(policy_log_probs.shape)} like "
-            f"policy_log_probs, got {tuple(old_log_probs.shape)}"
-        )
-    if method in SEQUENCE_METHODS and response_mask is None:
-        raise ValueError(
-            f"response_mask must be a tensor for {method!r} reweighting, got None"
         )
 
 
@@ -720,7 +277,23 @@ def aggregate_loss_across_microbatch(
     loss_normalization: Literal["sequence", "constant", "token"] = "sequence",
     normalization_constant: int | None = None,
 ) -> torch.Tensor:
-    """Reduce a (B, T) per-token loss to a scalar.
+    """Reduce a (B, T) per-token loss to a scalar: its inputs checked, then
+    :func:`reduce_masked_loss` (the formulas)."""
+    check_aggregation_inputs(
+        per_token_policy_gradient_loss, mask, loss_normalization, normalization_constant
+    )
+    return reduce_masked_loss(
+        per_token_policy_gradient_loss, mask, loss_normalization, normalization_constant
+    )
+
+
+def reduce_masked_loss(
+    per_token_loss: torch.Tensor,
+    mask: torch.Tensor,
+    loss_normalization: str,
+    normalization_constant: float | None,
+) -> torch.Tensor:
+    """Reduce a (B, T) per-token loss to a scalar (inputs already checked).
 
     sequence: mean over responses of (sum_t loss * mask / max(|o_i|, 1))   (GRPO)
     constant: sum over all tokens of loss * mask / normalization_constant
@@ -733,6 +306,23 @@ def aggregate_loss_across_microbatch(
               batch's token mean.
     ``normalization_constant`` is read by constant only.
     """
+    # A masked-out position adds 0 whatever it holds (even inf or NaN).
+    masked_loss = torch.where(mask != 0, per_token_loss * mask, 0.0)  # (B, T)
+    if loss_normalization == "sequence":
+        response_lengths = mask.sum(dim=1).clamp_min(1)  # (B,)
+        return (masked_loss.sum(dim=1) / response_lengths).mean()
+    if loss_normalization == "token":
+        return masked_loss.sum() / mask.sum().clamp_min(1)
+    return masked_loss.sum() / normalization_constant
+
+
+def check_aggregation_inputs(
+    per_token_policy_gradient_loss: torch.Tensor,
+    mask: torch.Tensor,
+    loss_normalization: str,
+    normalization_constant: float | None,
+) -> None:
+    """A (B, T) loss with B >= 1, a mask of its shape, a known normalization."""
     for name, value in (
         ("per_token_policy_gradient_loss", per_token_policy_gradient_loss),
         ("mask", mask),
@@ -754,13 +344,3 @@ def aggregate_loss_across_microbatch(
             "per_token_policy_gradient_loss must hold at least one response, got 0 rows"
         )
     check_loss_normalization(loss_normalization, normalization_constant)
-    # A masked-out position adds 0 whatever it holds (even inf or NaN).
-    masked_loss = torch.where(
-        mask != 0, per_token_policy_gradient_loss * mask, 0.0
-    )  # (B, T)
-    if loss_normalization == "sequence":
-        response_lengths = mask.sum(dim=1).clamp_min(1)  # (B,)
-        return (masked_loss.sum(dim=1) / response_lengths).mean()
-    if loss_normalization == "token":
-        return masked_loss.sum() / mask.sum().clamp_min(1)
-    return masked_loss.sum() / normalization_constant

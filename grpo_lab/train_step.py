@@ -13,31 +13,23 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from grpo_lab.advantages import (
-    compute_group_normalized_rewards,
-    compute_rollout_rewards,
-)
-from grpo_lab.kl import check_kl_settings, compute_kl_penalty
+from grpo_lab.advantages import check_rollout_lists, rollout_advantages
+from grpo_lab.kl import check_kl_settings, compute_kl_penalty, kl_importance_weights
 from grpo_lab.logprobs import (
     check_logits_chunk_size,
     check_temperature,
     get_response_log_probs,
 )
 from grpo_lab.losses import (
-    CLIP_SIDE_KEYS,
-    CLIPPED_METHODS,
-    RATIO_METHODS,
-    SEQUENCE_METHODS,
-    SPLIT_CLIP_METHODS,
+    DiagnosticAccumulator,
     Method,
     ObjectiveOptions,
-    aggregate_loss_across_microbatch,
     check_entropy_settings,
     check_loss_normalization,
-    check_objective_settings,
-    compute_policy_gradient_loss,
     high_entropy_mask,
     microbatch_loss_scale,
+    objective_loss,
+    reduce_masked_loss,
 )
 from grpo_lab.masks import tokenize_prompt_and_output
 from grpo_lab.prefix_sharing import shared_prefix_length
@@ -54,40 +46,29 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 BATCH_KEYS = ("input_ids", "labels", "response_mask")
-_COUNT_KEYS = (
-    "clip_count",
-    "clip_total",
-    "importance_ratio_count",
-    "clip_low_count",
-    "clip_high_count",
-)
 
 StepResult = tuple[torch.Tensor, dict[str, torch.Tensor | float]]
 
 
-@dataclass(frozen=True)
-class UpdateSettings:
-    """How each microbatch is scored and reduced; checked when constructed.
+@dataclass(frozen=True, kw_only=True)
+class UpdateSettings(ObjectiveOptions):
+    """How each microbatch is scored and reduced; checked once, when built.
 
-    The loss-side arguments of :func:`policy_gradient_update`, in one object that
-    ``TrainConfig`` builds too, so a run and a direct call share one check.
-    ``logits_chunk_size=None`` reads ``model.config.grpo_logits_chunk_size``, the
-    reference design's channel (see :func:`grpo_lab.logprobs.get_response_log_probs`).
-    Every default is the reference design's update.
+    The objective's options (:class:`grpo_lab.losses.ObjectiveOptions`, which
+    this extends: the objective is handed this object as it is) plus the rest
+    of an update's settings. ``TrainConfig.update_settings()`` builds it for a
+    run, :func:`policy_gradient_update` from its keywords for a direct call:
+    both pass one check. ``logits_chunk_size=None`` reads
+    ``model.config.grpo_logits_chunk_size``, the reference design's channel (see
+    :func:`grpo_lab.logprobs.get_response_log_probs`). Every default is the
+    reference design's update.
     """
 
-    importance_reweighting_method: str = "none"
-    cliprange: float | None = None
     loss_normalization: str = "sequence"
     normalization_constant: float | None = None
     temperature: float = 1.0
     logits_chunk_size: int | None = None
     share_prompt_prefix: bool = False
-    # Objective options (see grpo_lab.losses.compute_policy_gradient_loss).
-    cliprange_high: float | None = None
-    ratio_cap: float | None = None
-    sapo_temperature_pos: float = 1.0
-    sapo_temperature_neg: float = 1.05
     # beta * KL(pi || pi_ref) per token (grpo_lab.kl); 0: no penalty.
     kl_coef: float = 0.0
     kl_estimator: str = "k3"
@@ -107,14 +88,7 @@ class UpdateSettings:
     sampler_correction_high: float = DEFAULT_HIGH
 
     def __post_init__(self) -> None:
-        check_objective_settings(
-            self.importance_reweighting_method,
-            self.cliprange,
-            cliprange_high=self.cliprange_high,
-            ratio_cap=self.ratio_cap,
-            sapo_temperature_pos=self.sapo_temperature_pos,
-            sapo_temperature_neg=self.sapo_temperature_neg,
-        )
+        super().__post_init__()  # the objective's options
         check_loss_normalization(self.loss_normalization, self.normalization_constant)
         check_kl_settings(self.kl_coef, self.kl_estimator)
         check_entropy_settings(self.entropy_coef, self.top_entropy_quantile)
@@ -139,16 +113,34 @@ class UpdateSettings:
         because the high-entropy threshold is a quantile over every token."""
         return self.every_row_has_gradient or self.top_entropy_quantile < 1.0
 
-    @property
-    def objective_options(self) -> ObjectiveOptions:
-        """The options the objective reads."""
-        return ObjectiveOptions(
-            cliprange=self.cliprange,
-            cliprange_high=self.cliprange_high,
-            ratio_cap=self.ratio_cap,
-            sapo_temperature_pos=self.sapo_temperature_pos,
-            sapo_temperature_neg=self.sapo_temperature_neg,
+
+def resolve_update_settings(
+    settings: UpdateSettings | None, **options: Any
+) -> UpdateSettings:
+    """``settings`` as given (already checked), else built from ``options``.
+
+    ``options``: the caller's keyword settings, of which those left at the
+    reference defaults may accompany ``settings``; any other is a ValueError,
+    since one of the two would be ignored.
+    """
+    if settings is None:
+        return UpdateSettings.from_keywords(**options)
+    if not isinstance(settings, UpdateSettings):
+        raise ValueError(
+            f"settings must be an UpdateSettings, got {type(settings).__name__}"
         )
+    defaults = {field.name: field.default for field in dataclasses.fields(settings)}
+    given = sorted(
+        name
+        for name, value in options.items()
+        if name not in defaults or value != defaults[name]
+    )
+    if given:
+        raise ValueError(
+            f"pass the update's settings either as settings= or as keywords, "
+            f"not both: got settings and {given}"
+        )
+    return settings
 
 
 def grpo_train_step(
@@ -173,8 +165,7 @@ def grpo_train_step(
     *,
     nan_rewards: Literal["propagate", "ignore"] = "propagate",
     reference_log_probs: torch.Tensor | None = None,
-    kl_coef: float = 0.0,
-    kl_estimator: str = "k3",
+    settings: UpdateSettings | None = None,
     **options: Any,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
     """One GRPO step from texts: rewards -> group advantages -> tokens -> update.
@@ -183,36 +174,31 @@ def grpo_train_step(
     texts are tokenized with :func:`tokenize_prompt_and_output`, and the step
     itself is :func:`policy_gradient_update`. When every advantage is zero nothing
     is tokenized or scored, the optimizer does not step, and the update's
-    diagnostics read 0 (the reference design's keys). Metadata holds the reward
-    and advantage statistics and the update's diagnostics.
+    diagnostics read 0 under the keys a step with signal reports. Metadata
+    holds the reward and advantage statistics and the update's diagnostics.
 
     Keyword-only extras (defaults: the reference design's step): ``nan_rewards``
     (:func:`grpo_lab.advantages.compute_group_normalized_rewards`),
-    ``reference_log_probs`` (B, T) with ``kl_coef`` and ``kl_estimator`` (a KL
-    penalty to a reference policy, :mod:`grpo_lab.kl`), and ``options``: any
-    other :class:`UpdateSettings` field (``cliprange_high``, ``ratio_cap``,
-    ``entropy_coef``, ``top_entropy_quantile``, ``temperature``, ...).
+    ``reference_log_probs`` (B, T) for a KL penalty (``kl_coef``,
+    :mod:`grpo_lab.kl`), and the update's settings: ``settings`` (an
+    :class:`UpdateSettings`) or ``options``, any of its fields by name
+    (``cliprange_high``, ``kl_coef``, ``entropy_coef``, ``temperature``, ...).
     """
-    _check_rollout_lists(
+    check_rollout_lists(
         repeated_prompts, rollout_responses, repeated_ground_truths, group_size
     )
-    settings = _update_settings(
+    settings = resolve_update_settings(
+        settings,
         importance_reweighting_method=importance_reweighting_method,
         cliprange=cliprange,
         loss_normalization=loss_normalization,
         normalization_constant=normalization_constant,
-        kl_coef=kl_coef,
-        kl_estimator=kl_estimator,
         **options,
     )
     check_update_inputs(
-        settings,
-        gradient_accumulation_steps,
-        max_grad_norm,
-        len(rollout_responses),
-        old_log_probs,
-        reference_log_probs,
-    )
+        settings, gradient_accumulation_steps, max_grad_norm,
+        len(rollout_responses), old_log_probs, reference_log_probs,
+    )  # fmt: skip
     _, advantages, metadata = rollout_advantages(
         reward_fn,
         rollout_responses,
@@ -222,7 +208,7 @@ def grpo_train_step(
         advantage_eps=advantage_eps,
         advantage_normalizer=advantage_normalizer,
         nan_rewards=nan_rewards,
-    )  # (B,)
+    )  # (B,) fmt: skip
     if not (advantages != 0).any() and not settings.every_row_has_gradient:
         optimizer.zero_grad(set_to_none=True)
         zero_loss, skipped = _zero_diagnostics(settings, _device_of(model))
@@ -231,60 +217,11 @@ def grpo_train_step(
         repeated_prompts, rollout_responses, tokenizer
     )  # (B, T) each
     loss, update_metadata = policy_gradient_update(
-        model,
-        optimizer,
-        gradient_accumulation_steps,
-        max_grad_norm,
-        batch,
-        advantages,
-        old_log_probs=old_log_probs,
-        reference_log_probs=reference_log_probs,
-        **dataclasses.asdict(settings),
-    )
+        model, optimizer, gradient_accumulation_steps, max_grad_norm, batch,
+        advantages, old_log_probs=old_log_probs,
+        reference_log_probs=reference_log_probs, settings=settings,
+    )  # fmt: skip
     return loss, {**metadata, **update_metadata}
-
-
-def _update_settings(**fields: Any) -> UpdateSettings:
-    """UpdateSettings from keywords; an unknown name is a ValueError naming it."""
-    known = {f.name for f in dataclasses.fields(UpdateSettings)}
-    unknown = sorted(set(fields) - known)
-    if unknown:
-        raise ValueError(
-            f"unknown update option(s) {unknown}; expected some of {sorted(known)}"
-        )
-    return UpdateSettings(**fields)
-
-
-def rollout_advantages(
-    reward_fn: Callable[[str, str], dict[str, float]],
-    rollout_responses: list[str],
-    repeated_ground_truths: list[str],
-    group_size: int,
-    *,
-    baseline: str = "mean",
-    advantage_eps: float = 1e-6,
-    advantage_normalizer: str = "std",
-    nan_rewards: str = "propagate",
-) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-    """Raw rewards (B,), group-normalized advantages (B,) and their statistics.
-
-    Each response is scored once (:func:`compute_rollout_rewards`), then
-    normalized within its group of ``group_size``
-    (:func:`compute_group_normalized_rewards`). The one place both the step and
-    the training loop turn responses into advantages.
-    """
-    raw_rewards, reward_metadata = compute_rollout_rewards(
-        reward_fn, rollout_responses, repeated_ground_truths
-    )  # (B,)
-    advantages, advantage_metadata = compute_group_normalized_rewards(
-        raw_rewards,
-        group_size,
-        baseline,
-        advantage_eps,
-        advantage_normalizer,
-        nan_rewards=nan_rewards,
-    )  # (B,)
-    return raw_rewards, advantages, {**reward_metadata, **advantage_metadata}
 
 
 def policy_gradient_update(
@@ -300,127 +237,94 @@ def policy_gradient_update(
     loss_normalization: Literal["sequence", "constant", "token"] = "sequence",
     normalization_constant: int | None = None,
     *,
-    temperature: float = 1.0,
-    logits_chunk_size: int | None = None,
-    share_prompt_prefix: bool = False,
-    cliprange_high: float | None = None,
-    ratio_cap: float | None = None,
-    sapo_temperature_pos: float = 1.0,
-    sapo_temperature_neg: float = 1.05,
     reference_log_probs: torch.Tensor | None = None,
-    kl_coef: float = 0.0,
-    kl_estimator: str = "k3",
-    kl_importance_weighting: bool = False,
-    entropy_coef: float = 0.0,
-    top_entropy_quantile: float = 1.0,
     sampler_log_probs: torch.Tensor | None = None,
-    sampler_correction: str = "none",
-    sampler_correction_cap: float = DEFAULT_CAP,
-    sampler_correction_low: float = DEFAULT_LOW,
-    sampler_correction_high: float = DEFAULT_HIGH,
     grad_scaler: torch.amp.GradScaler | None = None,
+    settings: UpdateSettings | None = None,
+    **options: Any,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
     """One optimizer step on a tokenized batch with precomputed advantages.
 
-    ``batch`` holds ``input_ids``, ``labels`` and ``response_mask``, each (B, T),
-    as made by :func:`grpo_lab.masks.pad_prompt_and_response_ids`; ``advantages``
-    is (B,), ``old_log_probs`` and ``reference_log_probs`` (B, T). The loss is
+    ``batch`` holds ``input_ids``, ``labels`` and ``response_mask``, each (B, T)
+    (:func:`grpo_lab.masks.pad_prompt_and_response_ids`); ``advantages`` is
+    (B,); ``old_log_probs``, ``reference_log_probs`` and ``sampler_log_probs``
+    (the rollout sampler's own, for a ``sampler_correction``) are (B, T). The
+    settings: ``settings`` (an :class:`UpdateSettings`, as the loop passes it),
+    or the reference arguments and ``options``, any other UpdateSettings field
+    by name (``cliprange_high``, ``kl_coef``, ``entropy_coef``, ...).
+
+    The responses with nonzero advantage (every response, when a KL penalty, an
+    entropy bonus or the entropy quantile needs them) are cut into microbatches
+    of ceil(B / steps) rows; :func:`_accumulate_gradients` backpropagates each
+    microbatch's :func:`microbatch_loss` times :func:`microbatch_loss_scale`, so
+    the gradient is the full batch's for any ``gradient_accumulation_steps``:
 
         sequence: sum over microbatches m of  (|m| / B) * mean_{i in m} loss_i
         constant: sum over microbatches m of  sum_{i in m, t} loss_it / C
         token:    sum over microbatches m of  (n_m / N) * mean_{t in m} loss_t
 
-    with n_m, N the response tokens of m and of the whole batch
-    (:func:`grpo_lab.losses.microbatch_loss_scale`), which equals the full-batch
-    loss for any ``gradient_accumulation_steps`` (microbatches of
-    ceil(B / steps) rows). Each token's loss is :func:`microbatch_loss`'s:
-    the objective (only on high-entropy tokens when ``top_entropy_quantile`` <
-    1; that quantile is taken per microbatch, as TRL does), plus ``kl_coef``
-    times the KL estimate to the reference, minus ``entropy_coef`` times the
-    token's entropy. Responses with zero advantage are not scored, since
-    their gradient is exactly zero, but still count in B (and in N) -- unless
-    a KL penalty or an entropy bonus gives them a gradient, or the entropy
-    quantile must see their tokens: then every row is scored. Tokens are scored by
-    :func:`score_tokens`: from ``logits / temperature``, the distribution
-    rollouts sampled at that temperature come from, with ``logits_chunk_size``,
-    and with ``share_prompt_prefix`` running the prompt columns every row of a
-    microbatch is still in once per distinct prompt instead of once per
-    response: the same gradient, with less work.
-
-    ``sampler_log_probs`` (B, T): the rollout sampler's log-probs of the response
-    tokens. With a ``sampler_correction`` mode each token's objective is weighted
-    by :func:`grpo_lab.sampler_correction.correction_weights` of pi_trainer /
-    pi_sampler, pi_trainer being ``old_log_probs`` when given, else the current
-    log-probs detached (pi_old = pi_theta at the first update). Whenever
-    ``sampler_log_probs`` is given the metadata adds the log-prob gap
-    (``sampler_log_prob_diff_mean`` / ``_max``), and with a mode on the
-    ``is_*`` diagnostics, over the scored responses.
+    with n_m, N the response tokens of m and of the whole batch (skipped rows
+    count in B and N). Then the gradient is clipped to ``max_grad_norm`` and the
+    optimizer steps once.
 
     Raises ``RuntimeError`` before ``optimizer.step`` (parameters untouched) if a
     loss, a diagnostic mean or the gradient norm is not finite. When every
     advantage is zero nothing is scored, the optimizer does not step, and the
-    metadata holds only what is true of such a step: ``optimizer_step`` 0 and
-    ``active_response_count`` 0 (no loss, entropy or gradient norm to report).
-
-    ``grad_scaler`` (float16 autocast): each microbatch backpropagates
-    ``loss * scale``, the gradients are unscaled before clipping, and a step
-    whose gradients overflowed is skipped by the scaler (parameters untouched,
-    the scale lowered) and reported as ``loss_scale_skipped`` 1, not raised:
-    overflow is how a dynamic loss scale finds its size. A non-finite loss is
-    still refused as above.
+    metadata holds only ``optimizer_step`` 0 and ``active_response_count`` 0.
+    ``grad_scaler`` (float16 autocast): a step whose scaled gradients
+    overflowed is skipped by the scaler and reported as ``loss_scale_skipped``
+    1, not raised. With ``sampler_log_probs`` the metadata adds the sampler's
+    log-prob gap and correction diagnostics (:func:`_sampler_metrics`).
     """
-    settings = UpdateSettings(
-        importance_reweighting_method,
-        cliprange,
-        loss_normalization,
-        normalization_constant,
-        temperature,
-        logits_chunk_size,
-        share_prompt_prefix,
-        cliprange_high,
-        ratio_cap,
-        sapo_temperature_pos,
-        sapo_temperature_neg,
-        kl_coef,
-        kl_estimator,
-        kl_importance_weighting,
-        entropy_coef,
-        top_entropy_quantile,
-        sampler_correction=sampler_correction,
-        sampler_correction_cap=sampler_correction_cap,
-        sampler_correction_low=sampler_correction_low,
-        sampler_correction_high=sampler_correction_high,
+    settings = resolve_update_settings(
+        settings,
+        importance_reweighting_method=importance_reweighting_method,
+        cliprange=cliprange,
+        loss_normalization=loss_normalization,
+        normalization_constant=normalization_constant,
+        **options,
     )
     batch_size = _check_batch(
         batch, advantages, old_log_probs, reference_log_probs, sampler_log_probs
     )
     check_update_inputs(
-        settings,
-        gradient_accumulation_steps,
-        max_grad_norm,
-        batch_size,
-        old_log_probs,
-        reference_log_probs,
-        sampler_log_probs=sampler_log_probs,
-    )
+        settings, gradient_accumulation_steps, max_grad_norm, batch_size,
+        old_log_probs, reference_log_probs, sampler_log_probs=sampler_log_probs,
+    )  # fmt: skip
+    log_probs = {
+        "old_log_probs": old_log_probs,
+        "reference_log_probs": reference_log_probs,
+        "sampler_log_probs": sampler_log_probs,
+    }
+    # Keep the configured microbatch size; fewer active rows mean fewer microbatches.
+    microbatch_size = -(-batch_size // gradient_accumulation_steps)  # ceil
+    return _update(model, optimizer, settings, batch, advantages, log_probs,
+                   microbatch_size, max_grad_norm, grad_scaler)  # fmt: skip
+
+
+def _update(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    settings: UpdateSettings,
+    batch: Mapping[str, torch.Tensor],
+    advantages: torch.Tensor,
+    log_probs: dict[str, torch.Tensor | None],
+    microbatch_size: int,
+    max_grad_norm: float | None,
+    grad_scaler: torch.amp.GradScaler | None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
+    """:func:`policy_gradient_update` once its inputs are checked: pick the
+    rows to score, accumulate their microbatches' gradients, step once."""
     device = _device_of(model)
     optimizer.zero_grad(set_to_none=True)
+    batch_size = advantages.shape[0]
     active_indices = torch.nonzero(advantages != 0, as_tuple=False).flatten()
     if active_indices.numel() == 0 and not settings.every_row_has_gradient:
         zero_loss = torch.zeros((), dtype=torch.float32, device=device)
         return zero_loss, {"optimizer_step": 0.0, "active_response_count": 0.0}
     if settings.scores_every_row:
         active_indices = torch.arange(batch_size, device=advantages.device)
-    active = _select_rows(
-        batch,
-        advantages,
-        old_log_probs,
-        reference_log_probs,
-        active_indices,
-        sampler_log_probs=sampler_log_probs,
-    )
-    # Keep the configured microbatch size; fewer active rows mean fewer microbatches.
-    microbatch_size = -(-batch_size // gradient_accumulation_steps)
+    active = _select_rows(batch, advantages, log_probs, active_indices)
     batch_tokens = int(batch["response_mask"].sum())  # skipped rows count too
     accumulator = _accumulate_gradients(
         model,
@@ -431,15 +335,9 @@ def policy_gradient_update(
         device,
         grad_scaler,
     )
-    if grad_scaler is None:
-        gradient_norm = _checked_gradient_norm(model, max_grad_norm, device)
-        optimizer.step()
-        stepped = 1.0
-    else:
-        gradient_norm, stepped = _scaled_step(
-            model, optimizer, max_grad_norm, grad_scaler
-        )
-    optimizer.zero_grad(set_to_none=True)
+    gradient_norm, stepped = _optimizer_step(
+        model, optimizer, max_grad_norm, grad_scaler, device
+    )
     metadata = accumulator.summary()
     metadata.update(
         gradient_norm=gradient_norm.detach(),
@@ -450,14 +348,35 @@ def policy_gradient_update(
         metadata.update(
             loss_scale_skipped=1.0 - stepped, loss_scale=grad_scaler.get_scale()
         )
-    if sampler_log_probs is not None:
+    if "sampler_log_probs" in active:
         metadata.update(_sampler_metrics(active, accumulator, settings))
     return metadata["loss"], metadata
 
 
+def _optimizer_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    max_grad_norm: float | None,
+    grad_scaler: torch.amp.GradScaler | None,
+    device: torch.device,
+) -> tuple[torch.Tensor, float]:
+    """Clip and step once (through ``grad_scaler`` when given), then clear the
+    gradients: the gradient norm before clipping, and 1.0 if the step ran."""
+    if grad_scaler is None:
+        gradient_norm = _checked_gradient_norm(model, max_grad_norm, device)
+        optimizer.step()
+        stepped = 1.0
+    else:
+        gradient_norm, stepped = _scaled_step(
+            model, optimizer, max_grad_norm, grad_scaler
+        )
+    optimizer.zero_grad(set_to_none=True)
+    return gradient_norm, stepped
+
+
 def _sampler_metrics(
     active: Mapping[str, torch.Tensor],
-    accumulator: _DiagnosticAccumulator,
+    accumulator: DiagnosticAccumulator,
     settings: UpdateSettings,
 ) -> dict[str, float]:
     """The sampler gap and correction diagnostics of the scored rows, computed
@@ -537,18 +456,9 @@ def microbatch_loss(
     """
     mask = microbatch["response_mask"]  # (b, T)
     old_log_probs = microbatch.get("old_log_probs")
-    per_token_loss, diagnostics = compute_policy_gradient_loss(
-        microbatch["advantages"],
-        log_probs,
-        settings.importance_reweighting_method,
-        old_log_probs,
-        settings.cliprange,
-        mask,
-        cliprange_high=settings.cliprange_high,
-        ratio_cap=settings.ratio_cap,
-        sapo_temperature_pos=settings.sapo_temperature_pos,
-        sapo_temperature_neg=settings.sapo_temperature_neg,
-    )  # (b, T)
+    per_token_loss, diagnostics = objective_loss(
+        settings, microbatch["advantages"], log_probs, old_log_probs, mask
+    )  # (b, T): the objective reads its options from settings, unchecked
     if settings.top_entropy_quantile < 1.0:
         kept = high_entropy_mask(token_entropy, mask, settings.top_entropy_quantile)
         per_token_loss = per_token_loss * kept  # (b, T)
@@ -562,11 +472,18 @@ def microbatch_loss(
             log_probs, microbatch["reference_log_probs"], settings.kl_estimator
         )  # (b, T)
         diagnostics["kl_mean"] = _masked_mean(kl, mask)
-        weights = _kl_weights(log_probs, old_log_probs, mask, settings)
+        weights = 1.0
+        if settings.kl_importance_weighting:
+            weights = kl_importance_weights(
+                log_probs,
+                old_log_probs,
+                mask,
+                per_sequence=settings.record.per_sequence,
+            )  # (b, T) or (b, 1)
         per_token_loss = per_token_loss + settings.kl_coef * (kl * weights)
     if settings.entropy_coef > 0:
         per_token_loss = per_token_loss - settings.entropy_coef * token_entropy
-    loss = aggregate_loss_across_microbatch(
+    loss = reduce_masked_loss(
         per_token_loss,
         mask,
         settings.loss_normalization,
@@ -594,30 +511,6 @@ def _sampler_weights(
     return weights
 
 
-def _kl_weights(
-    log_probs: torch.Tensor,
-    old_log_probs: torch.Tensor | None,
-    mask: torch.Tensor,
-    settings: UpdateSettings,
-) -> torch.Tensor | float:
-    """pi / pi_old per token (per response for gspo, gmpo), or 1. (b, T) or (b, 1)
-
-    On-policy (no old log-probs) the ratio is exp(log pi - sg(log pi)): 1, whose
-    gradient d/d log pi is 1 (TRL's bias-corrected KL).
-    """
-    if not settings.kl_importance_weighting:
-        return 1.0
-    old = log_probs if old_log_probs is None else old_log_probs
-    dtype = torch.promote_types(log_probs.dtype, torch.float32)
-    log_ratio = log_probs.to(dtype) - old.detach().to(dtype)  # (b, T)
-    if settings.importance_reweighting_method in SEQUENCE_METHODS:
-        weights = mask.to(dtype)  # (b, T)
-        log_ratio = (log_ratio * weights).sum(dim=1, keepdim=True) / weights.sum(
-            dim=1, keepdim=True
-        ).clamp_min(1)  # (b, 1)
-    return torch.exp(log_ratio)
-
-
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Detached mean of values over the response tokens (0 when there are none)."""
     token_mask = mask.bool()  # (b, T)
@@ -639,7 +532,7 @@ def check_update_inputs(
     check_gradient_accumulation_steps(gradient_accumulation_steps, batch_size)
     check_max_grad_norm(max_grad_norm)
     method = settings.importance_reweighting_method
-    if method in RATIO_METHODS and old_log_probs is None:
+    if settings.record.uses_ratio and old_log_probs is None:
         raise ValueError(
             f"old_log_probs must be a tensor for {method!r} reweighting, got None"
         )
@@ -695,21 +588,15 @@ def _device_of(model: torch.nn.Module) -> torch.device:
 def _select_rows(
     batch: Mapping[str, torch.Tensor],
     advantages: torch.Tensor,
-    old_log_probs: torch.Tensor | None,
-    reference_log_probs: torch.Tensor | None,
+    log_probs: Mapping[str, torch.Tensor | None],
     indices: torch.Tensor,
-    *,
-    sampler_log_probs: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
-    """The rows ``indices`` of every per-response tensor, keyed by name."""
+    """The rows ``indices`` of every per-response tensor given, keyed by name."""
     tensors = {key: batch[key] for key in BATCH_KEYS}
     tensors["advantages"] = advantages
-    if old_log_probs is not None:
-        tensors["old_log_probs"] = old_log_probs
-    if reference_log_probs is not None:
-        tensors["reference_log_probs"] = reference_log_probs
-    if sampler_log_probs is not None:
-        tensors["sampler_log_probs"] = sampler_log_probs
+    tensors.update(
+        {key: value for key, value in log_probs.items() if value is not None}
+    )
     return {
         key: value.index_select(0, indices.to(value.device))
         for key, value in tensors.items()
@@ -724,13 +611,13 @@ def _accumulate_gradients(
     settings: UpdateSettings,
     device: torch.device,
     grad_scaler: torch.amp.GradScaler | None = None,
-) -> _DiagnosticAccumulator:
+) -> DiagnosticAccumulator:
     """Backpropagate every microbatch of the active rows; gradients add up.
 
     ``batch_counts``: the whole batch's rows and response tokens (the divisors
     of sequence and token normalization).
     """
-    accumulator = _DiagnosticAccumulator(device)
+    accumulator = DiagnosticAccumulator(device)
     active_count = active["advantages"].shape[0]
     batch_size, batch_tokens = batch_counts
     for rows in torch.arange(active_count).split(microbatch_size):
@@ -755,7 +642,7 @@ def _backward_microbatch(
     model: torch.nn.Module,
     microbatch: dict[str, torch.Tensor],
     scale: float,
-    accumulator: _DiagnosticAccumulator,
+    accumulator: DiagnosticAccumulator,
     settings: UpdateSettings,
     grad_scaler: torch.amp.GradScaler | None = None,
 ) -> None:
@@ -798,72 +685,6 @@ def _check_finite(
     for key, value in loss_metadata.items():
         if key.endswith("_mean") and not torch.isfinite(value):
             raise RuntimeError(f"Non-finite {key}; optimizer step aborted")
-
-
-class _DiagnosticAccumulator:
-    """Weights each microbatch's means by its token (or ratio) count.
-
-    The result is the mean over every scored token of the batch, whatever the
-    split into microbatches; counts (clip_count, ...) are summed.
-    """
-
-    def __init__(self, device: torch.device):
-        zero = torch.zeros((), dtype=torch.float32, device=device)
-        self.loss, self.entropy_sum = zero, zero.clone()
-        self.token_count = torch.zeros((), dtype=torch.long, device=device)
-        self.sums: dict[str, torch.Tensor] = {}
-        self.weights: dict[str, torch.Tensor] = {}
-        self.counts: dict[str, torch.Tensor] = {}
-        # pi_old of the scored rows, in order, when sampler log-probs are given.
-        self.trainer_log_probs: list[torch.Tensor] = []
-
-    def add(
-        self,
-        loss: torch.Tensor,
-        entropy_sum: torch.Tensor,
-        token_count: torch.Tensor,
-        loss_metadata: dict[str, torch.Tensor],
-    ) -> None:
-        self.loss = self.loss + loss
-        self.entropy_sum = self.entropy_sum + entropy_sum
-        self.token_count = self.token_count + token_count
-        for key, value in loss_metadata.items():
-            if key in _COUNT_KEYS:
-                self.counts[key] = self.counts.get(key, torch.zeros_like(value)) + value
-            elif key.endswith("_mean"):
-                weight = (
-                    loss_metadata["importance_ratio_count"]
-                    if "importance_ratio" in key
-                    else token_count
-                )
-                self._add_weighted(key, value, weight)
-
-    def _add_weighted(
-        self, key: str, value: torch.Tensor, weight: torch.Tensor
-    ) -> None:
-        self.sums[key] = self.sums.get(key, torch.zeros_like(value)) + value * weight
-        self.weights[key] = self.weights.get(key, torch.zeros_like(weight)) + weight
-
-    def summary(self) -> dict[str, torch.Tensor | float]:
-        metadata: dict[str, torch.Tensor | float] = {
-            key: value / self.weights[key].clamp_min(1)
-            for key, value in self.sums.items()
-        }
-        metadata.update(self.counts)
-        if "clip_total" in self.counts:
-            total = self.counts["clip_total"].clamp_min(1)
-            for side in ("", "_low", "_high"):
-                if f"clip{side}_count" in self.counts:
-                    metadata[f"clip{side}_fraction"] = (
-                        self.counts[f"clip{side}_count"] / total
-                    )
-        metadata.update(
-            loss=self.loss.detach(),
-            token_entropy=(self.entropy_sum / self.token_count.clamp_min(1)).detach(),
-            response_token_count=self.token_count.detach(),
-            entropy_count=self.token_count.detach(),
-        )
-        return metadata
 
 
 def _checked_gradient_norm(
@@ -909,68 +730,25 @@ def _scaled_step(
 
 
 def _zero_diagnostics(settings: UpdateSettings, device: torch.device) -> StepResult:
-    """The reference design's diagnostics of a step with every advantage zero."""
-    method = settings.importance_reweighting_method
+    """A step with every advantage zero: 0 under every key a step with signal
+    reports (the objective's record names its own), as the reference design."""
     zero = torch.zeros((), dtype=torch.float32, device=device)
-    loss_key = "on_policy_loss_mean" if method == "none" else "off_policy_loss_mean"
-    metadata: dict[str, torch.Tensor | float] = {
-        loss_key: zero.clone(),
-        "loss": zero,
-        "gradient_norm": zero.clone(),
-        "token_entropy": zero.clone(),
-        "response_token_count": torch.zeros((), dtype=torch.long, device=device),
-        "entropy_count": zero.clone(),
-        "optimizer_step": 0.0,
-        "active_response_count": 0.0,
-    }
-    if method in RATIO_METHODS:
-        metadata.update(
-            importance_ratio_mean=zero.clone(), importance_ratio_count=zero.clone()
-        )
-    if method in CLIPPED_METHODS:
-        metadata.update(
-            clip_count=zero.clone(), clip_total=zero.clone(), clip_fraction=zero.clone()
-        )
-    if method in SPLIT_CLIP_METHODS or (
-        method in CLIPPED_METHODS and settings.objective_options.splits_clip_sides
-    ):
-        metadata.update({key: zero.clone() for key in CLIP_SIDE_KEYS})
+    keys = set(settings.record.diagnostic_keys(settings))
+    keys |= {"gradient_norm", "token_entropy", "entropy_count"}
     if settings.top_entropy_quantile < 1.0:
-        metadata["entropy_mask_mean"] = zero.clone()
+        keys.add("entropy_mask_mean")
     if settings.kl_coef > 0:
-        metadata["kl_mean"] = zero.clone()
+        keys.add("kl_mean")
+    metadata: dict[str, torch.Tensor | float] = {
+        key: zero.clone() for key in sorted(keys)
+    }
+    metadata.update(
+        loss=zero,
+        response_token_count=torch.zeros((), dtype=torch.long, device=device),
+        optimizer_step=0.0,
+        active_response_count=0.0,
+    )
     return zero, metadata
-
-
-def _check_rollout_lists(
-    repeated_prompts: list[str],
-    rollout_responses: list[str],
-    repeated_ground_truths: list[str],
-    group_size: int,
-) -> None:
-    # Responses and truths are checked where they are scored
-    # (compute_rollout_rewards); the prompts only reach the tokenizer.
-    if isinstance(repeated_prompts, str) or not isinstance(
-        repeated_prompts, (list, tuple)
-    ):
-        raise ValueError(
-            "repeated_prompts must be a list of strings, "
-            f"got {type(repeated_prompts).__name__}"
-        )
-    batch_size = len(rollout_responses)
-    if batch_size == 0:
-        raise ValueError("rollout_responses must hold at least one response, got 0")
-    if len(repeated_prompts) != batch_size or len(repeated_ground_truths) != batch_size:
-        raise ValueError(
-            "repeated_prompts, rollout_responses and repeated_ground_truths must have "
-            f"the same length, got {len(repeated_prompts)}, {batch_size} and "
-            f"{len(repeated_ground_truths)}"
-        )
-    if group_size <= 0 or batch_size % group_size != 0:
-        raise ValueError(
-            f"group_size must be positive and divide the batch size {batch_size}, "
-            f"got {group_size}"
-        )
 
 
 def _check_batch(

@@ -791,3 +791,58 @@ def test_family_update_errors(tiny_qwen2, batch):
         with pytest.raises(ValueError, match=message):
             update(**overrides)
     assert optimizer.steps == 0
+
+
+@pytest.mark.parametrize(
+    "method", ["none", "noclip", "grpo", "gspo", "cispo", "sapo", "gmpo"]
+)
+@pytest.mark.parametrize("extra", [{}, {"cliprange_high": 0.28}], ids=("plain", "high"))
+def test_a_step_with_no_signal_logs_the_keys_of_a_step_with_signal(
+    method, extra, make_tiny_qwen2, char_tokenizer
+):
+    # Group 1 all right (no signal), group 2 split; then both groups all right.
+    prompts, truths = ["1+1="] * 4, ["2"] * 4
+    keys = []
+    for responses in (["2", "3", "2", "2"], ["2", "2", "2", "2"]):
+        model = make_tiny_qwen2(seed=0)
+        _, metadata = grpo_train_step(
+            model, char_tokenizer, GradientRecorder(model.parameters()), 2, 1.0,
+            exact_match, prompts, responses, truths, 2,
+            importance_reweighting_method=method,
+            old_log_probs=None if method == "none" else torch.zeros(4, 3),
+            cliprange=None if method in ("none", "noclip", "sapo") else 0.2,
+            **({} if method in ("none", "noclip", "sapo") else extra),
+        )  # fmt: skip
+        keys.append(set(metadata))
+    assert keys[0] == keys[1]
+
+
+def test_the_update_reads_settings_built_once(monkeypatch, tiny_qwen2, batch):
+    from grpo_lab import objectives
+    from grpo_lab.train_step import UpdateSettings
+
+    settings = UpdateSettings(
+        importance_reweighting_method="grpo", cliprange=0.2, cliprange_high=0.28
+    )
+    calls = []
+    checker = objectives.check_objective_settings
+    monkeypatch.setattr(
+        objectives, "check_objective_settings", lambda *a, **k: calls.append(a)
+    )
+    old = torch.zeros(batch["labels"].shape)
+    optimizer = GradientRecorder(tiny_qwen2.parameters(), lr=1.0)
+    policy_gradient_update(
+        tiny_qwen2, optimizer, 4, 1.0, batch, ADVANTAGES, old_log_probs=old,
+        settings=settings,
+    )  # fmt: skip
+    assert optimizer.steps == 1 and calls == []  # four microbatches, no re-check
+    monkeypatch.setattr(objectives, "check_objective_settings", checker)
+    with pytest.raises(ValueError, match=r"not both: got settings and \['kl_coef'\]"):
+        policy_gradient_update(
+            tiny_qwen2, optimizer, 1, 1.0, batch, ADVANTAGES, old_log_probs=old,
+            settings=settings, kl_coef=0.1,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match=r"settings must be an UpdateSettings"):
+        policy_gradient_update(
+            tiny_qwen2, optimizer, 1, 1.0, batch, ADVANTAGES, settings={"a": 1}
+        )

@@ -614,29 +614,11 @@ class TrainConfig:
         return self.lora_lr if self.lora_rank > 0 else self.lr
 
     def update_settings(self) -> UpdateSettings:
-        """How the update scores and reduces each microbatch."""
-        return UpdateSettings(
-            importance_reweighting_method=self.importance_reweighting_method,
-            cliprange=self.cliprange,
-            loss_normalization=self.loss_normalization,
-            normalization_constant=self.normalization_constant,
-            temperature=self.temperature,
-            logits_chunk_size=self.logits_chunk_size,
-            share_prompt_prefix=self.share_prompt_prefix,
-            cliprange_high=self.cliprange_high,
-            ratio_cap=self.ratio_cap,
-            sapo_temperature_pos=self.sapo_temperature_pos,
-            sapo_temperature_neg=self.sapo_temperature_neg,
-            kl_coef=self.kl_coef,
-            kl_estimator=self.kl_estimator,
-            kl_importance_weighting=self.kl_importance_weighting,
-            entropy_coef=self.entropy_coef,
-            top_entropy_quantile=self.top_entropy_quantile,
-            sampler_correction=self.sampler_correction,
-            sampler_correction_cap=self.sampler_correction_cap,
-            sampler_correction_low=self.sampler_correction_low,
-            sampler_correction_high=self.sampler_correction_high,
-        )
+        """How the update scores and reduces each microbatch: every
+        ``UpdateSettings`` field, read from the config field of the same name
+        (checked once, as the object is built)."""
+        names = [field.name for field in dataclasses.fields(UpdateSettings)]
+        return UpdateSettings(**{name: getattr(self, name) for name in names})
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready copy of every field."""

@@ -621,7 +621,7 @@ def grpo_update(
     if config.mask_truncated_completions:  # out of the loss, still in the divisor
         batch["response_mask"] = mask_truncated(batch["response_mask"], truncated)
         advantages = advantages.masked_fill(truncated, 0.0)  # (B·G,)
-    settings = dataclasses.asdict(config.update_settings())
+    settings = config.update_settings()
     update_records = []
     for _epoch in range(config.epochs_per_rollout_batch):
         for rows in train_batch_rows(config):
@@ -640,7 +640,7 @@ def grpo_update(
                     None if sampler_log_probs is None else sampler_log_probs[rows]
                 ),
                 grad_scaler=policy.grad_scaler,
-                **settings,
+                settings=settings,
             )
             update_records.append(metadata)
     policy.backend.sync(policy.model)
