@@ -23,6 +23,7 @@ CORE = {
     "logprobs",
     "prefix_sharing",
     "advantages",
+    "objectives",
     "losses",
     "kl",
     "sampler_correction",

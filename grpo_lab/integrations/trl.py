@@ -36,6 +36,7 @@ import torch
 from grpo_lab.advantages import compute_group_normalized_rewards
 from grpo_lab.errors import UserError
 from grpo_lab.integrations.cluster import refusal_counts, split_rows
+from grpo_lab.losses import effective_cliprange_high
 from grpo_lab.tasks import Task, get_task
 from grpo_lab.training.config import TrainConfig, inert_settings
 from grpo_lab.training.trackers import parse_report_to
@@ -201,7 +202,7 @@ def _cliprange_high(config: TrainConfig, num_processes: int) -> dict[str, Any]:
     high = config.cliprange_high
     if config.importance_reweighting_method == "cispo":
         # TRL's cispo epsilon_high is the absolute cap of the ratio.
-        high = config.cliprange if high is None else high
+        high = effective_cliprange_high(config.cliprange, high)
         return {"epsilon_high": 1.0 + (1.0 if high is None else high)}
     return {} if high is None else {"epsilon_high": high}
 

@@ -41,6 +41,7 @@ from grpo_lab.integrations.verl import (
     VERL_VERSION,
     estimator_name,
 )
+from grpo_lab.losses import effective_cliprange_high
 from grpo_lab.training.trackers import parse_report_to
 
 # Fields with no counterpart in a verl run, and why nothing is lost.
@@ -195,9 +196,7 @@ def _objective_overrides(config: Any) -> dict[str, Any]:
         **_loss_aggregation(config),
     }
     if config.cliprange is not None:
-        high = (
-            config.cliprange if config.cliprange_high is None else config.cliprange_high
-        )
+        high = effective_cliprange_high(config.cliprange, config.cliprange_high)
         values[f"{ACTOR}.clip_ratio"] = config.cliprange
         values[f"{ACTOR}.clip_ratio_low"] = config.cliprange
         values[f"{ACTOR}.clip_ratio_high"] = high
