@@ -809,7 +809,7 @@ def test_a_step_with_no_signal_logs_the_keys_of_a_step_with_signal(
             model, char_tokenizer, GradientRecorder(model.parameters()), 2, 1.0,
             exact_match, prompts, responses, truths, 2,
             importance_reweighting_method=method,
-            old_log_probs=None if method == "none" else torch.zeros(4, 3),
+            old_log_probs=None if method == "none" else torch.zeros(4, 4),
             cliprange=None if method in ("none", "noclip", "sapo") else 0.2,
             **({} if method in ("none", "noclip", "sapo") else extra),
         )  # fmt: skip
