@@ -1,6 +1,6 @@
-"""The TIS-weight check of notebook 11: it accepts a hand-written answer, names
-each usual slip, refuses the package's own function and reports a stub as not
-attempted."""
+"""The sampler-corrected loss check of notebook 11: it accepts two differently
+written answers, rejects the usual slips naming each, refuses the package's own
+functions and reports a stub as not attempted."""
 
 from __future__ import annotations
 
@@ -11,102 +11,161 @@ import torch
 
 from grpo_lab.sampler_correction import correction_weights, sampler_correction_weights
 from grpo_lab.teaching.checks import ExerciseFailed
-from grpo_lab.teaching.checks.mismatch import check_tis_weights, reference_tis_weights
+from grpo_lab.teaching.checks.mismatch import (
+    check_corrected_loss,
+    reference_corrected_loss,
+)
 
 
-def tis(trainer_log_probs, sampler_log_probs, response_mask, cap):
-    ratio = torch.exp(trainer_log_probs.detach() - sampler_log_probs)  # (B, T)
-    return torch.where(response_mask.bool(), ratio.clamp(max=cap), 0.0)
+def clipped_terms(policy, old, advantages, cliprange):
+    ratio = torch.exp(policy - old)  # (B, T)
+    a = advantages.unsqueeze(-1)  # (B, 1)
+    return -torch.minimum(ratio * a, ratio.clamp(1 - cliprange, 1 + cliprange) * a)
 
 
-def inverted(trainer_log_probs, sampler_log_probs, response_mask, cap):
-    ratio = torch.exp(sampler_log_probs - trainer_log_probs.detach())  # (B, T)
-    return torch.where(response_mask.bool(), ratio.clamp(max=cap), 0.0)
+def per_response_mean(per_token, mask):
+    return ((per_token * mask).sum(1) / mask.sum(1)).mean()
 
 
-def uncapped(trainer_log_probs, sampler_log_probs, response_mask, cap):
-    ratio = torch.exp(trainer_log_probs.detach() - sampler_log_probs)  # (B, T)
-    return torch.where(response_mask.bool(), ratio, 0.0)
+def by_log_sum(policy, old, sampler, advantages, mask, cliprange, low, high):
+    log_rho = torch.where(mask.bool(), old - sampler, 0.0).sum(1, keepdim=True)
+    rho = log_rho.exp()  # (B, 1)
+    weight = torch.where((rho >= low) & (rho <= high), rho, 0.0).detach()
+    terms = clipped_terms(policy, old, advantages, cliprange) * weight
+    return per_response_mean(terms, mask)
 
 
-def padding_kept(trainer_log_probs, sampler_log_probs, response_mask, cap):
-    return torch.exp(trainer_log_probs.detach() - sampler_log_probs).clamp(max=cap)
+def by_product(policy, old, sampler, advantages, mask, cliprange, low, high):
+    # Written another way: a product of the token ratios, 1 off the response,
+    # a boolean mask of the kept rows, and the per-row mean taken by masked_select.
+    token_ratio = torch.exp(old.detach() - sampler)
+    rho = torch.where(mask == 1, token_ratio, torch.ones_like(token_ratio)).prod(1)
+    kept = ((rho >= low) & (rho <= high)).double()  # (B,)
+    weight = (rho * kept).unsqueeze(1)
+    terms = clipped_terms(policy, old, advantages, cliprange) * weight
+    rows = [terms[i][mask[i].bool()].mean() for i in range(mask.shape[0])]
+    return torch.stack(rows).mean()
 
 
-def fixed_cap(trainer_log_probs, sampler_log_probs, response_mask, cap):
-    return tis(trainer_log_probs, sampler_log_probs, response_mask, 3.0)
+def _with_rho(rho_of):
+    def loss(policy, old, sampler, advantages, mask, cliprange, low, high):
+        rho = rho_of(old, sampler, mask)
+        weight = torch.where((rho >= low) & (rho <= high), rho, 0.0).detach()
+        terms = clipped_terms(policy, old, advantages, cliprange) * weight
+        return per_response_mean(terms, mask)
+
+    return loss
 
 
-def not_detached(trainer_log_probs, sampler_log_probs, response_mask, cap):
-    ratio = torch.exp(trainer_log_probs - sampler_log_probs)  # (B, T)
-    return ratio.clamp(max=cap) * response_mask
+def _masked_gap(old, sampler, mask):
+    return torch.where(mask.bool(), old - sampler, 0.0)
 
 
-def stub(trainer_log_probs, sampler_log_probs, response_mask, cap):
-    raise NotImplementedError()
+upside_down = _with_rho(lambda o, s, m: (-_masked_gap(o, s, m)).sum(1, True).exp())
+token_level = _with_rho(lambda o, s, m: _masked_gap(o, s, m).exp())
+geometric_mean = _with_rho(
+    lambda o, s, m: (_masked_gap(o, s, m).sum(1, True) / m.sum(1, True)).exp()
+)
+padding_counted = _with_rho(lambda o, s, m: (o - s).sum(1, True).exp())
 
 
-def test_the_reference_is_hand_computed():
-    # rho = exp(0.5), exp(-1.5), exp(1.5) = 4.48 -> 3; the pad position gets 0.
-    trainer = torch.tensor([[-1.0, -2.0, -0.5, 0.0]])
-    sampler = torch.tensor([[-1.5, -0.5, -2.0, -3.0]])
-    mask = torch.tensor([[1, 1, 1, 0]])
-    weights = reference_tis_weights(trainer, sampler, mask, 3.0)
-    expected = torch.tensor([[0.5, -1.5, 1.5, 0.0]]).exp().clamp(max=3.0) * mask
-    assert torch.allclose(weights, expected)
+def uncorrected(policy, old, sampler, advantages, mask, cliprange, low, high):
+    return per_response_mean(clipped_terms(policy, old, advantages, cliprange), mask)
 
 
-def test_a_hand_written_answer_passes(capsys):
-    assert check_tis_weights(tis) is True
-    assert "correct" in capsys.readouterr().out
+def weight_not_detached(policy, old, sampler, advantages, mask, cliprange, low, high):
+    # rho_seq taken from the policy itself (pi / pi_sampler): the same value at
+    # pi = pi_old would still differ, and its gradient flows through the weight.
+    log_rho = torch.where(mask.bool(), policy - sampler, 0.0).sum(1, keepdim=True)
+    rho = log_rho.exp()
+    weight = torch.where((rho >= low) & (rho <= high), rho, 0.0)
+    terms = clipped_terms(policy, old, advantages, cliprange) * weight
+    return per_response_mean(terms, mask)
+
+
+def weight_with_gradient(policy, old, sampler, advantages, mask, cliprange, low, high):
+    # The right value, but the weight carries a gradient to policy_log_probs.
+    log_rho = torch.where(mask.bool(), old - sampler, 0.0).sum(1, keepdim=True)
+    rho = log_rho.exp() * torch.exp(policy - policy.detach())[:, :1]
+    weight = torch.where((rho >= low) & (rho <= high), rho, 0.0)
+    terms = clipped_terms(policy, old, advantages, cliprange) * weight
+    return per_response_mean(terms, mask)
+
+
+def test_two_written_answers_pass(capsys):
+    assert check_corrected_loss(by_log_sum) is True
+    assert "correct ✔ (2 of 2 cases passed)" in capsys.readouterr().out
+    assert check_corrected_loss(by_product) is True
+
+
+def test_the_reference_masks_the_response_whose_product_leaves_the_range():
+    # One response: log-ratios 0.8 and 0.7 (each token's ratio below 3), rho_seq
+    # e^1.5 = 4.48 > 3: masked out, so its loss is 0 and so is its gradient.
+    old = torch.full((1, 2), -1.0, dtype=torch.float64)
+    sampler = old - torch.tensor([[0.8, 0.7]]).double()
+    policy = (old + 0.1).requires_grad_(True)
+    mask = torch.ones(1, 2)
+    loss = reference_corrected_loss(
+        policy, old, sampler, torch.tensor([1.0]).double(), mask, 0.2, 0.0, 3.0
+    )
+    loss.backward()
+    assert loss.item() == 0.0 and policy.grad.abs().max().item() == 0.0
 
 
 @pytest.mark.parametrize(
     ("wrong", "message"),
     [
-        (inverted, "the ratio is upside down"),
-        (uncapped, "was kept: truncate it"),
-        (padding_kept, "response_mask 0) must get weight 0"),
-        (fixed_cap, "the cap must be the argument cap"),
-        (not_detached, "the weights carry a gradient"),
+        (upside_down, "upside down"),
+        (token_level, "not token by token"),
+        (geometric_mean, "not their geometric mean"),
+        (padding_counted, "must not enter rho_seq"),
+        (uncorrected, "no correction"),
+        (weight_with_gradient, "the sampler weight rescales each token's gradient"),
+        (weight_not_detached, "For advantages="),
     ],
-    ids=lambda value: getattr(value, "__name__", "message"),
+    ids=[
+        "upside_down",
+        "token_level",
+        "geometric_mean",
+        "padding",
+        "uncorrected",
+        "weight_with_gradient",
+        "weight_from_the_policy",
+    ],
 )
 def test_each_slip_fails_with_its_message(wrong, message):
-    with pytest.raises(ExerciseFailed, match="For ") as failure:
-        check_tis_weights(wrong)
+    with pytest.raises(ExerciseFailed, match="cases passed") as failure:
+        check_corrected_loss(wrong)
     assert message in str(failure.value)
+    assert failure.value.cases_run == 2 and failure.value.cases_passed < 2
 
 
-def test_a_wrong_answer_shows_a_counter_example():
-    with pytest.raises(ExerciseFailed) as failure:
-        check_tis_weights(inverted)
-    text = str(failure.value)
-    assert "rho = " in text and "expected" in text and "cap=3" in text
+def test_an_unrecognised_wrong_answer_still_fails_with_a_counter_example():
+    def halved(*args):
+        return 0.5 * by_log_sum(*args)
 
-
-def test_an_unrecognised_wrong_answer_still_fails_without_a_hint():
-    def halved(trainer_log_probs, sampler_log_probs, response_mask, cap):
-        return tis(trainer_log_probs, sampler_log_probs, response_mask, cap) / 2
-
-    with pytest.raises(ExerciseFailed) as failure:
-        check_tis_weights(halved)
-    assert "hint" not in str(failure.value)
+    with pytest.raises(ExerciseFailed, match="For advantages=") as failure:
+        check_corrected_loss(halved)
+    assert "expected" in str(failure.value)
 
 
 @pytest.mark.parametrize("package", [sampler_correction_weights, correction_weights])
-def test_the_package_function_is_refused(package):
-    def calls_it(trainer_log_probs, sampler_log_probs, response_mask, cap):
+def test_the_package_weights_are_refused(package):
+    def calls_it(policy, old, sampler, advantages, mask, cliprange, low, high):
         weights, _ = package(
-            trainer_log_probs, sampler_log_probs, response_mask, mode="token_truncate"
+            old, sampler, mask, mode="sequence_mask", low=low, high=high
         )
-        return weights
+        terms = clipped_terms(policy, old, advantages, cliprange) * weights
+        return per_response_mean(terms, mask)
 
     for student in (calls_it, functools.partial(calls_it)):
         with pytest.raises(ExerciseFailed, match="write it yourself"):
-            check_tis_weights(student)
+            check_corrected_loss(student)
 
 
 def test_a_stub_is_not_attempted(capsys):
-    assert check_tis_weights(stub) is False
+    def stub(*args):
+        raise NotImplementedError()
+
+    assert check_corrected_loss(stub) is False
     assert "not attempted yet" in capsys.readouterr().out

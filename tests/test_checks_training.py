@@ -6,15 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+from grpo_lab.kl import compute_kl_penalty
 from grpo_lab.logprobs import get_response_log_probs
 from grpo_lab.losses import aggregate_loss_across_microbatch
 from grpo_lab.masks import masked_mean, masked_normalize
 from grpo_lab.teaching.checks.aggregation import check_aggregate_loss, check_grpo_loss
-from grpo_lab.teaching.checks.family import check_clip_higher_loss
+from grpo_lab.teaching.checks.family import check_dapo_kl_loss
 from grpo_lab.teaching.checks.framework import ExerciseFailed
 from grpo_lab.teaching.checks.loop import (
     check_cache_key,
-    check_needs_old_log_probs,
+    check_rollout_batch_update,
     check_train_batch_slices,
 )
 from grpo_lab.teaching.checks.scaling import check_device_token_loss
@@ -37,10 +38,10 @@ ALL_CHECKS = [
     check_microbatch_train_step,
     check_microbatch_loss_scale,
     check_active_rows,
-    check_needs_old_log_probs,
+    check_rollout_batch_update,
     check_train_batch_slices,
     check_cache_key,
-    check_clip_higher_loss,
+    check_dapo_kl_loss,
     check_device_token_loss,
 ]
 
@@ -350,28 +351,140 @@ def test_active_rows_rejects_plausible_mistakes(wrong):
         check_active_rows(wrong)
 
 
-# --- 08: off-policy decision and train batch slices ----------------------------------
+# --- 08: train batch slices and the update of one rollout batch -------------------
 
 
-def test_needs_old_log_probs_accepts_the_reference():
-    def reference(epochs, train_batch_size, rollout_batch_size):
-        return epochs > 1 or train_batch_size < rollout_batch_size
+def group_slices(rollout_batch_size, train_batch_size):
+    return [
+        slice(start, start + train_batch_size)
+        for start in range(0, rollout_batch_size, train_batch_size)
+    ]
 
-    assert check_needs_old_log_probs(reference) is True
+
+def make_update(
+    *,
+    old_when="off_policy",
+    on_policy_loss="plain",
+    epochs_outside=True,
+    normalization="sequence",
+    whole_batch=False,
+):
+    """An update of one rollout batch, right by default, with one slip chosen."""
+
+    def update(score, step, advantages, mask, group_size, train_size, epochs, eps):
+        size = advantages.shape[0]
+        batches = group_slices(size, size if whole_batch else train_size)
+        off_policy = epochs > 1 or len(batches) > 1
+        old = None
+        if old_when == "always" or (old_when == "off_policy" and off_policy):
+            with torch.no_grad():
+                old = score(slice(0, size))
+
+        def one_step(rows):
+            log_probs = score(rows)  # (b, T)
+            a = advantages[rows].unsqueeze(-1)  # (b, 1)
+            if old_when == "each_batch" and off_policy:
+                reference = log_probs.detach()  # scored again after each update
+            else:
+                reference = None if old is None else old[rows]
+            plain = not off_policy and on_policy_loss == "plain"
+            if reference is None or plain:
+                per_token = -a * log_probs
+            else:
+                reference = log_probs.detach() if reference is None else reference
+                ratio = torch.exp(log_probs - reference)
+                clipped = ratio.clamp(1 - eps, 1 + eps)
+                per_token = -torch.minimum(ratio * a, clipped * a)
+            m = mask[rows]
+            if normalization == "token":
+                step((per_token * m).sum() / m.sum())
+            else:
+                step(masked_mean(per_token, m, dim=1).mean())
+
+        schedule = (
+            [rows for _ in range(epochs) for rows in batches]
+            if epochs_outside
+            else [rows for rows in batches for _ in range(epochs)]
+        )
+        for rows in schedule:
+            one_step(rows)
+
+    return update
+
+
+def update_with_package_pieces(
+    score, step, advantages, mask, group_size, train_size, epochs, eps
+):
+    # Written another way: the package's loss pieces, the slices of Exercise 1,
+    # old log-probs scored per train batch but all before the first update.
+    from grpo_lab.losses import compute_policy_gradient_loss
+
+    batches = reference_slices(advantages.shape[0], train_size, group_size)
+    off_policy = epochs * len(batches) > 1
+    with torch.no_grad():
+        old = [score(rows) for rows in batches] if off_policy else None
+    for _ in range(epochs):
+        for index, rows in enumerate(batches):
+            per_token, _ = compute_policy_gradient_loss(
+                advantages[rows],
+                score(rows),
+                "grpo" if off_policy else "none",
+                None if old is None else old[index],
+                eps,
+                mask[rows],
+            )
+            step(aggregate_loss_across_microbatch(per_token, mask[rows], "sequence"))
+
+
+def test_the_update_accepts_two_written_answers(capsys):
+    assert check_rollout_batch_update(make_update()) is True
+    assert "correct ✔ (4 of 4 cases passed)" in capsys.readouterr().out
+    assert check_rollout_batch_update(update_with_package_pieces) is True
 
 
 @pytest.mark.parametrize(
-    "wrong",
+    ("slip", "passed", "message"),
     [
-        lambda e, t, r: e > 1,  # forgets smaller train batches
-        lambda e, t, r: t < r,  # forgets extra epochs
-        lambda e, t, r: e > 1 and t < r,
+        # Never off-policy: right on the one-step case only.
+        ({"old_when": "never"}, 1, "the loss of optimizer step 1"),
+        # Old log-probs scored again before each train batch: the ratio is 1.
+        ({"old_when": "each_batch"}, 1, "optimizer step 2"),
+        # Old log-probs on a one-step batch: the right steps, a wasted pass.
+        ({"old_when": "always"}, 3, "rows were scored where"),
+        # On-policy written as the clipped ratio: the gradient agrees, the value not.
+        ({"old_when": "always", "on_policy_loss": "ratio"}, 3, "the loss of"),
+        # Each train batch's epochs run back to back.
+        ({"epochs_outside": False}, 3, "optimizer step 2"),
+        # DAPO's token mean instead of GRPO's per-response mean.
+        ({"normalization": "token"}, 0, "the loss of optimizer step 1"),
+        # One optimizer step per epoch on the whole rollout batch.
+        ({"whole_batch": True}, 2, "optimizer steps, got"),
     ],
-    ids=["epochs_only", "batches_only", "and"],
+    ids=[
+        "never_old",
+        "old_each_batch",
+        "old_on_policy",
+        "ratio_on_policy",
+        "epochs_inside",
+        "token_mean",
+        "whole_batch",
+    ],
 )
-def test_needs_old_log_probs_rejects_plausible_mistakes(wrong):
-    with pytest.raises(ExerciseFailed, match="epochs_per_rollout_batch="):
-        check_needs_old_log_probs(wrong)
+def test_the_update_rejects_plausible_mistakes(slip, passed, message):
+    with pytest.raises(ExerciseFailed, match="For rollout_batch_size=") as failure:
+        check_rollout_batch_update(make_update(**slip))
+    assert message in str(failure.value)
+    assert (failure.value.cases_passed, failure.value.cases_run) == (passed, 4)
+
+
+def test_the_update_refuses_a_loss_without_gradient():
+    def detached(score, step, advantages, mask, *rest):
+        with torch.no_grad():
+            loss = -(advantages.unsqueeze(-1) * score(slice(None)) * mask).mean()
+        step(loss)
+
+    with pytest.raises(ExerciseFailed, match="carries no gradient"):
+        check_rollout_batch_update(detached)
 
 
 def reference_slices(rollout_batch_size, train_batch_size, group_size):
@@ -518,59 +631,86 @@ def test_the_built_in_hash_passes_every_case_but_the_fresh_process():
         check_cache_key(KEYS["python_hash"])
 
 
-# --- 10: clip-higher -------------------------------------------------------------
+# --- 10: DAPO's loss with a KL penalty ---------------------------------------------
 
 
-def clip_higher_reference(advantages, policy_log_probs, old_log_probs, low, high):
-    ratio = torch.exp(policy_log_probs - old_log_probs)  # (B, T)
-    advantages = advantages.unsqueeze(-1)  # (B, 1)
-    clipped = torch.clamp(ratio, 1 - low, 1 + high)
-    return -torch.minimum(ratio * advantages, clipped * advantages)
+def dapo_surrogate(policy, old, advantages, low, high):
+    ratio = torch.exp(policy - old)  # (B, T)
+    a = advantages.unsqueeze(-1)  # (B, 1)
+    return -torch.minimum(ratio * a, ratio.clamp(1 - low, 1 + high) * a), ratio
 
 
-def clip_higher_symmetric(advantages, policy_log_probs, old_log_probs, low, high):
-    return clip_higher_reference(advantages, policy_log_probs, old_log_probs, low, low)
+def dapo_kl_by_hand(policy, old, reference, advantages, mask, low, high, beta):
+    surrogate, ratio = dapo_surrogate(policy, old, advantages, low, high)
+    log_r = reference - policy
+    k3 = log_r.exp() - log_r - 1
+    return ((surrogate + beta * ratio * k3) * mask).sum() / mask.sum()
 
 
-def clip_higher_swapped(advantages, policy_log_probs, old_log_probs, low, high):
-    return clip_higher_reference(advantages, policy_log_probs, old_log_probs, high, low)
+def dapo_kl_with_pieces(policy, old, reference, advantages, mask, low, high, beta):
+    # Written another way: the package's k3, a torch.where clip, the token mean
+    # of the surrogate and of the weighted penalty taken apart.
+    ratio = (policy - old).exp()
+    a = advantages[:, None]
+    clipped = torch.where(ratio > 1 + high, 1 + high, ratio)
+    clipped = torch.where(clipped < 1 - low, 1 - low, clipped)
+    surrogate = torch.maximum(-ratio * a, -clipped * a)
+    penalty = compute_kl_penalty(policy, reference, "k3") * ratio
+    keep = mask.bool()
+    return surrogate[keep].mean() + beta * penalty[keep].mean()
 
 
-def clip_higher_on_the_log_ratio(
-    advantages, policy_log_probs, old_log_probs, low, high
-):
-    log_ratio = policy_log_probs - old_log_probs  # (B, T)
-    advantages = advantages.unsqueeze(-1)
-    clipped = torch.clamp(log_ratio, -low, high).exp()  # bounds e^-low, e^high
-    return -torch.minimum(log_ratio.exp() * advantages, clipped * advantages)
+def _dapo_variant(**change):
+    def loss(policy, old, reference, advantages, mask, low, high, beta):
+        surrogate, ratio = dapo_surrogate(
+            policy, old, advantages, low, low if change.get("symmetric") else high
+        )
+        estimator = change.get("estimator", "k3")
+        kl = compute_kl_penalty(policy, reference, estimator)
+        weight = 1.0 if change.get("unweighted") or estimator == "k2" else ratio
+        sign = -1.0 if change.get("flipped") else 1.0
+        per_token = surrogate + sign * beta * weight * kl
+        if change.get("sequence_mean"):
+            return masked_mean(per_token, mask, dim=1).mean()
+        if change.get("kl_unmasked"):
+            return (surrogate * mask).sum() / mask.sum() + beta * (weight * kl).mean()
+        return (per_token * mask).sum() / mask.sum()
+
+    return loss
 
 
-def clip_higher_with_max(advantages, policy_log_probs, old_log_probs, low, high):
-    ratio = torch.exp(policy_log_probs - old_log_probs)
-    advantages = advantages.unsqueeze(-1)
-    clipped = torch.clamp(ratio, 1 - low, 1 + high)
-    return -torch.maximum(ratio * advantages, clipped * advantages)
+def test_the_dapo_kl_loss_accepts_two_written_answers(capsys):
+    assert check_dapo_kl_loss(dapo_kl_by_hand) is True
+    assert "correct ✔ (3 of 3 cases passed)" in capsys.readouterr().out
+    assert check_dapo_kl_loss(dapo_kl_with_pieces) is True
 
 
-def clip_higher_detached(advantages, policy_log_probs, old_log_probs, low, high):
-    return clip_higher_reference(
-        advantages, policy_log_probs.detach(), old_log_probs, low, high
-    )
+@pytest.mark.parametrize(
+    ("change", "passed"),
+    [
+        ({"symmetric": True}, 1),  # right only where DAPO's bounds are equal
+        ({"unweighted": True}, 0),  # plain k3: the forward KL's gradient
+        ({"estimator": "k2"}, 0),  # the reverse KL's gradient, not k3's value
+        ({"sequence_mean": True}, 0),  # GRPO's aggregation, not DAPO's
+        ({"kl_unmasked": True}, 0),  # the penalty counted on padding
+        ({"flipped": True}, 0),  # the penalty as a bonus
+    ],
+    ids=["symmetric", "unweighted_k3", "k2", "sequence_mean", "kl_unmasked", "flipped"],
+)
+def test_the_dapo_kl_loss_rejects_plausible_mistakes(change, passed):
+    with pytest.raises(ExerciseFailed, match="For advantages=") as failure:
+        check_dapo_kl_loss(_dapo_variant(**change))
+    assert (failure.value.cases_passed, failure.value.cases_run) == (passed, 3)
 
 
-def test_clip_higher_check(capsys):
-    assert check_clip_higher_loss(clip_higher_reference) is True
-    assert "correct" in capsys.readouterr().out
-    for wrong in (
-        clip_higher_symmetric,
-        clip_higher_swapped,
-        clip_higher_on_the_log_ratio,
-        clip_higher_with_max,
-        clip_higher_detached,
-    ):
-        with pytest.raises(ExerciseFailed, match="For advantages=") as error:
-            check_clip_higher_loss(wrong)
-        assert "expected" in str(error.value) or "gradient" in str(error.value)
+def test_the_dapo_kl_loss_refuses_a_detached_penalty():
+    def detached_kl(policy, old, reference, advantages, mask, low, high, beta):
+        surrogate, ratio = dapo_surrogate(policy, old, advantages, low, high)
+        penalty = compute_kl_penalty(policy, reference, "k3") * ratio
+        return ((surrogate + beta * penalty.detach()) * mask).sum() / mask.sum()
+
+    with pytest.raises(ExerciseFailed, match=r"gradient w\.r\.t\. policy_log_probs"):
+        check_dapo_kl_loss(detached_kl)
 
 
 # --- 12: one device's share of a global token mean ----------------------------------

@@ -36,7 +36,8 @@ DIFFERENTIABLE = {
     "check_sequence_ratio",
     "check_aggregate_loss",
     "check_grpo_loss",
-    "check_clip_higher_loss",
+    "check_dapo_kl_loss",
+    "check_corrected_loss",
     "check_device_token_loss",
 }
 
@@ -126,12 +127,12 @@ def _check(exercise: Exercise):
         "check_microbatch_loss_scale": "train_step",
         "check_active_rows": "train_step",
         "check_microbatch_train_step": "train_step",
-        "check_needs_old_log_probs": "loop",
         "check_train_batch_slices": "loop",
+        "check_rollout_batch_update": "loop",
         "check_cache_key": "loop",
-        "check_clip_higher_loss": "family",
+        "check_dapo_kl_loss": "family",
         "check_device_token_loss": "scaling",
-        "check_tis_weights": "mismatch",
+        "check_corrected_loss": "mismatch",
         "check_multi_turn_mask": "turns",
     }[exercise.check_name]
     return resolve(f"grpo_lab.teaching.checks.{module}.{exercise.check_name}")

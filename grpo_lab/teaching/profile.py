@@ -64,11 +64,16 @@ def sizes_for_profile(
 # hackable_addition twice (lenient, then strict reward) with hack_overrides: a
 # short warm-up (5% right) and room for 16 characters, where the lenient run
 # learns to dump digits within 80 steps (strict accuracy 0.00 vs 0.12 strict).
+# The contrast run on addition takes contrast_overrides["addition"] on top of
+# overrides: 200 steps, half the reversal run's. The lr is constant and each
+# step's sampling is seeded from (seed, step), so these are the first 200 steps
+# of the 400-step run, which already show addition climbing slowly.
 TRAINING_LOOP_SIZES: dict[str, dict[str, Any]] = {
     "cpu": {
         "overrides": {"checkpoint_every": 200, "keep_checkpoints": 3},
         "min_accuracy_gain": 0.4,
         "contrast_run": True,
+        "contrast_overrides": {"addition": {"steps": 200}},
         "sample_prompts": 4,
         "samples_per_prompt": 3,
         "pass_at_k_prompts": 64,

@@ -40,10 +40,18 @@ PACKAGE_COUNTERPARTS: dict[str, tuple[str, ...]] = {
         "grpo_lab.train_step.grpo_train_step",
         "grpo_lab.train_step.microbatch_loss",
     ),
-    "check_needs_old_log_probs": ("grpo_lab.training.config.TrainConfig.off_policy",),
     "check_train_batch_slices": ("grpo_lab.training.loop.train_batch_rows",),
+    "check_rollout_batch_update": (
+        "grpo_lab.training.loop.grpo_update",
+        "grpo_lab.train_step.policy_gradient_update",
+        "grpo_lab.teaching.checks.loop.reference_rollout_batch_update",
+    ),
     "check_cache_key": ("grpo_lab.teaching.explorer.config_cache_key",),
-    "check_clip_higher_loss": ("grpo_lab.losses.compute_policy_gradient_loss",),
+    "check_dapo_kl_loss": (
+        "grpo_lab.train_step.microbatch_loss",
+        "grpo_lab.losses.compute_policy_gradient_loss",
+        "grpo_lab.teaching.checks.family.reference_dapo_kl_loss",
+    ),
     "check_device_token_loss": (
         "grpo_lab.losses.aggregate_loss_across_microbatch",
         "grpo_lab.losses.microbatch_loss_scale",
@@ -54,10 +62,11 @@ PACKAGE_COUNTERPARTS: dict[str, tuple[str, ...]] = {
         "grpo_lab.rollouts.multiturn.segment_model_flags",
         "grpo_lab.rollouts.multiturn.multi_turn_token_batch",
     ),
-    "check_tis_weights": (
+    "check_corrected_loss": (
+        "grpo_lab.train_step.microbatch_loss",
         "grpo_lab.sampler_correction.sampler_correction_weights",
         "grpo_lab.sampler_correction.correction_weights",
-        "grpo_lab.teaching.checks.mismatch.reference_tis_weights",
+        "grpo_lab.teaching.checks.mismatch.reference_corrected_loss",
     ),
 }
 

@@ -1,11 +1,15 @@
 """Checks for ``notebooks/10_the_grpo_family.ipynb``.
 
-The exercise: DAPO's clip-higher per-token loss
--min(A w, A clip(w, 1 - eps_low, 1 + eps_high)), w = exp(log pi - log pi_old).
-The reference is :func:`grpo_lab.losses.compute_policy_gradient_loss` with
-``importance_reweighting_method="grpo"`` and ``cliprange_high``; values and
-gradients are compared on ratios chosen to sit between the two bounds, where a
-symmetric or a swapped clip gives a different answer.
+The exercise: DAPO's loss of a batch with a KL penalty to a reference model,
+the scalar a train step back-propagates. The student composes what the
+notebook took apart: the clip-higher surrogate, the KL estimator whose value
+is k3's and whose expected gradient is the reverse KL's (k3 weighted by the
+differentiable ratio pi / pi_old), and DAPO's token-mean aggregation. The
+reference is :func:`grpo_lab.train_step.microbatch_loss` with
+``importance_reweighting_method="grpo"``, ``cliprange_high``, ``kl_coef``,
+``kl_estimator="k3"``, ``kl_importance_weighting=True`` and
+``loss_normalization="token"``; value and gradient are compared on ratios
+between the two clip bounds and on padding that holds log-probs.
 """
 
 from __future__ import annotations
@@ -14,57 +18,126 @@ from collections.abc import Callable
 
 import torch
 
-from grpo_lab.losses import compute_policy_gradient_loss
 from grpo_lab.teaching.checks.framework import (
     CaseCount,
     assert_value_and_gradient,
     exercise_check,
 )
+from grpo_lab.train_step import UpdateSettings, microbatch_loss
 
-ClipHigherLoss = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor, float, float], torch.Tensor
-]
+DapoKlLoss = Callable[..., torch.Tensor]
 
 
-def _clip_higher_cases() -> list[
-    tuple[torch.Tensor, torch.Tensor, torch.Tensor, float, float]
-]:
-    # With eps_low 0.2 and eps_high 0.28 the bounds are [0.8, 1.28]. Ratios 0.75
-    # and 0.78 sit below 1 - eps_low but above 1 - eps_high; 1.25 and 1.3 sit
-    # between 1 + eps_low and 1 + eps_high or just above it: a clip that mixes
-    # the two ranges up, or clips the log ratio, answers differently there.
-    ratios = torch.tensor([[0.5, 0.75, 0.78, 1.0, 1.25, 1.3, 1.6]] * 2)  # (2, 7)
-    old_log_probs = torch.full((2, 7), -1.5)  # (B, T)
-    policy_log_probs = old_log_probs + ratios.log()  # (B, T)
+def reference_dapo_kl_loss(
+    policy_log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    reference_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    cliprange_low: float,
+    cliprange_high: float,
+    kl_coef: float,
+) -> torch.Tensor:
+    """The package's loss of the batch. (B, T) x 3, (B,), (B, T) -> scalar."""
+    settings = UpdateSettings(
+        importance_reweighting_method="grpo",
+        cliprange=cliprange_low,
+        cliprange_high=cliprange_high,
+        kl_coef=kl_coef,
+        kl_estimator="k3",
+        kl_importance_weighting=True,
+        loss_normalization="token",
+    )
+    microbatch = {
+        "response_mask": response_mask,
+        "advantages": advantages,
+        "old_log_probs": old_log_probs,
+        "reference_log_probs": reference_log_probs,
+    }
+    loss, _ = microbatch_loss(
+        policy_log_probs, torch.zeros_like(policy_log_probs), microbatch, settings
+    )
+    return loss
+
+
+_Case = tuple[torch.Tensor, ...]
+
+
+def _dapo_kl_cases() -> list[tuple[_Case, float, float, float]]:
+    # Ratios 0.75, 0.78 (below 1 - eps_low, above 1 - eps_high) and 1.25
+    # (between 1 + eps_low and 1 + eps_high): a symmetric or swapped clip answers
+    # differently there. Rows of 7, 3 and 1 tokens: a per-response mean weighs
+    # them unlike DAPO's token mean; the padding holds log-probs (ratio e^1.5,
+    # a reference far away) that must count nowhere.
+    ratios = torch.tensor([0.5, 0.75, 0.78, 1.0, 1.25, 1.3, 1.6]).double()
+    old = torch.full((3, 7), -1.5, dtype=torch.float64)  # (B, T)
+    policy = old + ratios.log().repeat(3, 1)  # (B, T)
+    mask = torch.tensor([[1] * 7, [1, 1, 1, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0, 0]])
+    policy = torch.where(mask.bool(), policy, old + 1.5)
+    reference = policy.detach() - 0.3 * torch.arange(7).double().repeat(3, 1)
+    reference = torch.where(mask.bool(), reference, torch.tensor(-9.0).double())
+    advantages = torch.tensor([1.0, -1.0, 0.5]).double()
     generator = torch.Generator().manual_seed(1)
-    random_old = -torch.rand(3, 5, generator=generator) * 3  # (B, T)
-    random_policy = random_old + 0.4 * torch.randn(3, 5, generator=generator)
+    random_old = -torch.rand(4, 5, generator=generator).double() * 3  # (B, T)
+    random_policy = random_old + 0.4 * torch.randn(4, 5, generator=generator).double()
+    random_reference = (
+        random_old + 0.6 * torch.randn(4, 5, generator=generator).double()
+    )
+    random_mask = torch.tensor(
+        [[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 1, 0], [1, 0, 0, 0, 0]]
+    )
+    random_advantages = torch.tensor([-0.5, 2.0, 0.0, 1.2]).double()
+    random_case = (
+        random_policy,
+        random_old,
+        random_reference,
+        random_advantages,
+        random_mask,
+    )
     return [
-        (torch.tensor([1.0, -1.0]), policy_log_probs, old_log_probs, 0.2, 0.28),
-        (torch.tensor([-0.5, 2.0, 0.0]), random_policy, random_old, 0.1, 0.3),
-        (torch.tensor([1.5, -1.0, 0.7]), random_policy, random_old, 0.25, 0.25),
+        ((policy, old, reference, advantages, mask), 0.2, 0.28, 0.1),
+        (random_case, 0.1, 0.3, 0.05),
+        (random_case, 0.25, 0.25, 0.5),  # DAPO's bounds equal: GRPO's clip
     ]
 
 
-@exercise_check("Clip-higher per-token loss (DAPO)")
-def check_clip_higher_loss(student_fn: ClipHigherLoss, cases: CaseCount) -> None:
-    """``student_fn(advantages (B,), policy_log_probs, old_log_probs, cliprange_low,
-    cliprange_high)`` -> per-token loss (B, T); its gradient must match too."""
-    for advantages, policy, old, low, high in _clip_higher_cases():
+def _describe(case: _Case, low: float, high: float, beta: float) -> str:
+    policy, old, _reference, advantages, mask = case
+    ratios = (policy - old).exp().round(decimals=3)  # (B, T)
+    return (
+        f"advantages={advantages.tolist()}, ratios pi/pi_old={ratios.tolist()}, "
+        f"response_mask={mask.tolist()}, cliprange_low={low}, cliprange_high="
+        f"{high}, kl_coef={beta}"
+    )
+
+
+@exercise_check("DAPO's loss with a KL penalty")
+def check_dapo_kl_loss(student_fn: DapoKlLoss, cases: CaseCount) -> None:
+    """``student_fn(policy_log_probs, old_log_probs, reference_log_probs,
+    advantages, response_mask, cliprange_low, cliprange_high, kl_coef)`` ->
+    scalar; its gradient by ``policy_log_probs`` must match too."""
+    for case, low, high, beta in _dapo_kl_cases():
         with cases.case():
+            policy, old, reference, advantages, mask = case
             reference_input = policy.clone().requires_grad_(True)
-            expected, _ = compute_policy_gradient_loss(
-                advantages, reference_input, "grpo", old, low, cliprange_high=high
+            expected = reference_dapo_kl_loss(
+                reference_input, old, reference, advantages, mask, low, high, beta
             )
             student_input = policy.clone().requires_grad_(True)
             received = student_fn(
-                advantages.clone(), student_input, old.clone(), low, high
-            )
-            ratios = [round(r, 3) for r in (policy - old).exp().flatten().tolist()]
-            inputs = (
-                f"advantages={advantages.tolist()}, ratios={ratios}, "
-                f"cliprange_low={low}, cliprange_high={high}"
+                student_input,
+                old.clone(),
+                reference.clone(),
+                advantages.clone(),
+                mask.clone(),
+                low,
+                high,
+                beta,
             )
             assert_value_and_gradient(
-                received, expected, student_input, reference_input, inputs
+                received,
+                expected,
+                student_input,
+                reference_input,
+                _describe(case, low, high, beta),
             )

@@ -1,13 +1,16 @@
 """Checks for ``notebooks/08_training_loop.ipynb`` and ``09_hyperparameter_explorer``.
 
-08a: when does a rollout batch need old log-probs (training goes off-policy)?
-08b: cut a rollout batch into train batches that keep every group whole.
+08a: cut a rollout batch into train batches that keep every group whole.
+08b: the whole update of one rollout batch (what ``grpo_update`` schedules):
+     old log-probs when, and only when, training goes off-policy, then epochs of
+     train batches, one clipped, per-response-mean optimizer step each.
 09:  a cache key for a run config (:func:`grpo_lab.teaching.explorer.config_cache_key`),
      the same again in a fresh Python process.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import string
 import subprocess
@@ -15,6 +18,12 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
+from grpo_lab.losses import (
+    aggregate_loss_across_microbatch,
+    compute_policy_gradient_loss,
+)
 from grpo_lab.teaching.checks.framework import (
     CaseCount,
     ExerciseFailed,
@@ -23,27 +32,176 @@ from grpo_lab.teaching.checks.framework import (
 )
 
 
-@exercise_check("Exercise 08a (when old log-probs are needed)")
-def check_needs_old_log_probs(
-    student_fn: Callable[[int, int, int], bool], cases: CaseCount
+@exercise_check("Exercise 08b (the update of one rollout batch)")
+def check_rollout_batch_update(
+    student_fn: Callable[..., Any], cases: CaseCount
 ) -> None:
-    """``student_fn(epochs, train_batch_size, rollout_batch_size) -> bool``."""
-    # (epochs, train batch, rollout batch) -> off-policy?
-    settings = [
-        (1, 256, 256, False),  # one step per rollout batch: the ratio is exactly 1
-        (2, 256, 256, True),  # the second epoch sees responses of an older policy
-        (1, 128, 256, True),  # the second train batch comes after one update
-        (4, 64, 256, True),
-    ]
-    for epochs, train_batch_size, rollout_batch_size, expected in settings:
+    """``student_fn(score, optimizer_step, advantages, response_mask, group_size,
+    train_batch_size, epochs_per_rollout_batch, cliprange)`` -> None.
+
+    ``score(rows)`` gives the current policy's log-probs (b, T) of those rows of
+    the rollout batch; ``optimizer_step(loss)`` back-propagates a scalar and
+    takes one SGD step. Compared with the reference, step by step: how many
+    optimizer steps, each loss's value and its gradient by the policy's
+    parameters, the parameters at the end, and how many rows were scored. The policy is
+    linear in parameters every row shares, so each step moves them all.
+    """
+    for case in _update_cases():
         with cases.case():
-            received = student_fn(epochs, train_batch_size, rollout_batch_size)
-            assert_close(
-                bool(received),
-                expected,
-                f"epochs_per_rollout_batch={epochs}, train_batch_size="
-                f"{train_batch_size}, rollout_batch_size={rollout_batch_size}",
+            _check_one_update(student_fn, case)
+
+
+@dataclasses.dataclass(frozen=True)
+class _UpdateCase:
+    rollout_batch_size: int
+    group_size: int
+    train_batch_size: int
+    epochs: int
+    cliprange: float
+    seed: int
+
+    def describe(self) -> str:
+        return (
+            f"rollout_batch_size={self.rollout_batch_size}, group_size="
+            f"{self.group_size}, train_batch_size={self.train_batch_size}, "
+            f"epochs_per_rollout_batch={self.epochs}, cliprange={self.cliprange}"
+        )
+
+
+def _update_cases() -> list[_UpdateCase]:
+    return [
+        _UpdateCase(8, 4, 8, 1, 0.2, 0),  # one optimizer step: on-policy
+        _UpdateCase(8, 2, 4, 1, 0.2, 1),  # two train batches
+        _UpdateCase(8, 4, 8, 2, 0.2, 2),  # two epochs
+        _UpdateCase(12, 2, 4, 2, 0.1, 3),  # both, with a tighter clip
+    ]
+
+
+_VOCABULARY = 5
+_LEARNING_RATE = 2.0  # large, so that later steps see ratios past the clip
+
+
+class _TinyPolicy:
+    """A linear policy shared by every row: logits (B, T, V) = features (B, T, F)
+    @ weights (F, V), the only parameters; its log-probs of fixed sampled
+    tokens; SGD steps on it; a log of what was asked of it."""
+
+    def __init__(
+        self, features: torch.Tensor, weights: torch.Tensor, tokens: torch.Tensor
+    ) -> None:
+        self.features = features  # (B, T, F)
+        self.weights = weights.clone().requires_grad_(True)  # (F, V)
+        self.tokens = tokens  # (B, T)
+        self.optimizer = torch.optim.SGD([self.weights], lr=_LEARNING_RATE)
+        self.rows_scored = 0
+        self.losses: list[float] = []
+        self.gradients: list[torch.Tensor] = []
+
+    def score(self, rows: Any) -> torch.Tensor:
+        index = torch.arange(self.tokens.shape[0])[rows]
+        self.rows_scored += int(index.numel())
+        logits = self.features[index] @ self.weights  # (b, T, V)
+        log_probs = torch.log_softmax(logits, dim=-1)  # (b, T, V)
+        return log_probs.gather(-1, self.tokens[index].unsqueeze(-1)).squeeze(-1)
+
+    def optimizer_step(self, loss: Any) -> None:
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise ExerciseFailed(
+                f"optimizer_step expects the scalar loss of one train batch, got "
+                f"{type(loss).__name__}"
+                + (f" of shape {tuple(loss.shape)}" if hasattr(loss, "shape") else "")
             )
+        if not loss.requires_grad:
+            raise ExerciseFailed(
+                "the loss passed to optimizer_step carries no gradient to the "
+                "policy (was it computed under torch.no_grad(), or detached?)"
+            )
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.losses.append(loss.item())
+        self.gradients.append(self.weights.grad.clone())
+        self.optimizer.step()
+
+
+def _case_tensors(case: _UpdateCase) -> tuple[torch.Tensor, ...]:
+    generator = torch.Generator().manual_seed(case.seed)
+    size, length = case.rollout_batch_size, 4
+    features = torch.randn(size, length, 3, generator=generator).double()
+    weights = torch.randn(3, _VOCABULARY, generator=generator).double()
+    tokens = torch.randint(_VOCABULARY, (size, length), generator=generator)
+    lengths = torch.randint(1, length + 1, (size,), generator=generator)
+    mask = (torch.arange(length)[None] < lengths[:, None]).long()  # (B, T)
+    advantages = torch.randn(size, generator=generator).double()  # (B,)
+    return features, weights, tokens, mask, advantages
+
+
+def reference_rollout_batch_update(
+    policy: _TinyPolicy,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    case: _UpdateCase,
+) -> None:
+    """grpo_update's schedule with the package's loss pieces: old log-probs
+    scored once, before the first update, only when some step follows another;
+    epochs of group-aligned train batches; one optimizer step each."""
+    size = case.rollout_batch_size
+    batches = _reference_slices(size, case.train_batch_size)
+    off_policy = case.epochs > 1 or len(batches) > 1
+    old_log_probs = None
+    if off_policy:
+        with torch.no_grad():
+            old_log_probs = policy.score(slice(0, size))  # (B, T)
+    for _epoch in range(case.epochs):
+        for rows in batches:
+            per_token, _ = compute_policy_gradient_loss(
+                advantages[rows],
+                policy.score(rows),
+                "grpo" if off_policy else "none",
+                None if old_log_probs is None else old_log_probs[rows],
+                case.cliprange,
+                response_mask[rows],
+            )  # (b, T)
+            loss = aggregate_loss_across_microbatch(
+                per_token, response_mask[rows], "sequence"
+            )
+            policy.optimizer_step(loss)
+
+
+def _check_one_update(student_fn: Callable[..., Any], case: _UpdateCase) -> None:
+    features, weights, tokens, mask, advantages = _case_tensors(case)
+    expected = _TinyPolicy(features, weights, tokens)
+    reference_rollout_batch_update(expected, advantages, mask, case)
+    received = _TinyPolicy(features, weights, tokens)
+    student_fn(
+        received.score,
+        received.optimizer_step,
+        advantages.clone(),
+        mask.clone(),
+        case.group_size,
+        case.train_batch_size,
+        case.epochs,
+        case.cliprange,
+    )
+    inputs = case.describe()
+    if len(received.losses) != len(expected.losses):
+        raise ExerciseFailed(
+            f"For {inputs}: expected {len(expected.losses)} optimizer steps, got "
+            f"{len(received.losses)}"
+        )
+    for step, (got, want) in enumerate(zip(received.losses, expected.losses)):
+        assert_close(got, want, f"{inputs}, the loss of optimizer step {step + 1}")
+        assert_close(
+            received.gradients[step],
+            expected.gradients[step],
+            f"{inputs}, the gradient of optimizer step {step + 1}",
+        )
+    assert_close(received.weights, expected.weights, f"{inputs}, the final weights")
+    if received.rows_scored != expected.rows_scored:
+        raise ExerciseFailed(
+            f"For {inputs}: every step is right, but {received.rows_scored} rows "
+            f"were scored where {expected.rows_scored} are needed (a forward pass "
+            "the update never uses, or a batch scored twice)"
+        )
 
 
 def _reference_slices(rollout_batch_size: int, train_batch_size: int) -> list[slice]:
@@ -57,7 +215,7 @@ def _rows(slices: Any, rollout_batch_size: int) -> list[list[int]]:
     return [list(range(rollout_batch_size))[piece] for piece in slices]
 
 
-@exercise_check("Exercise 08b (group-aligned train batches)")
+@exercise_check("Exercise 08a (group-aligned train batches)")
 def check_train_batch_slices(
     student_fn: Callable[[int, int, int], list[slice]], cases: CaseCount
 ) -> None:
