@@ -40,6 +40,7 @@ from grpo_lab.training.loop import build_policy, build_task
 
 PERTURBATIONS = {
     "bf16": None,
+    "fp16": None,
     "top_p": 0.9,
     "temperature": 0.7,
     "stale": None,

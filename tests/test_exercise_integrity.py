@@ -38,6 +38,7 @@ DIFFERENTIABLE = {
     "check_grpo_loss",
     "check_clip_higher_loss",
     "check_device_token_loss",
+    "check_lora_linear",
 }
 
 
@@ -133,6 +134,7 @@ def _check(exercise: Exercise):
         "check_device_token_loss": "scaling",
         "check_tis_weights": "mismatch",
         "check_multi_turn_mask": "turns",
+        "check_lora_linear": "lora",
     }[exercise.check_name]
     return resolve(f"grpo_lab.teaching.checks.{module}.{exercise.check_name}")
 

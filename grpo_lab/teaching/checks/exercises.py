@@ -54,6 +54,7 @@ PACKAGE_COUNTERPARTS: dict[str, tuple[str, ...]] = {
         "grpo_lab.rollouts.multiturn.segment_model_flags",
         "grpo_lab.rollouts.multiturn.multi_turn_token_batch",
     ),
+    "check_lora_linear": ("grpo_lab.training.lora.lora_linear",),
     "check_tis_weights": (
         "grpo_lab.sampler_correction.sampler_correction_weights",
         "grpo_lab.sampler_correction.correction_weights",
