@@ -245,9 +245,10 @@ ROLLOUT_COLUMNS = [
 
 
 def report(arguments, train_rows: list[dict], rollouts: list[dict]) -> dict:
+    lora_label = "" if arguments.method == "full" else f", {train_method(arguments)}"
     return {
         "title": "Train-step and rollout throughput, "
-        f"{arguments.shape} shape, {train_method(arguments)} "
+        f"{arguments.shape} shape{lora_label} "
         f"({harness.device_label(arguments.device)})",
         "description": (
             f"Random weights, {arguments.dtype}, autocast {arguments.autocast}, "
@@ -256,7 +257,8 @@ def report(arguments, train_rows: list[dict], rollouts: list[dict]) -> dict:
             f"{SHAPES[arguments.shape]}. "
             f"MFU = 6·N·tokens / time / {PEAK_FLOPS:.3g} FLOP/s (dense bf16 peak "
             "of H100/H200 SXM); attention-score FLOPs and the chunked head's "
-            "recomputation are not counted."
+            "recomputation are not counted, and under LoRA 6·N still counts the "
+            "frozen weights' gradients, which are never computed (about 4·N)."
         ),
         "tables": [
             harness.table(TRAIN_COLUMNS, train_rows),

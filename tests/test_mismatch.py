@@ -258,7 +258,14 @@ def test_train_config_builds_the_backend_and_defaults_stay_hf(model, tokenizer):
     assert isinstance(build_backend(TrainConfig(), model, tokenizer), HFRolloutBackend)
     noise = make_backend("mismatch", model, tokenizer, mismatch="noise")
     assert noise.scale == 0.5
-    assert set(PERTURBATIONS) >= {"bf16", "fp16", "top_p", "temperature", "stale", "noise"}
+    assert set(PERTURBATIONS) >= {
+        "bf16",
+        "fp16",
+        "top_p",
+        "temperature",
+        "stale",
+        "noise",
+    }
 
 
 # --------------------------- a categorical policy with a closed-form gradient

@@ -148,10 +148,11 @@ def sampler_scores(
 ) -> torch.Tensor:
     """The perturbed sampler's scores: log_softmax of them is log pi_sampler.
 
-    z = logits (float32); bf16: z = bfloat16(z); fp16: z = float16(z); noise: z + scale * eps;
-    then z / T with T = scale for ``temperature``, else sampling.temperature
-    (greedy, T = 0: z unscaled); then tokens outside the nucleus (mass scale
-    for ``top_p``, else sampling.top_p) set to -inf. Shapes (b, V) -> (b, V).
+    z = logits (float32); bf16: z = bfloat16(z); fp16: z = float16(z); noise:
+    z + scale * eps; then z / T with T = scale for ``temperature``, else
+    sampling.temperature (greedy, T = 0: z unscaled); then tokens outside the
+    nucleus (mass scale for ``top_p``, else sampling.top_p) set to -inf.
+    Shapes (b, V) -> (b, V).
     """
     scale = resolved_scale(mismatch, scale)
     scores = logits.float()  # (b, V)
