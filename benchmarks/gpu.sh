@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
-# One-shot GPU benchmark (one H200, under 8 minutes, installs nothing).
+# One-shot GPU benchmark (one H200, under 10 minutes, installs nothing).
 #
 #   PYTHONPATH=. bash benchmarks/gpu.sh              # on the GPU machine
 #   PYTHONPATH=. bash benchmarks/gpu.sh --cpu-smoke  # tiny sizes on CPU: every code path
+#   bash benchmarks/gpu.sh --dry-run                 # print the GPU commands, run none
+#
+# The small-gpu cases train a randomly initialised model of Qwen2.5-0.5B's
+# published config (no weights needed) as the small-gpu profile does on a 16 GB
+# T4: float32 weights under float16 autocast with a dynamic loss scale, gradient
+# checkpointing, a chunked head, microbatches of 2 sequences of 576 tokens, 64
+# rollouts of 384 new tokens, once with full fine-tuning and once with rank-1
+# LoRA, each under a 15 GiB cap (torch.cuda.set_per_process_memory_fraction).
 #
 # Writes result files and logs to $OUT if set, else benchmarks/out/gpu, and
 # renders them into $OUT/GPU_RESULTS.md. To publish them, copy the JSON files
@@ -28,14 +36,21 @@ OUT_DIR="${OUT:-benchmarks/out/gpu}"
 mkdir -p "$OUT_DIR"
 
 SMOKE=0
+DRY_RUN=0
 if [ "${1:-}" = "--cpu-smoke" ]; then
     SMOKE=1
+elif [ "${1:-}" = "--dry-run" ]; then
+    DRY_RUN=1
 fi
 
 status=0
 run() {  # run NAME TIMEOUT_SECONDS COMMAND...: log to $OUT_DIR/NAME.log, keep going
     local name=$1 limit=$2
     shift 2
+    if [ $DRY_RUN -eq 1 ]; then
+        echo "$name $limit $*"
+        return
+    fi
     echo "== $name: $*" | tee -a "$OUT_DIR/commands.txt"
     local start=$SECONDS
     timeout "$limit" "$@" >"$OUT_DIR/$name.log" 2>&1
@@ -45,7 +60,7 @@ run() {  # run NAME TIMEOUT_SECONDS COMMAND...: log to $OUT_DIR/NAME.log, keep g
     [ $code -eq 0 ] || status=1
 }
 
-{
+if [ $DRY_RUN -eq 0 ]; then {
     date -u
     uptime
     nproc
@@ -54,12 +69,26 @@ run() {  # run NAME TIMEOUT_SECONDS COMMAND...: log to $OUT_DIR/NAME.log, keep g
     "$PYTHON" -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
 } >"$OUT_DIR/machine.txt" 2>&1
 cat "$OUT_DIR/machine.txt"
+fi
+
+# The small-gpu profile's step on a T4 (see the top of this file), then its method.
+SMALL_GPU=(--shape Qwen2.5-0.5B --dtype float32 --autocast float16
+    --gradient-checkpointing --memory-cap-gib 15 --batch-size 32 --microbatch-size 2
+    --seq-len 576 --prompt-len 192 --chunk-size 256 --rollout-batch 64
+    --rollout-prompt-len 192 --new-tokens 384)
+SMALL_GPU_SMOKE=(--quick --dtype float32 --autocast float16 --gradient-checkpointing
+    --memory-cap-gib 15)
 
 if [ $SMOKE -eq 1 ]; then
     run logprob_memory 300 "$PYTHON" benchmarks/logprob_memory.py --quick --in-process \
         --out "$OUT_DIR/logprob_memory_gpu.json"
     run gpu_throughput 300 "$PYTHON" benchmarks/gpu_throughput.py --quick \
         --out "$OUT_DIR/gpu_throughput.json"
+    for method in full lora; do
+        run "gpu_throughput_small_gpu_$method" 300 "$PYTHON" benchmarks/gpu_throughput.py \
+            "${SMALL_GPU_SMOKE[@]}" --method "$method" \
+            --out "$OUT_DIR/gpu_throughput_small_gpu_$method.json"
+    done
 else
     # Qwen2's head: vocabulary 151,936, B=4 sequences of 1024 and 4096 tokens,
     # bfloat16, head frozen and trainable (24 cases, one process).
@@ -69,8 +98,14 @@ else
         --chunk-sizes 256 512 1024 2048 --out "$OUT_DIR/logprob_memory_gpu.json"
     run gpu_throughput 200 "$PYTHON" benchmarks/gpu_throughput.py --device cuda \
         --out "$OUT_DIR/gpu_throughput.json"
+    for method in full lora; do
+        run "gpu_throughput_small_gpu_$method" 150 "$PYTHON" benchmarks/gpu_throughput.py \
+            --device cuda "${SMALL_GPU[@]}" --method "$method" --lora-rank 1 \
+            --out "$OUT_DIR/gpu_throughput_small_gpu_$method.json"
+    done
 fi
 
+[ $DRY_RUN -eq 1 ] && exit 0
 run render 60 "$PYTHON" benchmarks/render_results.py "$OUT_DIR" --bare \
     --out "$OUT_DIR/GPU_RESULTS.md"
 exit $status

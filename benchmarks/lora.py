@@ -11,16 +11,26 @@ loop's own adapters). Each case runs ``--warmup`` steps, then times
 the process held before its first step (model built), so it counts gradients,
 AdamW moments and activations. Ratios are to full fine-tuning in the same run.
 
+Then time to accuracy on the toy task: `grpo-lab train --profile cpu --lora-rank
+R` for each R of ``--accuracy-ranks`` (0: full fine-tuning), one fresh process
+each (``cpu_profile.run_seed``): the whole command's wall time, the summed GRPO
+step time, held-out sampled accuracy at step 0 and at the end, and the first
+evaluated step at or above ``--target`` (None: never within the run's steps).
+
     .venv/bin/python benchmarks/lora.py            # the figures in RESULTS.md
     .venv/bin/python benchmarks/lora.py --quick    # seconds
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import sys
+import tempfile
 import time
+from pathlib import Path
 
+import cpu_profile
 import harness
 import torch
 
@@ -28,15 +38,20 @@ FLAGS = {
     "ranks": [0, 1, 8, 64],
     "batch_size": 8,
     "seq_len": 256,
-    "steps": 5,
-    "warmup": 2,
+    "steps": 3,
+    "warmup": 1,
     "hidden_size": 512,
     "num_layers": 4,
     "intermediate_size": 1408,
     "vocab_size": 32000,
     "threads": 1,
+    "accuracy_ranks": [0, 8],
+    "target": 0.9,
+    "train_flags": harness.Flag("", help="more `grpo-lab train` flags, one string"),
 }
 QUICK = {
+    "accuracy_ranks": [0, 8],
+    "train_flags": cpu_profile.QUICK["train_flags"],
     "batch_size": 2,
     "seq_len": 32,
     "steps": 2,
@@ -125,8 +140,48 @@ def add_ratios(rows: list[dict]) -> None:
         row["memory_ratio"] = row["peak_mib"] / full["peak_mib"]
 
 
+ACCURACY_COLUMNS = [
+    ("method", "method"), ("sampled_start", "sampled acc. step 0"),
+    ("sampled_end", "sampled acc. end"),
+    ("first_sampled_at_target", "first sampled ≥ target"),
+    ("seconds_to_target", "GRPO s to target"), ("grpo_steps", "GRPO steps"),
+    ("grpo_step_seconds", "GRPO step s (sum)"), ("wall_seconds", "wall s"),
+]  # fmt: skip
+TRAIN_ONLY = {"accuracy_ranks", "target", "train_flags", "ranks"}
+
+
+def accuracy_runs(arguments) -> list[dict]:
+    """One `grpo-lab train --profile cpu --lora-rank R` per rank, and its curve."""
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for rank in arguments.accuracy_ranks:
+            flags = f"--lora-rank {rank} {arguments.train_flags}".strip()
+            run_dir = Path(scratch) / f"rank-{rank}"
+            run = cpu_profile.run_seed(arguments.seed, run_dir, flags, arguments.target)
+            run["method"] = "full fine-tuning" if rank == 0 else f"LoRA r={rank}"
+            run["seconds_to_target"] = seconds_to(
+                run_dir, run["first_sampled_at_target"]
+            )
+            rows.append(run)
+            print(f"{run['method']}: {run['wall_seconds']:.1f} s", flush=True)
+    return rows
+
+
+def seconds_to(run_dir: Path, step: int | None) -> float | None:
+    """Summed GRPO step seconds of steps 1..step (None: the target never came)."""
+    if step is None:
+        return None
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    return sum(
+        r["time/step_seconds"]
+        for r in records
+        if "time/step_seconds" in r and r.get("step", 0) <= step
+    )
+
+
 def measure(arguments, save: harness.Save) -> dict:
-    shared = {k: getattr(arguments, k) for k in FLAGS if k != "ranks"}
+    shared = {k: getattr(arguments, k) for k in FLAGS if k not in TRAIN_ONLY}
     rows = []
     for rank in arguments.ranks:
         spec = {**shared, "seed": arguments.seed, "rank": rank}
@@ -134,6 +189,7 @@ def measure(arguments, save: harness.Save) -> dict:
     if 0 in arguments.ranks:
         add_ratios(rows)
     parameters = rows[0]["parameters"]
+    accuracy = accuracy_runs(arguments)
     return {
         "title": "LoRA vs full fine-tuning (CPU)",
         "description": __doc__.split("\n\n")[1].replace("\n", " "),
@@ -144,7 +200,19 @@ def measure(arguments, save: harness.Save) -> dict:
                 title=f"{parameters / 1e6:.1f} M parameters, batch "
                 f"{arguments.batch_size} x {arguments.seq_len} tokens, "
                 f"{arguments.threads} torch thread(s)",
-            )
+            ),
+            harness.table(
+                ACCURACY_COLUMNS,
+                accuracy,
+                title="Time to held-out sampled accuracy "
+                f"{arguments.target} on the toy task (`grpo-lab train --profile cpu "
+                "--lora-rank R`, seed "
+                f"{arguments.seed})",
+                notes="\n".join(
+                    cpu_profile.curve_line(run["method"], run["evaluations"][::5])
+                    for run in accuracy
+                ),
+            ),
         ],
         "notes": "",
         "rows": rows,

@@ -39,6 +39,7 @@ DIFFERENTIABLE = {
     "check_dapo_kl_loss",
     "check_corrected_loss",
     "check_device_token_loss",
+    "check_lora_linear",
 }
 
 
@@ -134,6 +135,7 @@ def _check(exercise: Exercise):
         "check_device_token_loss": "scaling",
         "check_corrected_loss": "mismatch",
         "check_multi_turn_mask": "turns",
+        "check_lora_linear": "lora",
     }[exercise.check_name]
     return resolve(f"grpo_lab.teaching.checks.{module}.{exercise.check_name}")
 

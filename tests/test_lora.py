@@ -684,3 +684,102 @@ def test_export_maps_lora_to_trl_peft_config_and_verl_settings():
         verl.lora_overrides(dataclasses.replace(config, lora_dropout=0.1))
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     assert {n for n in fields if n.startswith("lora_")} <= set(verl.exported_fields())
+
+
+# --- the small-gpu cases of benchmarks/gpu.sh (they run on a GPU only) -----------------
+
+
+def benchmark_module(name: str):
+    import importlib
+    import sys
+    from pathlib import Path
+
+    benchmarks = str(Path(__file__).resolve().parents[1] / "benchmarks")
+    if benchmarks not in sys.path:
+        sys.path.insert(0, benchmarks)
+    return importlib.import_module(name)
+
+
+def test_gpu_sh_runs_small_gpu_full_and_lora_under_a_15_gib_cap_with_valid_flags():
+    import shlex
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    gpu_throughput = benchmark_module("gpu_throughput")
+    harness = benchmark_module("harness")
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu.sh"
+    listed = subprocess.run(
+        ["bash", str(script), "--dry-run"],
+        env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.splitlines()
+    # NAME TIMEOUT PYTHON SCRIPT FLAGS...
+    cases = {line.split()[0]: shlex.split(line)[4:] for line in listed}
+    assert {"gpu_throughput_small_gpu_full", "gpu_throughput_small_gpu_lora"} <= set(
+        cases
+    )
+    hidden, mlp, layers, heads, kv_heads, vocabulary = (
+        config_module.KNOWN_ARCHITECTURES["Qwen/Qwen2.5-0.5B-Instruct"]
+    )
+    profile = TrainConfig.for_profile("small-gpu")
+    for method in ("full", "lora"):
+        arguments = harness.arguments_of(
+            gpu_throughput, cases[f"gpu_throughput_small_gpu_{method}"]
+        )
+        assert (arguments.method, arguments.device) == (method, "cuda")
+        assert arguments.memory_cap_gib == 15 and arguments.gradient_checkpointing
+        assert (arguments.dtype, arguments.autocast) == ("float32", "float16")
+        assert arguments.lora_rank == profile.lora_rank
+        assert arguments.lora_alpha == profile.lora_alpha
+        assert arguments.chunk_size == profile.logits_chunk_size
+        microbatch = profile.train_batch_size // profile.gradient_accumulation_steps
+        assert arguments.microbatch_size == microbatch
+        assert arguments.new_tokens == profile.max_new_tokens
+        assert arguments.rollout_batch == profile.rollout_batch_size
+        assert gpu_throughput.SHAPES[arguments.shape] == {
+            "hidden_size": hidden,
+            "num_hidden_layers": layers,
+            "num_attention_heads": heads,
+            "num_key_value_heads": kv_heads,
+            "intermediate_size": mlp,
+            "vocab_size": vocabulary,
+        }
+
+
+def test_the_memory_cap_is_the_share_of_the_gpu_that_15_gib_is():
+    gpu_throughput = benchmark_module("gpu_throughput")
+    assert gpu_throughput.memory_fraction(15, 60 * 2**30) == 0.25
+    assert gpu_throughput.memory_fraction(15, 15 * 2**30) == 1.0
+    assert gpu_throughput.memory_fraction(15, 14 * 2**30) == 1.0  # at most all
+    with pytest.raises(ValueError, match="memory_cap_gib must be > 0"):
+        gpu_throughput.memory_fraction(0, 60 * 2**30)
+
+
+def test_the_small_gpu_step_runs_lora_under_float16_autocast_on_cpu(tmp_path):
+    """The GPU case's code path at tiny sizes: adapters only, a loss scale."""
+    gpu_throughput = benchmark_module("gpu_throughput")
+    out = tmp_path / "small_gpu_lora.json"
+    flags = ["--quick", "--method", "lora", "--autocast", "float16"]
+    result = gpu_throughput.main(
+        [*flags, "--gradient-checkpointing", "--out", str(out)]
+    )
+    train, rollouts = result["tables"]
+    shape = gpu_throughput.SHAPES["tiny"]
+    shapes = lora.qwen2_linear_shapes(
+        shape["hidden_size"],
+        shape["intermediate_size"],
+        shape["num_hidden_layers"],
+        shape["num_attention_heads"],
+        shape["num_key_value_heads"],
+    )
+    for row in train["rows"]:
+        assert row["method"] == "LoRA r=1"
+        assert row["trainable_parameters"] == lora.lora_parameter_count(shapes, 1)
+        # GradScaler's dynamic scale: 2^16, halved at each overflowing step.
+        assert row["loss_scale"] in [2.0**k for k in range(17)]
+    assert rollouts["rows"][0]["tokens_per_second"] > 0
+    assert result["memory_fraction"] is None  # no cap on a CPU

@@ -79,6 +79,21 @@ def test_bf16_gap_is_small_and_nonzero(model, tokenizer):
     assert 1e-5 < mean_gap(model, sample(backend)) < 0.05
 
 
+def test_fp16_gap_is_nonzero_and_several_times_smaller_than_bf16s(model, tokenizer):
+    # float16 keeps 11 significant bits to bfloat16's 8: round to nearest moves a
+    # logit in [4, 8) by at most half a spacing, 2^-9 against 2^-6.
+    logits = 4 + torch.arange(4096.0)[None] * 2.0**-10  # (1, V): [4, 8), exact
+    plain = SamplingSettings(max_new_tokens=4)
+    error = {
+        name: (sampler_scores(logits, name, None, plain) - logits).abs().max().item()
+        for name in ("bf16", "fp16")
+    }
+    assert error == {"bf16": 2.0**-6, "fp16": 2.0**-9}
+    fp16_gap = mean_gap(model, sample(MismatchRolloutBackend(model, tokenizer, "fp16")))
+    bf16_gap = mean_gap(model, sample(MismatchRolloutBackend(model, tokenizer, "bf16")))
+    assert 1e-6 < fp16_gap < bf16_gap / 3
+
+
 def test_top_p_sampler_log_probs_are_never_below_the_trainers(model, tokenizer):
     backend = MismatchRolloutBackend(model, tokenizer, "top_p", 0.7)
     trainer, sampler = trainer_and_sampler(model, sample(backend))
@@ -243,7 +258,14 @@ def test_train_config_builds_the_backend_and_defaults_stay_hf(model, tokenizer):
     assert isinstance(build_backend(TrainConfig(), model, tokenizer), HFRolloutBackend)
     noise = make_backend("mismatch", model, tokenizer, mismatch="noise")
     assert noise.scale == 0.5
-    assert set(PERTURBATIONS) >= {"bf16", "top_p", "temperature", "stale", "noise"}
+    assert set(PERTURBATIONS) >= {
+        "bf16",
+        "fp16",
+        "top_p",
+        "temperature",
+        "stale",
+        "noise",
+    }
 
 
 # --------------------------- a categorical policy with a closed-form gradient

@@ -11,7 +11,12 @@ and the importance-sampling correction built on it can be watched on a laptop.
 One perturbation per backend:
 
     none:         the policy itself (d = 0 up to float noise)
-    bf16:         logits rounded to bfloat16 before the softmax
+    bf16:         logits rounded to bfloat16 before the softmax (8 significant
+                  bits: a relative spacing of 2^-8 = 0.0039)
+    fp16:         logits rounded to float16 before the softmax (11 significant
+                  bits: 2^-11 = 0.00049, 8x finer than bfloat16, the precision
+                  of "defeating the training-inference mismatch via FP16",
+                  arXiv:2510.26788; its range, up to 65504, holds any logit)
     top_p:        nucleus sampling with mass ``scale``; the trainer scores the
                   full distribution
     temperature:  softmax(logits / scale) at sampling only; the trainer scores
@@ -45,7 +50,9 @@ from grpo_lab.rollouts.hf import (
     _left_pad,
 )
 
-PERTURBATIONS = ("none", "bf16", "top_p", "temperature", "stale", "noise")
+PERTURBATIONS = ("none", "bf16", "fp16", "top_p", "temperature", "stale", "noise")
+# The dtype each rounding perturbation rounds the logits to.
+ROUNDING_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # The scale each perturbation uses when none is given; the others take none.
 DEFAULT_SCALES = {"top_p": 0.9, "temperature": 0.7, "noise": 0.5}
 
@@ -141,15 +148,16 @@ def sampler_scores(
 ) -> torch.Tensor:
     """The perturbed sampler's scores: log_softmax of them is log pi_sampler.
 
-    z = logits (float32); bf16: z = bfloat16(z); noise: z + scale * eps;
-    then z / T with T = scale for ``temperature``, else sampling.temperature
-    (greedy, T = 0: z unscaled); then tokens outside the nucleus (mass scale
-    for ``top_p``, else sampling.top_p) set to -inf. Shapes (b, V) -> (b, V).
+    z = logits (float32); bf16: z = bfloat16(z); fp16: z = float16(z); noise:
+    z + scale * eps; then z / T with T = scale for ``temperature``, else
+    sampling.temperature (greedy, T = 0: z unscaled); then tokens outside the
+    nucleus (mass scale for ``top_p``, else sampling.top_p) set to -inf.
+    Shapes (b, V) -> (b, V).
     """
     scale = resolved_scale(mismatch, scale)
     scores = logits.float()  # (b, V)
-    if mismatch == "bf16":
-        scores = scores.to(torch.bfloat16).float()
+    if mismatch in ROUNDING_DTYPES:
+        scores = scores.to(ROUNDING_DTYPES[mismatch]).float()
     if mismatch == "noise" and scale > 0:
         noise = torch.randn(
             scores.shape, generator=generator, device=scores.device

@@ -164,3 +164,42 @@ EXPLORER_SIZES: dict[str, dict[str, Any]] = {
         "lr_values": [1e-4],
     },
 }
+
+
+# notebooks/13_lora_for_rl.ipynb: sizes_for_profile(**LORA_SIZES). Every run
+# trains the tiny model (the point is the adapters, on any device) from one
+# shared warm-up, notebook 09's (the same config, so the same cached model):
+# full fine-tuning at lr, LoRA of each rank in `ranks` at lora_lr, then a high
+# rank at a high rate. Each run is `steps` GRPO steps of 16 prompts x 8
+# responses, evaluated every 10 steps on 100 held-out prompts; smoke runs 2
+# steps of the smoke model.
+LORA_SIZES: dict[str, dict[str, Any]] = {
+    "cpu": {
+        "run_profile": "cpu",
+        "warm_up_overrides": {"sft_eval_every": 20, "sft_eval_size": 32},
+        "base_overrides": {
+            "steps": 30,
+            "rollout_batch_size": 128,
+            "train_batch_size": 128,
+            "sft_max_steps": 0,
+            "eval_every": 10,
+            "eval_size": 100,
+            "checkpoint_every": 0,
+        },
+        "ranks": [1, 8],
+        "high_rank": 64,
+        "high_lora_lr": 3e-2,
+    },
+    "smoke": {
+        "run_profile": "smoke",
+        "warm_up_overrides": {},
+        "base_overrides": {
+            "rollout_batch_size": 8,
+            "train_batch_size": 8,
+            "sft_max_steps": 0,
+            "checkpoint_every": 0,
+        },
+        "ranks": [1],
+        "high_rank": 4,
+    },
+}

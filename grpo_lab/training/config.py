@@ -403,8 +403,8 @@ class TrainConfig:
         "none",
         "sampler mismatch",
         "Perturbation the mismatch backend samples from (needs backend mismatch): "
-        "bf16 logits, top_p nucleus, temperature at sampling only, stale weights, "
-        "or Gaussian logit noise; none samples the policy itself.",
+        "bf16 or fp16 logits, top_p nucleus, temperature at sampling only, stale "
+        "weights, or Gaussian logit noise; none samples the policy itself.",
         PERTURBATIONS,
     )
     mismatch_scale: float | None = setting(

@@ -17,7 +17,9 @@ prefix sharing and ``generate`` see an ordinary causal LM. The ``PeftModel``
 wrapper is kept beside it for what only it does: ``save_pretrained`` of the
 adapter and switching the adapters off.
 
-``lora_rank = 0`` (the default) is full fine-tuning, untouched.
+``lora_rank = 0`` (the default) is full fine-tuning, untouched. Taught in
+``notebooks/13_lora_for_rl.ipynb``; :func:`lora_linear` is the adapter forward
+written out, the oracle of peft's layer.
 """
 
 from __future__ import annotations
@@ -53,6 +55,27 @@ class LoraSettings:
     def scale(self) -> float:
         """alpha / r, the factor on B A x."""
         return self.alpha / self.rank
+
+
+def lora_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    lora_A: torch.Tensor,
+    lora_B: torch.Tensor,
+    alpha: float,
+    rank: int,
+) -> torch.Tensor:
+    """The adapted linear layer without dropout: x W^T + (alpha / r) x A^T B^T.
+
+    x (..., in), weight W (out, in), lora_A (r, in), lora_B (out, r) ->
+    (..., out). The same operations in the same order as peft's LoRA
+    ``Linear.forward`` (base output, then B(A(x)) times the scale), so the two
+    agree bit for bit. It never forms the (out, in) update B A: two thin
+    matmuls cost r (in + out) multiply-adds per row instead of in * out.
+    """
+    base = torch.nn.functional.linear(x, weight)  # (..., out)
+    down = torch.nn.functional.linear(x, lora_A)  # (..., r)
+    return base + torch.nn.functional.linear(down, lora_B) * (alpha / rank)
 
 
 def check_lora_settings(

@@ -62,6 +62,7 @@ PACKAGE_COUNTERPARTS: dict[str, tuple[str, ...]] = {
         "grpo_lab.rollouts.multiturn.segment_model_flags",
         "grpo_lab.rollouts.multiturn.multi_turn_token_batch",
     ),
+    "check_lora_linear": ("grpo_lab.training.lora.lora_linear",),
     "check_corrected_loss": (
         "grpo_lab.train_step.microbatch_loss",
         "grpo_lab.sampler_correction.sampler_correction_weights",
