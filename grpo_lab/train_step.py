@@ -40,7 +40,7 @@ from grpo_lab.losses import (
     microbatch_loss_scale,
 )
 from grpo_lab.masks import tokenize_prompt_and_output
-from grpo_lab.prefix_sharing import shared_prefix_length
+from grpo_lab.prefix_sharing import check_share_prompt_prefix, shared_prefix_length
 from grpo_lab.sampler_correction import (
     DEFAULT_CAP,
     DEFAULT_HIGH,
@@ -82,7 +82,7 @@ class UpdateSettings:
     normalization_constant: float | None = None
     temperature: float = 1.0
     logits_chunk_size: int | None = None
-    share_prompt_prefix: bool = False
+    share_prompt_prefix: bool | str = False  # or "auto"
     # Objective options (see grpo_lab.losses.compute_policy_gradient_loss).
     cliprange_high: float | None = None
     ratio_cap: float | None = None
@@ -119,6 +119,7 @@ class UpdateSettings:
         check_kl_settings(self.kl_coef, self.kl_estimator)
         check_entropy_settings(self.entropy_coef, self.top_entropy_quantile)
         check_temperature(self.temperature)
+        check_share_prompt_prefix(self.share_prompt_prefix)
         if self.logits_chunk_size is not None:
             check_logits_chunk_size(self.logits_chunk_size)
         check_sampler_correction(
@@ -302,7 +303,7 @@ def policy_gradient_update(
     *,
     temperature: float = 1.0,
     logits_chunk_size: int | None = None,
-    share_prompt_prefix: bool = False,
+    share_prompt_prefix: bool | Literal["auto"] = False,
     cliprange_high: float | None = None,
     ratio_cap: float | None = None,
     sapo_temperature_pos: float = 1.0,
@@ -499,7 +500,9 @@ def score_tokens(
         return_token_entropy,
         settings.logits_chunk_size,
         temperature=settings.temperature,
-        shared_prefix_length=shared_prefix_length(mask, settings.share_prompt_prefix),
+        shared_prefix_length=shared_prefix_length(
+            mask, settings.share_prompt_prefix, batch["input_ids"], batch["labels"]
+        ),
         entropy_gradient=entropy_gradient,
     )
 
