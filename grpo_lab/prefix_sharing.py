@@ -26,8 +26,9 @@ second pass through every layer (each kernel launches twice, on smaller
 inputs; the tail's attention needs an explicit mask, so grouped-query keys are
 copied per head). It pays when the saved positions cost more than that pass,
 whatever their share of the batch: on a 2-core CPU the pass costs what about
-256 positions cost on the 0.3M-parameter tiny model, and far fewer on a 27M one
-(the sharing table of ``benchmarks/trl_train_step.py`` measures it). A loaded
+256 positions cost on the 0.3M-parameter tiny model, and fewer on a larger
+model, whose positions cost more (the sharing table of
+``benchmarks/trl_train_step.py`` measures it). A loaded
 CPU makes the pass dearer: with two threads each kernel waits for both, so
 doubling the kernels doubles the waits. ``share_prompt_prefix="auto"`` shares
 only when (B - U) * c >= :data:`AUTO_MIN_SAVED_POSITIONS`
@@ -40,10 +41,10 @@ Exact in float64? Not bit for bit in transformers' models: their RMSNorm
 computes in float32 whatever the model's dtype, and its backward rounds each
 row's gradient to float32. Run whole, each of the G rows is rounded before
 the rows' gradients add up in the prompt's parameters; shared, they add up
-first (in the copied keys and values) and are rounded once. The parameters
-that see the prompt get gradients that differ by float32 rounding (about 1e-8
-of their size); the log-probs are equal, and with a norm that keeps the input
-dtype the gradients agree to float64 rounding
+first (in the copied keys and values) and are rounded once. Gradients that
+flow back through the prompt differ by float32 rounding (about 1e-8 of their
+size, seen in the tied embedding); the log-probs are equal, and with a norm
+that keeps the input dtype the gradients agree to float64 rounding
 (tests/test_prefix_sharing.py measures both).
 Taught in ``notebooks/07_training_step.ipynb``.
 """
