@@ -11,6 +11,13 @@ which TRL loss_type); it goes into the result file and RESULTS.md.
 
     .venv/bin/python benchmarks/trl_train_step.py
     .venv/bin/python benchmarks/trl_train_step.py --quick
+
+The sharing table measures when grpo_lab's shared-prompt path pays on this
+machine: the same step as is and with ``share_prompt_prefix=True``, alternating,
+on batches of --sharing-rows rows cut into groups of G responses to prompts of
+P tokens (--sharing-cases "GxP"), with the positions (B - U) * c that sharing
+saves and what ``share_prompt_prefix="auto"`` picks
+(grpo_lab.prefix_sharing.worth_sharing).
 """
 
 from __future__ import annotations
@@ -28,6 +35,12 @@ from grpo_lab.advantages import compute_group_normalized_rewards
 from grpo_lab.logprobs import get_response_log_probs
 from grpo_lab.masks import pad_prompt_and_response_ids
 from grpo_lab.models import build_char_tokenizer
+from grpo_lab.prefix_sharing import (
+    AUTO_MIN_SAVED_POSITIONS,
+    prompt_only_columns,
+    saved_positions,
+    worth_sharing,
+)
 from grpo_lab.teaching.gradient_recorder import GradientRecorder
 from grpo_lab.train_step import policy_gradient_update
 
@@ -42,10 +55,13 @@ MODEL_SHAPES = {
 FLAGS = {
     "model": harness.Flag(["tiny", "small"], tuple(MODEL_SHAPES)), "prompts": 4,
     "group_size": 4, "prompt_len": 32, "max_completion_len": 128, "steps": 5,
-    "device": "cpu",
+    "device": "cpu", "sharing_model": harness.Flag("tiny", tuple(MODEL_SHAPES)),
+    "sharing_rows": 16, "sharing_steps": 15,
+    "sharing_cases": ["2x8", "4x8", "8x16", "2x32", "4x32", "8x32", "4x64", "4x96"],
 }  # fmt: skip
 QUICK = {"model": ["tiny"], "prompts": 2, "group_size": 2, "prompt_len": 8,
-         "max_completion_len": 16, "steps": 2}  # fmt: skip
+         "max_completion_len": 16, "steps": 2, "sharing_rows": 4,
+         "sharing_steps": 2, "sharing_cases": ["2x8", "4x2"]}  # fmt: skip
 LEARNING_RATE, MAX_GRAD_NORM, CLIPRANGE = 1e-5, 1.0, 0.2
 SIDES = ("ours", "ours_shared", "trl")  # shared: share_prompt_prefix=True
 TIMING_COLUMNS = [
@@ -63,6 +79,13 @@ AGREEMENT_COLUMNS = [
     ("trl_loss", "TRL loss"), ("our_loss", "grpo_lab loss"),
     ("loss_abs_diff", "|Δ loss|"), ("max_abs_grad_diff", "max |Δ grad|"),
     ("max_abs_grad", "max |grad|"),
+]  # fmt: skip
+SHARING_COLUMNS = [
+    ("model", "model"), ("group_size", "G"), ("prompt_len", "P"), ("batch_size", "B"),
+    ("sequence_len", "T"), ("prefix_len", "c"), ("saved_positions", "saved positions"),
+    ("plain_seconds", "plain s/step"), ("shared_seconds", "shared s/step"),
+    ("shared_over_plain", "shared / plain time"), ("auto", "auto picks"),
+    ("auto_over_best", "auto / faster time"),
 ]  # fmt: skip
 NOTES = """Reading: the ratio columns compare the two on the same batch in one
 process. Both run the same model forward and backward; what differs is the
@@ -312,6 +335,56 @@ def timing(settings: dict, tokenizer, device) -> dict:
     return {side: statistics.median(values[1:]) for side, values in seconds.items()}
 
 
+def sharing_case(settings: dict, case: str, tokenizer, device) -> dict:
+    """One "GxP" case of the sharing table: plain and shared steps alternating."""
+    group_size, prompt_len = (int(part) for part in case.split("x"))
+    rows = settings["sharing_rows"]
+    if group_size < 2 or rows % group_size:
+        raise ValueError(
+            f"--sharing-cases {case!r}: G must be >= 2 and divide --sharing-rows {rows}"
+        )
+    case_settings = {
+        **settings, "model": settings["sharing_model"], "group_size": group_size,
+        "prompts": rows // group_size, "prompt_len": prompt_len,
+    }  # fmt: skip
+    model = build_model(case_settings["model"], tokenizer, device)
+    ours, _, advantages = build_batch(case_settings, model, tokenizer, device)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=LEARNING_RATE, weight_decay=0.0, fused=True
+    )
+    seconds = {False: [], True: []}
+    for _ in range(settings["sharing_steps"] + 1):
+        for share in seconds:
+            _, spent = harness.timed(
+                device, policy_gradient_update, model, optimizer, 1, MAX_GRAD_NORM,
+                ours, advantages, share_prompt_prefix=share,
+            )  # fmt: skip
+            seconds[share].append(spent)
+    plain, shared = (statistics.median(seconds[s][1:]) for s in (False, True))
+    ids, labels = ours["input_ids"], ours["labels"]  # (B, T)
+    prefix_len = prompt_only_columns(ours["response_mask"])
+    auto = worth_sharing(ids, labels, prefix_len)
+    return {
+        "model": case_settings["model"], "group_size": group_size,
+        "prompt_len": prompt_len, "batch_size": rows,
+        "sequence_len": int(ids.shape[1]), "prefix_len": prefix_len,
+        "saved_positions": saved_positions(ids, labels, prefix_len),
+        "plain_seconds": plain, "shared_seconds": shared,
+        "shared_over_plain": shared / plain, "auto": "shared" if auto else "plain",
+        "auto_over_best": (shared if auto else plain) / min(plain, shared),
+    }  # fmt: skip
+
+
+def sharing(arguments) -> list[dict]:
+    """The sharing table's rows, one per --sharing-cases entry."""
+    settings = {k: getattr(arguments, k) for k in (*FLAGS, "seed")}
+    device, tokenizer = torch.device(arguments.device), build_char_tokenizer()
+    return [
+        sharing_case(settings, case, tokenizer, device)
+        for case in arguments.sharing_cases
+    ]
+
+
 def worker(spec: dict) -> dict:
     """In a fresh process: peak memory of one step after a warm-up step."""
     settings = spec["settings"]
@@ -362,7 +435,12 @@ def run_model(arguments, model_name: str) -> tuple[dict, list[dict]]:
     return row, agreement_rows
 
 
-def report(arguments, timing_rows: list[dict], agreement_rows: list[dict]) -> dict:
+def report(
+    arguments,
+    timing_rows: list[dict],
+    agreement_rows: list[dict],
+    sharing_rows: list[dict] = (),
+) -> dict:
     return {
         "title": "One GRPO step against TRL GRPOTrainer "
         f"({harness.device_label(arguments.device)})",
@@ -387,6 +465,18 @@ def report(arguments, timing_rows: list[dict], agreement_rows: list[dict]) -> di
                 title="Loss and gradient agreement, one step from the same weights "
                 "(gradients read before the update):",
             ),
+            harness.table(
+                SHARING_COLUMNS,
+                list(sharing_rows),
+                title="When the shared-prompt path pays: grpo_lab's step as is and "
+                f"with `share_prompt_prefix=True`, {arguments.sharing_rows} rows in "
+                "groups of G responses (of 1/4 to 1 times "
+                f"{arguments.max_completion_len} tokens) to prompts of P tokens, "
+                f"median of {arguments.sharing_steps} alternating steps after a "
+                "warm-up; saved positions: (B - U) c, of B T; auto: "
+                '`share_prompt_prefix="auto"`, which shares when at least '
+                f"{AUTO_MIN_SAVED_POSITIONS} positions are saved:",
+            ),
         ],
         "notes": NOTES,
     }
@@ -400,7 +490,8 @@ def measure(arguments, save: harness.Save) -> dict:
         agreement_rows.extend(rows)
         save(report(arguments, timing_rows, agreement_rows))
         print(f"{model_name}: TRL / grpo_lab time {row['trl_time_over_ours']:.2f}")
-    return report(arguments, timing_rows, agreement_rows)
+    sharing_rows = sharing(arguments)
+    return report(arguments, timing_rows, agreement_rows, sharing_rows)
 
 
 def main(argv=None) -> dict | None:

@@ -252,6 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--vllm-mode", choices=("colocate", "server"), default="colocate",
         help="trl only: vLLM beside each process, or TRL's `trl vllm-serve` server",
     )  # fmt: skip
+    export_parser.add_argument(
+        "--no-progress", action="store_true", help="no progress bar"
+    )
     _add_from_trl_flag(export_parser)
     export_parser.set_defaults(resume_dir=None)
     add_config_arguments(export_parser, exclude=("resume",))
@@ -819,7 +822,27 @@ def run_doctor(arguments: argparse.Namespace) -> int:
 
 
 def run_export(arguments: argparse.Namespace) -> int:
-    """Write the launch folder of ``grpo-lab export trl|verl [RUN_DIR]``."""
+    """Write the launch folder of ``grpo-lab export trl|verl [RUN_DIR]``, with a
+    bar over its two stages (on a terminal, unless --no-progress)."""
+    from tqdm.auto import tqdm
+
+    with tqdm(
+        total=2, desc=f"export {arguments.target}", unit="stage",
+        disable=True if arguments.no_progress else None,
+    ) as stages:  # fmt: skip
+        stages.set_postfix_str("reading the settings")
+        config = _export_config(arguments)
+        stages.update()
+        stages.set_postfix_str("writing the launch folder")
+        written = _write_export(arguments, config)
+        stages.update()
+    out_dir = Path(arguments.out_dir)
+    print(f"wrote {len(written)} files to {out_dir}; see {out_dir / 'README.md'}")
+    return 0
+
+
+def _export_config(arguments: argparse.Namespace):
+    """The config ``grpo-lab export`` translates: flags, or a run's warm-up."""
     if arguments.source_run is None:
         config = train_config(arguments)
     else:
@@ -831,6 +854,11 @@ def run_export(arguments: argparse.Namespace) -> int:
             raise UserError(
                 str(error), "give the folder grpo-lab train wrote"
             ) from error
+    return config
+
+
+def _write_export(arguments: argparse.Namespace, config) -> list:
+    """The launch folder written by the target's ``write_launch_folder``."""
     out_dir = Path(arguments.out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise UserError(f"{out_dir} is not an empty folder", "give --out a new folder")
@@ -855,8 +883,7 @@ def run_export(arguments: argparse.Namespace) -> int:
         raise UserError(
             _one_line(error), "pass the task's data as a local file"
         ) from error
-    print(f"wrote {len(written)} files to {out_dir}; see {out_dir / 'README.md'}")
-    return 0
+    return written
 
 
 def run_grade(arguments: argparse.Namespace) -> int:

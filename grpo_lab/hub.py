@@ -5,9 +5,10 @@ model card into ``RUN_DIR/final_model/README.md`` and the reward curve beside
 it (``reward_curve.png``), then creates the repository (``exist_ok``) and
 uploads that folder with ``HfApi.upload_folder``. The folder is what
 ``save_pretrained`` wrote, so ``AutoModelForCausalLM.from_pretrained(repo_id)``
-and ``AutoTokenizer.from_pretrained(repo_id)`` load it (the tiny model's
-character tokenizer loads as trained with ``grpo_lab.models.load_tokenizer``;
-the card says which).
+and ``AutoTokenizer.from_pretrained(repo_id)`` load it; the tiny model's
+character tokenizer is saved in a form ``AutoTokenizer`` opens with the ids it
+trained with (``grpo_lab.models.load_tokenizer`` opens it as that class, which
+also names a character outside its alphabet).
 
 The card is read from the run folder alone: ``config.json`` gives its front
 matter (``library_name: transformers``, tags ``grpo`` and ``grpo-lab``, the base
@@ -175,17 +176,15 @@ def _config_section(config: Mapping[str, Any]) -> str:
 
 
 def _usage_section(config: Mapping[str, Any], repo_id: str) -> str:
-    """How to load it; the tiny model's character tokenizer needs grpo_lab's
-    loader (AutoTokenizer would open it as a Qwen2 tokenizer, which changes ids)."""
+    """How to load it: AutoModelForCausalLM and AutoTokenizer (the tiny model's
+    character tokenizer gives the same ids through both tokenizer loaders)."""
+    imports = "from transformers import AutoModelForCausalLM, AutoTokenizer"
+    tokenizer = f'AutoTokenizer.from_pretrained("{repo_id}")'
     if config.get("model") == "tiny":
-        imports = (
-            "from transformers import AutoModelForCausalLM\n"
-            "from grpo_lab.models import load_tokenizer  # the character tokenizer"
+        tokenizer += (
+            "\n# the same ids as grpo_lab.models.load_tokenizer, which also names "
+            "any character\n# outside the tiny model's alphabet"
         )
-        tokenizer = f'load_tokenizer("{repo_id}")'
-    else:
-        imports = "from transformers import AutoModelForCausalLM, AutoTokenizer"
-        tokenizer = f'AutoTokenizer.from_pretrained("{repo_id}")'
     if config.get("lora_rank", 0) > 0:
         return _adapter_usage_section(config, repo_id, imports, tokenizer)
     return (

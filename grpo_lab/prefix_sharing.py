@@ -19,6 +19,33 @@ cache it returns only for ``batch_select_indices`` (a transformers
 ``DynamicCache``); nothing here imports transformers. Gradient checkpointing
 in transformers turns the cache off while training, so callers fall back to
 the plain forward then (:func:`can_share_prefix`).
+
+When it pays: a step costs about a * passes + b * positions. Sharing saves
+the (B - U) * c positions that repeated prefixes no longer run, and adds a
+second pass through every layer (each kernel launches twice, on smaller
+inputs; the tail's attention needs an explicit mask, so grouped-query keys are
+copied per head). It pays when the saved positions cost more than that pass,
+whatever their share of the batch: on a 2-core CPU the pass costs what about
+256 positions cost on the 0.3M-parameter tiny model, and fewer on a larger
+model, whose positions cost more (the sharing table of
+``benchmarks/trl_train_step.py`` measures it). A loaded
+CPU makes the pass dearer: with two threads each kernel waits for both, so
+doubling the kernels doubles the waits. ``share_prompt_prefix="auto"`` shares
+only when (B - U) * c >= :data:`AUTO_MIN_SAVED_POSITIONS`
+(:func:`worth_sharing`, decided per microbatch): full groups save
+prompts * (G - 1) * (prompt length - 1) positions, so long prompts and large
+groups share, and short prompts, small groups and microbatches of distinct
+prompts run whole. ``True`` always shares, ``False`` never.
+
+Exact in float64? Not bit for bit in transformers' models: their RMSNorm
+computes in float32 whatever the model's dtype, and its backward rounds each
+row's gradient to float32. Run whole, each of the G rows is rounded before
+the rows' gradients add up in the prompt's parameters; shared, they add up
+first (in the copied keys and values) and are rounded once. Gradients that
+flow back through the prompt differ by float32 rounding (about 1e-8 of their
+size, seen in the tied embedding); the log-probs are equal, and with a norm
+that keeps the input dtype the gradients agree to float64 rounding
+(tests/test_prefix_sharing.py measures both).
 Taught in ``notebooks/07_training_step.ipynb``.
 """
 
@@ -129,10 +156,68 @@ def prompt_only_columns(response_mask: torch.Tensor) -> int:
     return min(first_response_column, width - 1)
 
 
-def shared_prefix_length(response_mask: torch.Tensor, share_prompt_prefix: bool) -> int:
+# "auto" shares when it saves at least this many positions (B - U) * c: what
+# the second pass costs on the tiny model on a 2-core CPU (a larger model's
+# positions cost more, so this errs towards the plain path there).
+AUTO_MIN_SAVED_POSITIONS = 256
+
+
+def check_share_prompt_prefix(share_prompt_prefix: object) -> None:
+    """The one check of ``share_prompt_prefix``: False, True or "auto"."""
+    if not (
+        isinstance(share_prompt_prefix, bool)
+        or (isinstance(share_prompt_prefix, str) and share_prompt_prefix == "auto")
+    ):
+        raise ValueError(
+            'share_prompt_prefix must be False, True or "auto" (share when it '
+            f"saves at least {AUTO_MIN_SAVED_POSITIONS} positions), "
+            f"got {share_prompt_prefix!r}"
+        )
+
+
+def saved_positions(
+    input_ids: torch.Tensor, labels: torch.Tensor, prefix_length: int
+) -> int:
+    """The positions that sharing ``prefix_length`` columns saves: (B - U) * c,
+    with U the distinct first-c (ids, labels) rows of the (B, T) batch."""
+    if prefix_length == 0:
+        return 0
+    keys = torch.cat([input_ids[:, :prefix_length], labels[:, :prefix_length]], 1)
+    distinct = distinct_rows(keys)[0].shape[0]  # U
+    return (input_ids.shape[0] - distinct) * prefix_length
+
+
+def worth_sharing(
+    input_ids: torch.Tensor, labels: torch.Tensor, prefix_length: int
+) -> bool:
+    """The rule of "auto": sharing saves at least AUTO_MIN_SAVED_POSITIONS."""
+    saved = saved_positions(input_ids, labels, prefix_length)
+    return saved >= AUTO_MIN_SAVED_POSITIONS
+
+
+def shared_prefix_length(
+    response_mask: torch.Tensor,
+    share_prompt_prefix: bool | str,
+    input_ids: torch.Tensor | None = None,
+    labels: torch.Tensor | None = None,
+) -> int:
     """The prefix length to score once per prompt: :func:`prompt_only_columns`
-    when ``share_prompt_prefix`` is on, else 0 (every row runs whole)."""
-    return prompt_only_columns(response_mask) if share_prompt_prefix else 0
+    when ``share_prompt_prefix`` is True, 0 (every row runs whole) when False,
+    and for "auto" the former when :func:`worth_sharing` on ``input_ids`` and
+    ``labels`` (B, T), else 0."""
+    check_share_prompt_prefix(share_prompt_prefix)
+    if share_prompt_prefix is False:
+        return 0
+    prefix_length = prompt_only_columns(response_mask)
+    if share_prompt_prefix is True:
+        return prefix_length
+    if input_ids is None or labels is None:
+        raise ValueError(
+            'share_prompt_prefix "auto" needs the batch\'s input_ids and labels '
+            "to count its distinct prompts, got None"
+        )
+    check_token_batch(input_ids, labels)
+    return prefix_length if worth_sharing(input_ids, labels, prefix_length) else 0
 
 
 def check_token_batch(input_ids: torch.Tensor, labels: torch.Tensor) -> None:

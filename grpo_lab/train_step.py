@@ -32,7 +32,7 @@ from grpo_lab.losses import (
     reduce_masked_loss,
 )
 from grpo_lab.masks import tokenize_prompt_and_output
-from grpo_lab.prefix_sharing import shared_prefix_length
+from grpo_lab.prefix_sharing import check_share_prompt_prefix, shared_prefix_length
 from grpo_lab.sampler_correction import (
     DEFAULT_CAP,
     DEFAULT_HIGH,
@@ -68,7 +68,7 @@ class UpdateSettings(ObjectiveOptions):
     normalization_constant: float | None = None
     temperature: float = 1.0
     logits_chunk_size: int | None = None
-    share_prompt_prefix: bool = False
+    share_prompt_prefix: bool | str = False  # or "auto"
     # beta * KL(pi || pi_ref) per token (grpo_lab.kl); 0: no penalty.
     kl_coef: float = 0.0
     kl_estimator: str = "k3"
@@ -93,6 +93,7 @@ class UpdateSettings(ObjectiveOptions):
         check_kl_settings(self.kl_coef, self.kl_estimator)
         check_entropy_settings(self.entropy_coef, self.top_entropy_quantile)
         check_temperature(self.temperature)
+        check_share_prompt_prefix(self.share_prompt_prefix)
         if self.logits_chunk_size is not None:
             check_logits_chunk_size(self.logits_chunk_size)
         check_sampler_correction(
@@ -418,7 +419,9 @@ def score_tokens(
         return_token_entropy,
         settings.logits_chunk_size,
         temperature=settings.temperature,
-        shared_prefix_length=shared_prefix_length(mask, settings.share_prompt_prefix),
+        shared_prefix_length=shared_prefix_length(
+            mask, settings.share_prompt_prefix, batch["input_ids"], batch["labels"]
+        ),
         entropy_gradient=entropy_gradient,
     )
 

@@ -380,7 +380,7 @@ def test_trl_train_step_losses_and_gradients_agree(tmp_path):
     out = tmp_path / "trl_train_step.json"
     result = trl_train_step.main(["--quick", "--out", str(out)])
     assert_records_its_run(read(out), "trl_train_step", ["--quick", "--out", str(out)])
-    timing_table, agreement_table = result["tables"]
+    timing_table, agreement_table, sharing_table = result["tables"]
     (timing,) = timing_table["rows"]
     assert timing["ours_seconds"] > 0 and timing["trl_seconds"] > 0
     assert timing["trl_time_over_ours"] == pytest.approx(
@@ -409,6 +409,16 @@ def test_trl_train_step_losses_and_gradients_agree(tmp_path):
     assert rows[("dr_grpo", "grpo")]["loss_abs_diff"] < 1e-6
     # The on-policy loss -A * log p has another value, the same gradient.
     assert rows[("dr_grpo", "none")]["loss_abs_diff"] > 1e-4
+    # The sharing table: 4 rows as 2 x 2 (8-token prompts) and 1 x 4 (2 tokens).
+    cases = {(r["group_size"], r["prompt_len"]): r for r in sharing_table["rows"]}
+    assert set(cases) == {(2, 8), (4, 2)}
+    assert cases[(2, 8)]["saved_positions"] == 2 * 7  # (B - U) * c
+    assert cases[(4, 2)]["saved_positions"] == 3 * 1
+    for row in cases.values():
+        assert row["auto"] == "plain"  # far below AUTO_MIN_SAVED_POSITIONS
+        assert row["shared_over_plain"] == pytest.approx(
+            row["shared_seconds"] / row["plain_seconds"]
+        )
 
 
 @pytest.mark.slow

@@ -437,3 +437,27 @@ def test_student_notebooks_calls_the_writer(tmp_path, monkeypatch, capsys):
     missing = str(tmp_path / "missing")
     assert cli.main(["student-notebooks", "out", "--source", missing]) == 2
     assert "is not a folder" in capsys.readouterr().err
+
+
+def test_export_shows_its_stages_on_a_terminal(tmp_path, capsys, monkeypatch):
+    argv = ["export", "trl", "--profile", "smoke", "--sft-max-steps", "0", "--out"]
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert cli.main([*argv, str(tmp_path / "shown")]) == 0
+    bar = capsys.readouterr().err
+    assert "export trl" in bar and "2/2" in bar and "writing the launch folder" in bar
+    assert cli.main([*argv, str(tmp_path / "quiet"), "--no-progress"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_a_model_folder_is_copied_with_a_byte_bar(tmp_path, capsys):
+    from grpo_lab.integrations.cluster import copy_folder
+
+    source = tmp_path / "weights"
+    (source / "sub").mkdir(parents=True)
+    (source / "model.safetensors").write_bytes(b"\0" * 3000)
+    (source / "sub" / "config.json").write_text("{}")
+    copy_folder(source, tmp_path / "copy", progress=True)
+    assert (tmp_path / "copy" / "model.safetensors").read_bytes() == b"\0" * 3000
+    assert (tmp_path / "copy" / "sub" / "config.json").read_text() == "{}"
+    bar = capsys.readouterr().err
+    assert "copying weights" in bar and "3.00k/3.00k" in bar

@@ -139,7 +139,7 @@ def test_the_card_reports_accuracy_before_and_after_and_the_settings():
     assert "| `lr` | `0.0003` |" in card
     assert '| `task_options` | `{"n_digits": 5}` |' in card
     assert "| `run_dir` |" not in card and "time/step_seconds" not in card
-    assert f'load_tokenizer("{REPO}")' in card  # the tiny character tokenizer
+    assert f'tokenizer = AutoTokenizer.from_pretrained("{REPO}")' in card
     without_eval = hub.model_card(config, history[2:3], REPO, curve_file=None)
     assert "Not measured in this run" in without_eval
     assert "reward_curve.png" not in without_eval
@@ -177,11 +177,17 @@ def test_push_uploads_the_final_model_with_its_card_and_curve(run_dir, remote, c
     assert "| decoding | before (step 0) | after (step 2) |" in card
     assert f"| `train/response_length` | {last['train/response_length']:.4g} |" in card
 
-    model = AutoModelForCausalLM.from_pretrained(pushed)
+    # The card's snippet, run on the pushed folder: the run's model, and the
+    # ids of grpo_lab's loader.
+    snippet = card.split("```python\n", 1)[1].split("```", 1)[0]
+    loaded: dict[str, Any] = {}
+    exec(snippet.replace(REPO, str(pushed)), loaded)
     local = AutoModelForCausalLM.from_pretrained(run_dir / "final_model")
-    ids = load_tokenizer(str(pushed))("12345", return_tensors="pt").input_ids
+    text = "Reverse 12345: 54321<eos>"
+    ids = load_tokenizer(str(pushed))(text, return_tensors="pt").input_ids
+    assert torch.equal(loaded["tokenizer"](text, return_tensors="pt").input_ids, ids)
     with torch.no_grad():
-        assert torch.equal(model(ids).logits, local(ids).logits)  # (1, T, V)
+        assert torch.equal(loaded["model"](ids).logits, local(ids).logits)  # (1, T, V)
 
 
 def test_a_revision_is_created_as_a_branch_and_pushed_to(run_dir, remote):

@@ -255,8 +255,8 @@ def test_sharing_prompt_prefixes_gives_the_same_gradients(
     prefix_lengths = []
     shared_prefix_length = train_step_module.shared_prefix_length
 
-    def recording_shared_prefix_length(mask, share):
-        prefix_lengths.append(shared_prefix_length(mask, share))
+    def recording_shared_prefix_length(mask, share, *ids_and_labels):
+        prefix_lengths.append(shared_prefix_length(mask, share, *ids_and_labels))
         return prefix_lengths[-1]
 
     monkeypatch.setattr(

@@ -170,5 +170,24 @@ def copy_local_model(config: Any, out_dir: Path) -> tuple[Any, list[Path]]:
     if config.model == "tiny" or not Path(config.model).is_dir():
         return config, []
     target = out_dir / MODEL_DIR
-    shutil.copytree(config.model, target)
+    copy_folder(Path(config.model), target)
     return dataclasses.replace(config, model=MODEL_DIR), [target]
+
+
+def copy_folder(source: Path, target: Path, progress: bool | None = None) -> None:
+    """``shutil.copytree`` with a bar counting the bytes copied (a model's
+    weights can take minutes); ``progress=None`` shows it on a terminal only."""
+    from tqdm.auto import tqdm
+
+    total = sum(p.stat().st_size for p in source.rglob("*") if p.is_file())
+    disable = None if progress is None else not progress
+    with tqdm(
+        total=total, desc=f"copying {source.name}", unit="B", unit_scale=True,
+        disable=disable,
+    ) as bar:  # fmt: skip
+
+        def copy_and_count(file: str, destination: str) -> None:
+            shutil.copy2(file, destination)
+            bar.update(Path(file).stat().st_size)
+
+        shutil.copytree(source, target, copy_function=copy_and_count)

@@ -659,7 +659,10 @@ LAUNCH_SETTINGS: dict[str, str] = {
 NOT_TRAINING_SETTINGS: dict[str, str] = {
     "profile": "which defaults the config started from",
     "run_dir": "grpo_lab's run folder; TRL writes to output_dir",
-    "share_prompt_prefix": "speed only: the same numbers without it",
+    "share_prompt_prefix": "speed only: the same log-probs; gradients equal up to "
+    "float32 rounding (transformers' RMSNorm rounds each row's gradient to float32 "
+    "before a group's rows add up: about 1e-8 of their size in a float64 model, "
+    "tests/test_prefix_sharing.py)",
     "logits_chunk_size": "memory only: TRL chunks its own scorer",
     "num_threads": "CPU threads; set OMP_NUM_THREADS at launch",
     "sft_target_accuracy": "read only by the warm-up (sft_max_steps 0)",

@@ -55,8 +55,8 @@ NOT_TRAINING_SETTINGS = {
     "tiny_hidden_size)",
     "rollout_max_batch_size": "memory knob of grpo_lab's hf sampler; verl's "
     "engine batches generation itself",
-    "share_prompt_prefix": "speed-up of grpo_lab's sampling and scoring with "
-    "identical results",
+    "share_prompt_prefix": "speed-up of grpo_lab's sampling and scoring: the same "
+    "log-probs, gradients equal up to float32 rounding in transformers' RMSNorm",
     "logits_chunk_size": "memory knob of grpo_lab's scoring with identical results",
     "num_threads": "CPU threads of grpo_lab's own process",
     "sft_target_accuracy": "read by the supervised warm-up only, which must be "
