@@ -383,7 +383,7 @@ def test_config_checks_a_tool_task_at_construction():
         TrainConfig.for_profile(
             "smoke", task="calculator", task_options={"max_turns": 0}
         )
-    with pytest.raises(ValueError, match="backend must be 'hf'"):
+    with pytest.raises(ValueError, match="backend must be 'hf' or 'vllm'"):
         TrainConfig.for_profile("smoke", task="calculator", backend="mismatch")
     with pytest.raises(ValueError, match="dynamic_sampling"):
         TrainConfig.for_profile("smoke", task="calculator", dynamic_sampling=True)

@@ -676,7 +676,8 @@ CPU_TASK_CHANGES: dict[str, dict[str, Any]] = {
         "lr": 5e-4,
         "eval_size": 100,
         "checkpoint_every": 50,
-        "sft_eval_every": 10,
+        "sft_eval_every": 5,
+        "sft_target_accuracy": 0.2,
     },
 }
 
@@ -1123,19 +1124,21 @@ def _check_dynamic_sampling_and_length(config: TrainConfig) -> None:
 
 
 def _check_tool_task(config: TrainConfig) -> None:
-    """A tool-using task: its options (turn limit included) and the hf backend.
+    """A tool-using task: its options (turn limit included) and its backend.
 
     Its episodes are sampled by the multi-turn rollout
-    (:mod:`grpo_lab.rollouts.multiturn`), which resumes the hf backend from token
-    ids; dynamic sampling would rebuild the rollouts without their segments.
+    (:mod:`grpo_lab.rollouts.multiturn`), which resumes the hf or vllm backend
+    from token ids; dynamic sampling would rebuild the rollouts without their
+    segments.
     """
     if not uses_tools(config.task):
         return
     get_task(config.task, **config.task_options)  # its options' own ValueErrors
-    if config.backend != "hf":
+    if config.backend not in ("hf", "vllm"):
         raise ValueError(
-            f"backend must be 'hf' for the tool-using task {config.task!r} "
-            f"(multi-turn rollouts resume the hf backend), got {config.backend!r}"
+            f"backend must be 'hf' or 'vllm' for the tool-using task {config.task!r} "
+            "(multi-turn rollouts resume a backend from token ids), "
+            f"got {config.backend!r}"
         )
     if config.dynamic_sampling:
         raise ValueError(
