@@ -26,6 +26,7 @@ from grpo_lab.integrations.trl_tools import (
     make_rollout_func,
     rollout_func_output,
     tool_trainer_keywords,
+    trainer_episode_sampler,
 )
 from grpo_lab.logprobs import get_response_log_probs
 from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2
@@ -265,3 +266,20 @@ def test_the_launch_folder_passes_the_rollout_func_for_a_tool_task():
     assert set(tool_trainer_keywords(calculator)) == {"rollout_func"}
     assert tool_trainer_keywords(TrainConfig.for_profile("cpu")) == {}
     json.dumps(calculator.to_dict())  # the folder's train_config.json round-trips
+
+
+def test_the_exported_sampler_runs_episodes_on_the_trainer_s_model(
+    tokenizer, task, episodes, tmp_path
+):
+    """What train.py passes: episodes sampled on trainer.model with TRL's
+    temperature and completion length, one per (repeated) prompt."""
+    trainer = trl_trainer(tokenizer, task, episodes, tmp_path, "dapo")
+    sample = trainer_episode_sampler(task, seed=3)
+    trainer.rollout_func = make_rollout_func(sample)
+    output = trainer.rollout_func([{"prompt": p} for p in ROW_PROMPTS], trainer)
+    assert len(output["completion_ids"]) == len(ROW_PROMPTS)
+    budget = trainer.args.max_completion_length
+    for ids, mask in zip(output["completion_ids"], output["env_mask"]):
+        assert 0 < len(ids) <= budget and len(mask) == len(ids)
+    again = trainer.rollout_func([{"prompt": p} for p in ROW_PROMPTS], trainer)
+    assert again["completion_ids"] == output["completion_ids"]  # seeded by step

@@ -4,24 +4,29 @@
 (:mod:`grpo_lab.integrations.verl_tools`): ``execute`` answers
 ``{"expression": ...}`` with :class:`grpo_lab.rollouts.tools.CalculatorTool`,
 the same parser-only, bounded calculator grpo_lab's rollout calls (never
-``eval``). ``CalculatorCallParser``, registered as ``grpo_lab_calculator``,
-reads the turn's last ``<calc>...</calc>`` as one call, as grpo_lab's rollout
-does. Imported by verl through the plugin module
-(``VERL_USE_EXTERNAL_MODULES``) and by ``initialize_tools_from_config``.
+``eval``). ``CalculatorCallParser``, registered in verl's ``ToolParser``
+registry as ``grpo_lab_calculator``, reads a turn that ends in
+``<calc>...</calc>`` as one call (``verl_tools.calculator_calls``), as
+grpo_lab's rollout does. verl imports this module when it builds the tools
+of ``tool_config.yaml`` (``initialize_tools_from_config``), before it looks up
+the parser. The parser needs verl's agent loop, which imports PIL, datasets and
+the rollout server; without them only the tool is defined.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from verl.experimental.agent_loop.tool_parser import FunctionCall, ToolParser
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 from grpo_lab.integrations import verl_tools
-from grpo_lab.integrations.verl_tools import PARSER_NAME, TOOL_NAME
 from grpo_lab.rollouts.tools import CalculatorTool
+
+try:  # verl's agent loop: a full verl install
+    from verl.experimental.agent_loop.tool_parser import FunctionCall, ToolParser
+except ImportError:  # verl without the agent loop's dependencies
+    FunctionCall = ToolParser = None
 
 
 class CalculatorVerlTool(BaseTool):
@@ -43,29 +48,22 @@ class CalculatorVerlTool(BaseTool):
     ) -> tuple[ToolResponse, float, dict]:
         """The reply to ``parameters["expression"]``; metrics say whether it
         failed."""
-        expression = (
-            parameters.get("expression") if isinstance(parameters, dict) else None
-        )
+        expression = None
+        if isinstance(parameters, dict):
+            expression = parameters.get("expression")
         reply = self.calculator.run(expression)
         return ToolResponse(text=reply.text), 0.0, {"error": reply.error}
 
 
-@ToolParser.register(PARSER_NAME)
-class CalculatorCallParser(ToolParser):
-    """A turn that ends in ``<calc>expression</calc>`` is one calculator call."""
+if ToolParser is not None:
 
-    def __init__(self, tokenizer: Any) -> None:
-        super().__init__(tokenizer)
-        self.calculator = CalculatorTool()
+    @ToolParser.register(verl_tools.PARSER_NAME)
+    class CalculatorCallParser(ToolParser):
+        """A turn that ends in ``<calc>expression</calc>`` is one call."""
 
-    async def extract_tool_calls(
-        self, responses_ids: list[int], tools: Any = None
-    ) -> tuple[str, list[FunctionCall]]:
-        text = self.tokenizer.decode(responses_ids, skip_special_tokens=True)
-        arguments = self.calculator.call_arguments(text)
-        if arguments is None:
-            return text, []
-        call = FunctionCall(
-            name=TOOL_NAME, arguments=json.dumps({"expression": arguments})
-        )
-        return text, [call]
+        async def extract_tool_calls(
+            self, responses_ids: list[int], tools: Any = None
+        ) -> tuple[str, list[Any]]:
+            text = self.tokenizer.decode(responses_ids, skip_special_tokens=True)
+            calls = verl_tools.calculator_calls(text)
+            return text, [FunctionCall(**call) for call in calls]

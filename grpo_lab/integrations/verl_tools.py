@@ -28,9 +28,11 @@ Nothing here imports verl: the folder is written without it.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from grpo_lab.rollouts.multiturn import MultiTurnRollouts, segment_model_flags
+from grpo_lab.rollouts.tools import CalculatorTool
 from grpo_lab.tasks import get_task, uses_tools
 
 TOOL_NAME = "calculator"
@@ -109,6 +111,20 @@ def tool_config_text(config: Any) -> str | None:
 
     task = get_task(config.task, **config.task_options)
     return yaml.safe_dump(tool_config(task), sort_keys=False)
+
+
+def calculator_calls(text: str) -> list[dict[str, str]]:
+    """The calls of one model turn, as verl's ``FunctionCall`` fields.
+
+    A turn that ends in ``<calc>expression</calc>`` is one call with
+    arguments ``{"expression": expression}`` (grpo_lab's
+    :meth:`~grpo_lab.rollouts.tools.CalculatorTool.call_arguments`); any other
+    turn has none.
+    """
+    arguments = CalculatorTool().call_arguments(text)
+    if arguments is None:
+        return []
+    return [{"name": TOOL_NAME, "arguments": json.dumps({"expression": arguments})}]
 
 
 def verl_response_mask(rollouts: MultiTurnRollouts) -> list[list[int]]:

@@ -31,8 +31,8 @@ except ImportError:
     pytest.skip("verl is not installed (make .venv-verl)", allow_module_level=True)
 
 from hydra import compose, initialize_config_dir
-from verl.experimental.agent_loop.tool_parser import ToolParser
-from verl.tools.utils.tool_registry import initialize_tools_from_config
+from pydantic import BaseModel
+from verl.tools.tool_registry import initialize_tools_from_config
 from verl.trainer.ppo import core_algos
 from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.config import FSDPActorConfig
@@ -41,6 +41,7 @@ from grpo_lab.advantages import compute_group_normalized_rewards
 from grpo_lab.integrations.verl_tools import (
     PARSER_NAME,
     TOOL_CONFIG_FILE,
+    calculator_calls,
     verl_response_mask,
 )
 from grpo_lab.losses import (
@@ -52,6 +53,15 @@ from grpo_lab.rollouts.multiturn import replayed_rollouts
 from grpo_lab.tasks import get_task
 from grpo_lab.training.config import TrainConfig
 from grpo_lab.training.loop import rollout_token_batch
+
+
+class FunctionCall(BaseModel):
+    """verl's agent_loop.tool_parser.FunctionCall (0.9.1), whose module needs
+    the agent loop's full install: the fields the loop reads."""
+
+    name: str
+    arguments: str
+
 
 PROMPTS = ["12*34=", "56*78="]
 GROUP_SIZE = 4
@@ -103,23 +113,24 @@ def run(coroutine):
     return asyncio.new_event_loop().run_until_complete(coroutine)
 
 
-async def verl_replies(tool, parser, episodes) -> list[list[str]]:
-    """Each model turn through the exported parser, each call through the
-    tool's verl lifecycle; the replies of every episode."""
+async def verl_replies(tool, tokenizer, episodes) -> list[list[str]]:
+    """Each model turn's calls (the exported parser's rule), each call through
+    the tool's verl lifecycle as the agent loop runs it: the replies."""
     replies = []
     for row in episodes.segments:
         model_turns = [s for s in row if s.role == "model"]
         texts = []
         for segment in model_turns[:-1]:  # the last turn's call is never run
-            _, calls = await parser.extract_tool_calls(list(segment.token_ids))
-            for call in calls:
+            text = tokenizer.decode(list(segment.token_ids), skip_special_tokens=True)
+            for call in calculator_calls(text):
+                call = FunctionCall(**call)
                 assert call.name == tool.name
-                instance_id, _ = await tool.create()
-                response, reward, _ = await tool.execute(
-                    instance_id, json.loads(call.arguments)
+                instance_id, _ = await tool.create(create_kwargs={})
+                response, reward, metrics = await tool.execute(
+                    instance_id, json.loads(call.arguments), agent_data=None
                 )
                 await tool.release(instance_id)
-                assert reward == 0.0
+                assert reward == 0.0 and isinstance(metrics["error"], bool)
                 texts.append(response.text)
         replies.append(texts)
     return replies
@@ -127,9 +138,9 @@ async def verl_replies(tool, parser, episodes) -> list[list[str]]:
 
 def test_the_exported_tool_answers_as_grpo_lab_s(folder, tokenizer, episodes):
     (tool,) = initialize_tools_from_config(str(folder / TOOL_CONFIG_FILE))
-    parser = ToolParser.get_tool_parser(PARSER_NAME, tokenizer)
+    assert type(tool).__name__ == "CalculatorVerlTool" and tool.name == "calculator"
     ours = [[s.text for s in row if s.role == "tool"] for row in episodes.segments]
-    assert run(verl_replies(tool, parser, episodes)) == ours
+    assert run(verl_replies(tool, tokenizer, episodes)) == ours
     assert ours[5] == ["error"] and ours[2] == []
 
 
