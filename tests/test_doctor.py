@@ -1082,3 +1082,15 @@ def test_the_tool_rules_skip_a_single_turn_run(tmp_path):
 def test_the_tool_rules_cite_a_public_thread():
     for name in ("tool-output-trained", "turn-budget-truncates"):
         assert re.search(r"[\w-]+/[\w.-]+#\d+", doctor.RULES[name].__doc__), name
+
+
+def test_a_run_from_a_saved_tiny_model_gets_the_tiny_learning_rate_range(tmp_path):
+    # A run started from another run's checkpoint names a folder, not "tiny".
+    records = [{"train/reward_mean": 0.2}]
+    for name, width in (("tiny", 128), ("wide", 1536)):
+        folder = tmp_path / f"{name}_model"
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"hidden_size": width}))
+        run = crafted_run(tmp_path, records, name=name, model=str(folder), lr=5e-4)
+        found = rules_found(diagnose(run))
+        assert ("learning-rate-out-of-range" in found) == (name == "wide"), found

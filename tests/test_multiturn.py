@@ -530,3 +530,27 @@ def test_trained_tool_tokens_are_0_with_the_right_mask_and_1_with_the_bug(
     assert trained_tool_token_metrics(rollouts, half)[key] == pytest.approx(3 / 12)
     single = Rollouts(["1"], ["2"], [[5]], [[6]], [[-1.0]])
     assert trained_tool_token_metrics(single, right[:1]) == {}
+
+
+def test_the_warm_up_trains_a_demonstration_s_model_tokens_only(char_tokenizer):
+    from grpo_lab.rollouts.multiturn import demonstration_segments
+    from grpo_lab.training.sft import demonstration_batch
+
+    task = get_task("calculator")
+    example = task.example(37, 58)
+    segments = demonstration_segments(char_tokenizer, task.tool, example.demonstration)
+    assert [(s.role, s.text) for s in segments] == [
+        (MODEL, "<calc>37*58</calc>"),
+        (SEPARATOR, "<out>"),
+        (TOOL, "2146"),
+        (SEPARATOR, "</out>"),
+        (MODEL, "2146"),
+        (MODEL, ""),  # EOS
+    ]
+    masked = demonstration_batch([example], char_tokenizer, task.tool)
+    plain = demonstration_batch([example], char_tokenizer)
+    assert torch.equal(masked["labels"], plain["labels"])
+    trained = masked["labels"][0][masked["response_mask"][0].bool()]
+    assert char_tokenizer.decode(trained) == "<calc>37*58</calc>2146<eos>"
+    with pytest.raises(ValueError, match="close each"):
+        demonstration_segments(char_tokenizer, task.tool, "<out>12")

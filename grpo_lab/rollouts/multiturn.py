@@ -407,6 +407,38 @@ def replayed_rollouts(
     return _as_rollouts(prompts, episodes)
 
 
+def demonstration_segments(
+    tokenizer: PreTrainedTokenizerBase, tool: CalculatorTool, demonstration: str
+) -> list[Segment]:
+    """A written tool-using demonstration, split by author, then EOS.
+
+    ``"<calc>1+2</calc><out>3</out>3"`` -> model ``<calc>1+2</calc>``,
+    separator ``<out>``, tool ``3``, separator ``</out>``, model ``3<eos>``:
+    the text between each ``output_open`` and its ``output_close`` is the
+    tool's. The supervised warm-up trains on the model's segments only, as
+    GRPO does (:func:`pad_prompt_and_segment_ids`).
+    """
+    pieces: list[tuple[str, str]] = []
+    rest = demonstration
+    while tool.output_open in rest:
+        before, _, after = rest.partition(tool.output_open)
+        reply, closed, rest = after.partition(tool.output_close)
+        pieces += [(MODEL, before), (SEPARATOR, tool.output_open), (TOOL, reply)]
+        if not closed:
+            raise ValueError(
+                f"demonstration must close each {tool.output_open!r} with "
+                f"{tool.output_close!r}, got {demonstration!r}"
+            )
+        pieces.append((SEPARATOR, tool.output_close))
+    pieces.append((MODEL, rest))
+    segments = [
+        Segment(role, tuple(tokenizer.encode(text, add_special_tokens=False)), text)
+        for role, text in pieces
+        if text
+    ]
+    return [*segments, Segment(MODEL, (tokenizer.eos_token_id,), "")]
+
+
 def tool_metrics(rollouts: MultiTurnRollouts) -> dict[str, float]:
     """``tools/`` means over the episodes of a batch.
 
