@@ -43,9 +43,10 @@ class CalculatorTask:
     """``a*b=`` with a and b in [min_operand, max_operand], answered with a tool.
 
     The default range, 32..99, keeps every product at four digits (1024 to
-    9801): the tiny model copies the tool's reply by position, and with
-    3-digit products mixed in (min_operand=10) it writes 4 digits to those too
-    ("<out>600</out>16000"), so the cpu run's greedy accuracy stalls near 0.8.
+    9801): with 3-digit products mixed in (min_operand=10), a cpu run whose
+    warm-up also trained on the tool's replies wrote 4 digits to those too
+    ("<out>600</out>16000") and its greedy accuracy stalled near 0.8. (Since
+    the warm-up masks the replies, that range has not been measured again.)
     """
 
     # Operands are drawn from min_operand..max_operand.
