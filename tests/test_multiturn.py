@@ -321,7 +321,7 @@ def test_tool_errors_and_metrics_are_counted(char_tokenizer):
 def test_multi_turn_backend_refuses_bad_settings(char_tokenizer):
     with pytest.raises(ValueError, match="max_turns"):
         _scripted(char_tokenizer, [], max_turns=0)
-    with pytest.raises(ValueError, match="backend must be an hf"):
+    with pytest.raises(ValueError, match="backend must resume from token ids"):
         MultiTurnRolloutBackend(object(), CalculatorTool())
 
 
