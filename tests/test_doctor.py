@@ -333,25 +333,24 @@ def test_a_trl_run_in_a_checkpoint_folder_is_diagnosed(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def healthy_run(tmp_path_factory) -> Path:
-    """The cpu profile's real run (about a minute on two cores), made once."""
-    run_dir = tmp_path_factory.mktemp("healthy") / "run"
-    loop.train(TrainConfig.for_profile("cpu", run_dir=str(run_dir)), progress=False)
-    return run_dir
+def healthy_run(healthy_runs) -> Path:
+    """The first of the healthy cpu-profile runs below (seed 0, 40 steps): one
+    set of real runs serves every healthy check."""
+    return healthy_runs[0]
 
 
 @pytest.mark.slow
 def test_a_healthy_cpu_profile_run_has_no_findings(healthy_run):
     diagnosis = diagnose(healthy_run)
     assert diagnosis.findings == [], format_report(diagnosis)
-    assert diagnosis.steps == 400
+    assert diagnosis.steps == HEALTHY_CHANGES["steps"]
 
 
 @pytest.mark.slow
 def test_the_cli_prints_a_healthy_run_as_text_and_json(healthy_run, capsys):
     assert cli.main(["doctor", str(healthy_run)]) == 0
     text = capsys.readouterr().out
-    assert "(grpo_lab, 400 steps): no findings" in text
+    assert f"(grpo_lab, {HEALTHY_CHANGES['steps']} steps): no findings" in text
     assert cli.main(["doctor", str(healthy_run), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["findings"] == []
 
@@ -978,3 +977,120 @@ def test_the_new_rules_stay_silent_on_healthy_runs(healthy_runs, index):
         assert rule not in rules_found(diagnosis), report
         assert rule not in diagnosis.skipped, report
     assert diagnosis.findings == [], report
+
+
+# --- multi-turn runs: tool output trained, episodes cut by the turn budget ------------
+
+
+class CalculatorScript:
+    """An hf-like backend that writes the calculator's right episode: the call
+    ``<calc>a*b</calc>``, then, after the tool's reply, the reply and EOS."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    def _turn(self, context_ids: list[int]) -> tuple[list[int], list[float], str]:
+        context = self.tokenizer.decode(context_ids)
+        if "</out>" in context:
+            text = context.split("<out>")[-1].split("</out>")[0]
+            ids = [*self.tokenizer.encode(text, add_special_tokens=False), 1]
+        else:
+            text = "<calc>" + context.split("=")[0] + "</calc>"
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return ids, [-0.5] * len(ids), text
+
+    def generate(self, prompts, group_size, sampling):
+        from grpo_lab.rollouts.base import Rollouts
+
+        rows = [p for p in prompts for _ in range(group_size)]
+        prompt_ids = [self.tokenizer.encode(p, add_special_tokens=False) for p in rows]
+        ids, values, texts = self.continue_ids(prompt_ids, sampling)
+        return Rollouts(rows, texts, prompt_ids, ids, values)
+
+    def continue_ids(self, context_ids, sampling):
+        turns = [self._turn(list(ids)) for ids in context_ids]
+        return tuple([list(column) for column in zip(*turns)])
+
+    def sync(self, policy) -> None:
+        pass
+
+
+def scripted_calculator_run(tmp_path, monkeypatch, name, **overrides) -> Path:
+    """A real smoke-sized calculator run whose policy is scripted right."""
+    monkeypatch.setattr(
+        loop,
+        "build_backend",
+        lambda config, model, tokenizer: CalculatorScript(tokenizer),
+    )
+    return smoke_run(tmp_path, name, task="calculator", steps=3, **overrides)
+
+
+def test_a_healthy_multi_turn_run_fires_neither_tool_rule(tmp_path, monkeypatch):
+    diagnosis = diagnose(scripted_calculator_run(tmp_path, monkeypatch, "healthy"))
+    for rule in ("tool-output-trained", "turn-budget-truncates"):
+        assert rule not in rules_found(diagnosis), format_report(diagnosis)
+        assert rule not in diagnosis.skipped  # checked, and silent
+    fractions = doctor.series(
+        load_run(tmp_path / "healthy"), "tools/turn_limit_fraction"
+    )
+    assert [value for _, value in fractions] == [0.0, 0.0, 0.0]
+
+
+def test_training_on_tool_output_is_an_error(tmp_path, monkeypatch):
+    # The classic bug: the single-turn mask (prompt vs response) over the
+    # multi-turn response trains the tool's reply and its tags.
+    from grpo_lab.masks import pad_prompt_and_response_ids
+    from grpo_lab.rollouts.multiturn import segment_model_flags
+
+    def single_turn_mask(rollouts, tokenizer):
+        # every response token counted as sampled (a log-prob of 0 at the tool's)
+        rollouts.sampler_log_probs = [
+            [-0.5 if flag else 0.0 for flag in segment_model_flags(row)]
+            for row in rollouts.segments
+        ]
+        return pad_prompt_and_response_ids(
+            rollouts.prompt_token_ids,
+            rollouts.response_token_ids,
+            tokenizer.pad_token_id,
+        )
+
+    monkeypatch.setattr(loop, "rollout_token_batch", single_turn_mask)
+    diagnosis = diagnose(scripted_calculator_run(tmp_path, monkeypatch, "bug"))
+    finding = only(diagnosis, "tool-output-trained")
+    assert finding.severity == "error"
+    assert finding.evidence == [(1, 1.0), (2, 1.0), (3, 1.0)]
+    assert "model-sampled tokens" in finding.advice
+
+
+def test_a_turn_limit_that_cuts_most_episodes_is_found(tmp_path, monkeypatch):
+    # One model turn: every call is in the last allowed turn, so none is run.
+    run_dir = scripted_calculator_run(
+        tmp_path, monkeypatch, "one_turn", task_options={"max_turns": 1}
+    )
+    finding = only(diagnose(run_dir), "turn-budget-truncates")
+    assert finding.evidence == [(1, 1.0), (2, 1.0), (3, 1.0)]
+    assert finding.severity == "error"  # no answer is ever graded right: reward flat
+    assert "max_turns" in finding.advice
+
+
+def test_the_tool_rules_skip_a_single_turn_run(tmp_path):
+    diagnosis = diagnose(smoke_run(tmp_path, "single", steps=1))
+    assert "tool-output-trained" in diagnosis.skipped
+    assert "turn-budget-truncates" in diagnosis.skipped
+
+
+def test_the_tool_rules_cite_a_public_thread():
+    for name in ("tool-output-trained", "turn-budget-truncates"):
+        assert re.search(r"[\w-]+/[\w.-]+#\d+", doctor.RULES[name].__doc__), name
+
+
+def test_a_run_from_a_saved_tiny_model_gets_the_tiny_learning_rate_range(tmp_path):
+    # A run started from another run's checkpoint names a folder, not "tiny".
+    records = [{"train/reward_mean": 0.2}]
+    for name, width in (("tiny", 128), ("wide", 1536)):
+        folder = tmp_path / f"{name}_model"
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"hidden_size": width}))
+        run = crafted_run(tmp_path, records, name=name, model=str(folder), lr=5e-4)
+        found = rules_found(diagnose(run))
+        assert ("learning-rate-out-of-range" in found) == (name == "wide"), found

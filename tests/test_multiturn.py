@@ -18,7 +18,9 @@ from grpo_lab.rollouts.multiturn import (
     MultiTurnRollouts,
     Segment,
     pad_prompt_and_segment_ids,
+    replayed_rollouts,
     tool_metrics,
+    trained_tool_token_metrics,
 )
 from grpo_lab.rollouts.tools import CalculatorTool
 from grpo_lab.tasks import get_task
@@ -319,7 +321,7 @@ def test_tool_errors_and_metrics_are_counted(char_tokenizer):
 def test_multi_turn_backend_refuses_bad_settings(char_tokenizer):
     with pytest.raises(ValueError, match="max_turns"):
         _scripted(char_tokenizer, [], max_turns=0)
-    with pytest.raises(ValueError, match="backend must be an hf"):
+    with pytest.raises(ValueError, match="backend must resume from token ids"):
         MultiTurnRolloutBackend(object(), CalculatorTool())
 
 
@@ -383,7 +385,7 @@ def test_config_checks_a_tool_task_at_construction():
         TrainConfig.for_profile(
             "smoke", task="calculator", task_options={"max_turns": 0}
         )
-    with pytest.raises(ValueError, match="backend must be 'hf'"):
+    with pytest.raises(ValueError, match="backend must be 'hf' or 'vllm'"):
         TrainConfig.for_profile("smoke", task="calculator", backend="mismatch")
     with pytest.raises(ValueError, match="dynamic_sampling"):
         TrainConfig.for_profile("smoke", task="calculator", dynamic_sampling=True)
@@ -472,3 +474,83 @@ def test_a_turn_is_cut_at_max_turn_tokens(char_tokenizer):
     assert rollouts.responses == ["1234"] and rollouts.end_reasons == ["budget"]
     with pytest.raises(ValueError, match="max_turn_tokens"):
         MultiTurnRolloutBackend(backend, CalculatorTool(), max_turn_tokens=0)
+
+
+# --- fixed episodes and the trained-tool-token metric -------------------------------
+
+
+def test_replayed_rollouts_run_the_tool_between_the_given_turns(char_tokenizer):
+    encode = lambda text: char_tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    eos = char_tokenizer.eos_token_id
+    rollouts = replayed_rollouts(
+        char_tokenizer,
+        CalculatorTool(),
+        ["12*34=", "12*34="],
+        [
+            [encode("<calc>12*34</calc>"), [*encode("408"), eos]],
+            [encode("<calc>1/0</calc>")],  # a call in the last turn is not run
+        ],
+        log_prob=-0.25,
+    )
+    assert rollouts.responses == [
+        "<calc>12*34</calc><out>408</out>408",
+        "<calc>1/0</calc>",
+    ]
+    assert [s.role for s in rollouts.segments[0]] == [
+        MODEL,
+        SEPARATOR,
+        TOOL,
+        SEPARATOR,
+        MODEL,
+    ]
+    assert rollouts.end_reasons == ["answered", "budget"]
+    assert rollouts.tool_calls == [1, 0] and rollouts.tool_errors == [0, 0]
+    assert rollouts.sampler_log_probs[0] == [-0.25] * (18 + 4)
+    with pytest.raises(ValueError, match="one list of turns per prompt"):
+        replayed_rollouts(char_tokenizer, CalculatorTool(), ["1="], [])
+
+
+def test_trained_tool_tokens_are_0_with_the_right_mask_and_1_with_the_bug(
+    char_tokenizer,
+):
+    encode = lambda text: char_tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    turns = [[encode("<calc>1+2</calc>"), [*encode("3"), 1]], [[*encode("3"), 1]]]
+    rollouts = replayed_rollouts(char_tokenizer, CalculatorTool(), ["1+2="] * 2, turns)
+    right = rollout_token_batch(rollouts, char_tokenizer)["response_mask"]
+    wrong = pad_prompt_and_response_ids(
+        rollouts.prompt_token_ids, rollouts.response_token_ids, 0
+    )["response_mask"]
+    key = "tools/trained_tool_token_fraction"
+    assert trained_tool_token_metrics(rollouts, right) == {key: 0.0}
+    assert trained_tool_token_metrics(rollouts, wrong) == {key: 1.0}
+    # labels 20..22 are the tool's tokens 21..23 ("out" of "<out>"): 3 of the
+    # 12 tool and separator tokens ("<out>3</out>")
+    half = right.clone()
+    half[0, 20:23] = 1
+    assert trained_tool_token_metrics(rollouts, half)[key] == pytest.approx(3 / 12)
+    single = Rollouts(["1"], ["2"], [[5]], [[6]], [[-1.0]])
+    assert trained_tool_token_metrics(single, right[:1]) == {}
+
+
+def test_the_warm_up_trains_a_demonstration_s_model_tokens_only(char_tokenizer):
+    from grpo_lab.rollouts.multiturn import demonstration_segments
+    from grpo_lab.training.sft import demonstration_batch
+
+    task = get_task("calculator")
+    example = task.example(37, 58)
+    segments = demonstration_segments(char_tokenizer, task.tool, example.demonstration)
+    assert [(s.role, s.text) for s in segments] == [
+        (MODEL, "<calc>37*58</calc>"),
+        (SEPARATOR, "<out>"),
+        (TOOL, "2146"),
+        (SEPARATOR, "</out>"),
+        (MODEL, "2146"),
+        (MODEL, ""),  # EOS
+    ]
+    masked = demonstration_batch([example], char_tokenizer, task.tool)
+    plain = demonstration_batch([example], char_tokenizer)
+    assert torch.equal(masked["labels"], plain["labels"])
+    trained = masked["labels"][0][masked["response_mask"][0].bool()]
+    assert char_tokenizer.decode(trained) == "<calc>37*58</calc>2146<eos>"
+    with pytest.raises(ValueError, match="close each"):
+        demonstration_segments(char_tokenizer, task.tool, "<out>12")

@@ -661,3 +661,93 @@ def test_conversion_is_prompt_major_for_any_completion_order(group_size, lengths
                 100 * i + 10 * j + t for t in range(length)
             ]
             assert len(rollouts.sampler_log_probs[k]) == length
+
+
+# ------------------------------------------------- multi-turn: vLLM per turn
+
+
+class ToolFakeLLM(FakeLLM):
+    """Scripted turns of a calculator episode: a context without a tool reply
+    gets ``<calc>a*b</calc>`` (cut at the stop string, as vLLM cuts it), one
+    with a reply gets the reply's value and EOS."""
+
+    def generate(self, prompts, sampling_params, use_tqdm=True):
+        self.calls.append(("generate", prompts, sampling_params))
+        tokenizer = self.get_tokenizer()
+        outputs = []
+        for prompt, params in zip(prompts, sampling_params):
+            context = tokenizer.decode(prompt["prompt_token_ids"])
+            if "</out>" in context:
+                text = context.split("<out>")[-1].split("</out>")[0]
+                ids = [*tokenizer.encode(text, add_special_tokens=False), 1]
+            else:
+                text = "<calc>" + context.split("=")[0] + "</calc>"
+                ids = tokenizer.encode(text, add_special_tokens=False)
+            values = [-0.25] * len(ids)
+            completions = [
+                completion(j, text, ids, values) for j in range(params.kwargs["n"])
+            ]
+            outputs.append(RequestOutput(list(prompt["prompt_token_ids"]), completions))
+        return outputs
+
+
+def test_the_multi_turn_rollout_generates_each_turn_with_vllm(
+    fake_vllm, monkeypatch, tokenizer
+):
+    from grpo_lab.rollouts.multiturn import (
+        MODEL,
+        SEPARATOR,
+        TOOL,
+        MultiTurnRolloutBackend,
+        pad_prompt_and_segment_ids,
+    )
+    from grpo_lab.rollouts.tools import CalculatorTool
+
+    monkeypatch.setattr(fake_vllm, "LLM", ToolFakeLLM)
+    backend = VLLMRolloutBackend("some/model")
+    multi = MultiTurnRolloutBackend(backend, CalculatorTool(), max_turns=2)
+    sampling = SamplingSettings(temperature=0.9, max_new_tokens=40, seed=7)
+    rollouts = multi.generate(["12*34=", "56*78="], 2, sampling)
+    assert rollouts.responses[:2] == ["<calc>12*34</calc><out>408</out>408"] * 2
+    assert rollouts.responses[2] == "<calc>56*78</calc><out>4368</out>4368"
+    assert [s.role for s in rollouts.segments[0]] == [
+        MODEL,
+        SEPARATOR,
+        TOOL,
+        SEPARATOR,
+        MODEL,
+    ]
+    assert rollouts.tool_calls == [1] * 4 and rollouts.end_reasons == ["answered"] * 4
+    # turn 1: one request per prompt for the group, stopping at the call
+    (_, _, first_params), (_, second, second_params) = backend.llm.calls
+    assert [p.kwargs["n"] for p in first_params] == [2, 2]
+    assert "</calc>" in first_params[0].kwargs["stop"]
+    # turn 2: each episode's whole context as token ids, n=1, its own seed,
+    # and no call allowed in the last turn
+    context = tokenizer.encode(
+        "12*34=<calc>12*34</calc><out>408</out>", add_special_tokens=False
+    )
+    assert second[0] == {"prompt_token_ids": context}
+    assert len(second) == 4 and all(p.kwargs["n"] == 1 for p in second_params)
+    seeds = [p.kwargs["seed"] for p in second_params]
+    assert len(set(seeds)) == 4 and 7 not in seeds
+    assert "</calc>" not in second_params[0].kwargs["stop"]
+    # vLLM's log-probs of model tokens only, and the model-only mask
+    assert rollouts.sampler_log_probs[0] == [-0.25] * (18 + 4)
+    batch = pad_prompt_and_segment_ids(
+        rollouts.prompt_token_ids, rollouts.segments, tokenizer.pad_token_id
+    )
+    assert batch["response_mask"][0].sum().item() == 18 + 4
+
+
+def test_continuations_without_log_probs_are_refused(fake_vllm):
+    from grpo_lab.rollouts.vllm import request_outputs_to_continuations
+
+    plain = CompletionOutput(0, "7", [20], None)
+    with pytest.raises(ValueError, match="logprobs"):
+        request_outputs_to_continuations([RequestOutput([5], [plain])], 1)
+    with pytest.raises(ValueError, match="one entry per context"):
+        request_outputs_to_continuations([], 1)
+    backend = VLLMRolloutBackend("some/model")
+    with pytest.raises(ValueError, match="context_ids"):
+        backend.continue_ids([], SamplingSettings())

@@ -77,6 +77,7 @@ from grpo_lab.integrations.trl import (
     trainer_class_for,
     trl_reward_function,
 )
+from grpo_lab.integrations.trl_tools import tool_trainer_keywords
 from grpo_lab.models import load_tokenizer
 from grpo_lab.tasks import get_task
 from grpo_lab.training.config import TrainConfig
@@ -144,6 +145,7 @@ def main() -> None:
         processing_class=load_tokenizer(model),
         peft_config=peft_config_for(config),
         **extra,
+        **tool_trainer_keywords(config),  # a tool-using task's multi-turn rollout
     )
     trainer.train(resume_from_checkpoint=True if config.resume else None)
     trainer.save_model(str(Path(options.output_dir) / "final_model"))

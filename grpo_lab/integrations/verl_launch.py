@@ -42,6 +42,12 @@ from grpo_lab.integrations.verl import (
     estimator_name,
 )
 from grpo_lab.losses import effective_cliprange_high
+from grpo_lab.integrations.verl_tools import (
+    TOOL_CONFIG_FILE,
+    TOOL_CONFIG_PATH,
+    tool_config_text,
+    tool_overrides,
+)
 from grpo_lab.training.trackers import parse_report_to
 
 # Fields with no counterpart in a verl run, and why nothing is lost.
@@ -272,6 +278,7 @@ PATH_OVERRIDES = (
     "data.val_files",
     "reward.custom_reward_function.path",
     "trainer.default_local_dir",
+    TOOL_CONFIG_PATH,
 )
 
 
@@ -435,6 +442,7 @@ def write_launch_folder(
     longest = max(len(e.prompt) for e in train + evaluation)
     max_prompt = longest + (256 if config.chat_template else 16)
     overrides = launch_overrides(config, cluster=cluster, max_prompt_length=max_prompt)
+    overrides.update(tool_overrides(config))  # a tool-using task: verl's agent loop
     (out / "data").mkdir(parents=True, exist_ok=True)
     portable, copied = portable_config(config, out)
     overrides[MODEL_PATH] = portable.model  # model/ when it was a local folder
@@ -448,6 +456,8 @@ def write_launch_folder(
         out / "data" / "val.jsonl": _jsonl(evaluation, config.task, "val"),
         out / "data" / "reward.py": _reward_module(portable),
     }
+    if tool_config_text(config) is not None:
+        files[out / TOOL_CONFIG_FILE] = tool_config_text(config)
     for path, text in files.items():
         path.write_text(text)
     for script in ("run.sh", "ray_cluster.sh"):

@@ -25,9 +25,11 @@ tokens only (one per masked-in token, as ``Rollouts.sampler_log_probs``
 requires). With no tool call the rollout, its ids, log-probs and mask are
 exactly the single-turn ones.
 
-Simplified: each turn re-encodes the whole context (no key/value cache is
-carried across turns; the first turn shares each prompt's prefill as the hf
-backend does). Taught in ``notebooks/14_tools_and_turns.ipynb``.
+The wrapped backend resumes from token ids (``continue_ids``): the hf backend
+on CPU re-encodes the whole context each turn (no key/value cache is carried
+across turns; the first turn shares each prompt's prefill), the vllm backend
+sends each turn's context as token ids and its prefix cache reuses the earlier
+turns. Taught in ``notebooks/14_tools_and_turns.ipynb``.
 """
 
 from __future__ import annotations
@@ -35,8 +37,10 @@ from __future__ import annotations
 import dataclasses
 import random
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from grpo_lab.masks import pad_prompt_and_response_ids
 from grpo_lab.rollouts.base import (
@@ -47,6 +51,9 @@ from grpo_lab.rollouts.base import (
 )
 from grpo_lab.rollouts.hf import HFRolloutBackend
 from grpo_lab.rollouts.tools import CalculatorTool
+
+if TYPE_CHECKING:  # vllm.py imports vLLM only when a backend is built
+    from grpo_lab.rollouts.vllm import VLLMRolloutBackend
 
 MODEL, TOOL, SEPARATOR = "model", "tool", "separator"
 ROLES = (MODEL, TOOL, SEPARATOR)
@@ -189,14 +196,15 @@ class MultiTurnRolloutBackend:
 
     def __init__(
         self,
-        backend: HFRolloutBackend,
+        backend: HFRolloutBackend | VLLMRolloutBackend,
         tool: CalculatorTool,
         max_turns: int = 2,
         max_turn_tokens: int | None = None,
     ) -> None:
         if not callable(getattr(backend, "continue_ids", None)):
             raise ValueError(
-                "backend must be an hf rollout backend (it resumes from token ids), "
+                "backend must resume from token ids (continue_ids: the hf or vllm "
+                "rollout backend), "
                 f"got {type(backend).__name__}"
             )
         check_max_turns(max_turns)
@@ -315,34 +323,120 @@ class MultiTurnRolloutBackend:
         episode.tool_errors += int(reply.error)
 
     def _reply_segments(self, reply_text: str) -> list[Segment]:
-        """output_open, the reply, output_close: each encoded on its own."""
-        pieces = (
-            (SEPARATOR, self.tool.output_open),
-            (TOOL, reply_text),
-            (SEPARATOR, self.tool.output_close),
-        )
-        return [Segment(role, tuple(self._encode(text)), text) for role, text in pieces]
-
-    def _encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return reply_segments(self.tokenizer, self.tool, reply_text)
 
     def _rollouts(
         self, prompts: list[str], episodes: list[_Episode]
     ) -> MultiTurnRollouts:
-        rollouts = MultiTurnRollouts(
-            prompts=prompts,
-            responses=["".join(s.text for s in e.segments) for e in episodes],
-            prompt_token_ids=[e.prompt_ids for e in episodes],
-            response_token_ids=[e.response_ids() for e in episodes],
-            sampler_log_probs=[e.model_log_probs for e in episodes],
-            segments=[e.segments for e in episodes],
-            end_reasons=[e.end_reason for e in episodes],
-            turns=[e.turns for e in episodes],
-            tool_calls=[e.tool_calls for e in episodes],
-            tool_errors=[e.tool_errors for e in episodes],
+        return _as_rollouts(prompts, episodes)
+
+
+def _as_rollouts(prompts: list[str], episodes: list[_Episode]) -> MultiTurnRollouts:
+    rollouts = MultiTurnRollouts(
+        prompts=prompts,
+        responses=["".join(s.text for s in e.segments) for e in episodes],
+        prompt_token_ids=[e.prompt_ids for e in episodes],
+        response_token_ids=[e.response_ids() for e in episodes],
+        sampler_log_probs=[e.model_log_probs for e in episodes],
+        segments=[e.segments for e in episodes],
+        end_reasons=[e.end_reason for e in episodes],
+        turns=[e.turns for e in episodes],
+        tool_calls=[e.tool_calls for e in episodes],
+        tool_errors=[e.tool_errors for e in episodes],
+    )
+    rollouts.sampling_metrics = tool_metrics(rollouts)
+    return rollouts
+
+
+def reply_segments(
+    tokenizer: PreTrainedTokenizerBase, tool: CalculatorTool, reply_text: str
+) -> list[Segment]:
+    """output_open, the reply, output_close: each encoded on its own."""
+    pieces = (
+        (SEPARATOR, tool.output_open),
+        (TOOL, reply_text),
+        (SEPARATOR, tool.output_close),
+    )
+    return [
+        Segment(role, tuple(tokenizer.encode(text, add_special_tokens=False)), text)
+        for role, text in pieces
+    ]
+
+
+def replayed_rollouts(
+    tokenizer: PreTrainedTokenizerBase,
+    tool: CalculatorTool,
+    prompts: list[str],
+    model_turns: list[list[list[int]]],
+    log_prob: float = 0.0,
+) -> MultiTurnRollouts:
+    """Fixed episodes: the given model turns, with the tool run between them.
+
+    ``model_turns[k]`` holds the token ids of each model turn of episode k
+    (prompt ``prompts[k]``); after every turn but the last that ends in a
+    call, the tool's reply is appended as the rollout appends it. Every model
+    token gets sampler log-prob ``log_prob``. A fixed multi-turn batch for
+    parity tests and figures; the end reason is "answered" when the last turn
+    ends in EOS, else "budget".
+    """
+    if len(model_turns) != len(prompts):
+        raise ValueError(
+            f"model_turns must hold one list of turns per prompt ({len(prompts)}), "
+            f"got {len(model_turns)}"
         )
-        rollouts.sampling_metrics = tool_metrics(rollouts)
-        return rollouts
+    episodes = []
+    for prompt, turns in zip(prompts, model_turns):
+        episode = _Episode(
+            prompt_ids=tokenizer.encode(prompt, add_special_tokens=False)
+        )
+        for index, ids in enumerate(turns):
+            text = tokenizer.decode(ids, skip_special_tokens=True)
+            episode.segments.append(Segment(MODEL, tuple(ids), text))
+            episode.model_log_probs += [log_prob] * len(ids)
+            episode.turns += 1
+            arguments = tool.call_arguments(text)
+            if arguments is not None and index < len(turns) - 1:
+                reply = tool.run(arguments)
+                episode.segments += reply_segments(tokenizer, tool, reply.text)
+                episode.tool_calls += 1
+                episode.tool_errors += int(reply.error)
+        last = turns[-1] if turns else []
+        ended = bool(last) and last[-1] == tokenizer.eos_token_id
+        episode.end_reason = "answered" if ended else "budget"
+        episodes.append(episode)
+    return _as_rollouts(prompts, episodes)
+
+
+def demonstration_segments(
+    tokenizer: PreTrainedTokenizerBase, tool: CalculatorTool, demonstration: str
+) -> list[Segment]:
+    """A written tool-using demonstration, split by author, then EOS.
+
+    ``"<calc>1+2</calc><out>3</out>3"`` -> model ``<calc>1+2</calc>``,
+    separator ``<out>``, tool ``3``, separator ``</out>``, model ``3<eos>``:
+    the text between each ``output_open`` and its ``output_close`` is the
+    tool's. The supervised warm-up trains on the model's segments only, as
+    GRPO does (:func:`pad_prompt_and_segment_ids`).
+    """
+    pieces: list[tuple[str, str]] = []
+    rest = demonstration
+    while tool.output_open in rest:
+        before, _, after = rest.partition(tool.output_open)
+        reply, closed, rest = after.partition(tool.output_close)
+        pieces += [(MODEL, before), (SEPARATOR, tool.output_open), (TOOL, reply)]
+        if not closed:
+            raise ValueError(
+                f"demonstration must close each {tool.output_open!r} with "
+                f"{tool.output_close!r}, got {demonstration!r}"
+            )
+        pieces.append((SEPARATOR, tool.output_close))
+    pieces.append((MODEL, rest))
+    segments = [
+        Segment(role, tuple(tokenizer.encode(text, add_special_tokens=False)), text)
+        for role, text in pieces
+        if text
+    ]
+    return [*segments, Segment(MODEL, (tokenizer.eos_token_id,), "")]
 
 
 def tool_metrics(rollouts: MultiTurnRollouts) -> dict[str, float]:
@@ -363,3 +457,38 @@ def tool_metrics(rollouts: MultiTurnRollouts) -> dict[str, float]:
         "tools/turn_limit_fraction": rollouts.end_reasons.count("turn_limit") / count,
         "tools/budget_fraction": rollouts.end_reasons.count("budget") / count,
     }
+
+
+def trained_tool_token_metrics(
+    rollouts: Rollouts, response_mask: torch.Tensor
+) -> dict[str, float]:
+    """How much of what the tools wrote the update is about to train on.
+
+    With written[b, t] = 1 where the label at t was sampled by the model (the
+    flags of :func:`pad_prompt_and_segment_ids`), over the response positions
+    of the batch that is trained::
+
+        tools/trained_tool_token_fraction = sum(mask * (1 - written))
+                                            / sum over rows of tool + separator tokens
+
+    0 when the mask is the model-only one; 1 when every tool and separator
+    token is trained (the classic bug: the single-turn mask over a multi-turn
+    response). Empty for single-turn rollouts, and when no tool replied.
+    """
+    if not isinstance(rollouts, MultiTurnRollouts):
+        return {}
+    tool_tokens = sum(
+        len(row_ids) - sum(segment_model_flags(row))
+        for row_ids, row in zip(rollouts.response_token_ids, rollouts.segments)
+    )
+    if tool_tokens == 0:
+        return {}
+    width = response_mask.shape[1] + 1
+    written = [
+        [1] * len(prompt) + segment_model_flags(row)
+        for prompt, row in zip(rollouts.prompt_token_ids, rollouts.segments)
+    ]  # prompt positions count as written: only response positions are checked
+    padded = [flags + [1] * (width - len(flags)) for flags in written]
+    not_model = 1 - torch.tensor(padded, dtype=torch.long)[:, 1:]  # (B, T-1)
+    trained = (response_mask.detach().cpu().long() != 0).long() * not_model
+    return {"tools/trained_tool_token_fraction": trained.sum().item() / tool_tokens}

@@ -152,6 +152,32 @@ class VLLMRolloutBackend:
             prompts, outputs, group_size, greedy=is_greedy(sampling)
         )
 
+    def continue_ids(
+        self, context_ids: list[list[int]], sampling: SamplingSettings
+    ) -> tuple[list[list[int]], list[list[float]], list[str]]:
+        """One continuation per context given as token ids: the multi-turn
+        rollout's next turn (:mod:`grpo_lab.rollouts.multiturn`).
+
+        Each context (prompt, earlier turns, tool replies) is sent as token ids,
+        one request per context with n=1 and seed ``sampling.seed + index``, so
+        vLLM generates each turn from exactly the ids the episode holds; its
+        prefix cache reuses the earlier turns' keys and values. Returns the
+        sampled ids (a final EOS kept; cut after a stop string by vLLM), vLLM's
+        log-prob of each, and their text.
+        """
+        if not context_ids:
+            raise ValueError("context_ids must not be empty, got []")
+        params = [
+            self.sampling_params_class(**vllm_sampling_kwargs(sampling, 1, index))
+            for index in range(len(context_ids))
+        ]
+        outputs = self.llm.generate(
+            [{"prompt_token_ids": list(ids)} for ids in context_ids],
+            params,
+            use_tqdm=False,
+        )
+        return request_outputs_to_continuations(outputs, len(context_ids))
+
     def sync(self, policy: torch.nn.Module) -> None:
         """Copy the policy's current weights into vLLM, then drop its prefix cache.
 
@@ -248,6 +274,34 @@ def request_outputs_to_rollouts(
             rollouts.response_token_ids.append(list(completion.token_ids))
             rollouts.sampler_log_probs.append(sampled_token_log_probs(completion))
     return _without_missing_log_probs(rollouts)
+
+
+def request_outputs_to_continuations(
+    request_outputs: Sequence[Any], count: int
+) -> tuple[list[list[int]], list[list[float]], list[str]]:
+    """vLLM outputs of ``count`` one-sample requests -> (ids, log-probs, texts).
+
+    The multi-turn rollout keeps one sampler log-prob per model token, so a
+    completion without log-probs is refused.
+    """
+    if len(request_outputs) != count:
+        raise ValueError(
+            f"request_outputs must have one entry per context ({count}), "
+            f"got {len(request_outputs)}"
+        )
+    ids, log_probs, texts = [], [], []
+    for request_output in request_outputs:
+        (completion,) = _group_completions(request_output, 1, greedy=True)
+        values = sampled_token_log_probs(completion)
+        if values is None:
+            raise ValueError(
+                "each continuation must carry vLLM's logprobs (SamplingParams "
+                "logprobs=0), got None"
+            )
+        ids.append(list(completion.token_ids))
+        log_probs.append(values)
+        texts.append(completion.text)
+    return ids, log_probs, texts
 
 
 def _group_completions(request_output: Any, group_size: int, greedy: bool) -> list[Any]:

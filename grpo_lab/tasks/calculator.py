@@ -40,10 +40,17 @@ ANSWER_SLACK_TOKENS = 2
 
 @dataclass(frozen=True)
 class CalculatorTask:
-    """``a*b=`` with a and b in [min_operand, max_operand], answered with a tool."""
+    """``a*b=`` with a and b in [min_operand, max_operand], answered with a tool.
+
+    The default range, 32..99, keeps every product at four digits (1024 to
+    9801): with 3-digit products mixed in (min_operand=10), a cpu run whose
+    warm-up also trained on the tool's replies wrote 4 digits to those too
+    ("<out>600</out>16000") and its greedy accuracy stalled near 0.8. (Since
+    the warm-up masks the replies, that range has not been measured again.)
+    """
 
     # Operands are drawn from min_operand..max_operand.
-    min_operand: int = 10
+    min_operand: int = 32
     max_operand: int = 99
     # Model turns per episode (2: call, then answer).
     max_turns: int = 2

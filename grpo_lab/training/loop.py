@@ -84,6 +84,7 @@ from grpo_lab.rollouts.multiturn import (
     MultiTurnRolloutBackend,
     MultiTurnRollouts,
     multi_turn_token_batch,
+    trained_tool_token_metrics,
 )
 from grpo_lab.sampler_correction import (
     CORRECTION_KEYS,
@@ -657,6 +658,7 @@ def grpo_update(
         **truncation_metrics(lengths, truncated),
         **length_shaping_metrics(config, task, lengths),
         **getattr(rollouts, "sampling_metrics", {}),
+        **trained_tool_token_metrics(rollouts, batch["response_mask"]),
     }
 
 

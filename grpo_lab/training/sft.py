@@ -28,6 +28,11 @@ from grpo_lab.rollouts.base import (
     SamplingSettings,
     load_current_weights,
 )
+from grpo_lab.rollouts.multiturn import (
+    demonstration_segments,
+    pad_prompt_and_segment_ids,
+)
+from grpo_lab.rollouts.tools import CalculatorTool
 from grpo_lab.tasks.base import Example, Task
 from grpo_lab.training.evaluation import held_out_scores
 
@@ -59,9 +64,16 @@ class WarmUpSettings:
 
 
 def demonstration_batch(
-    examples: list[Example], tokenizer: PreTrainedTokenizerBase
+    examples: list[Example],
+    tokenizer: PreTrainedTokenizerBase,
+    tool: CalculatorTool | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Prompt ids + demonstration ids + EOS, shifted and padded: (B, T) tensors."""
+    """Prompt ids + demonstration ids + EOS, shifted and padded: (B, T) tensors.
+
+    With a ``tool`` (a tool-using task), the tool's replies in the
+    demonstration and the tags around them are masked out, as in GRPO
+    (:func:`grpo_lab.rollouts.multiturn.demonstration_segments`).
+    """
     missing = [example.prompt for example in examples if example.demonstration is None]
     if missing:
         raise ValueError(
@@ -71,6 +83,12 @@ def demonstration_batch(
         tokenizer.encode(example.prompt, add_special_tokens=False)
         for example in examples
     ]
+    if tool is not None:
+        segments = [
+            demonstration_segments(tokenizer, tool, example.demonstration)
+            for example in examples
+        ]
+        return pad_prompt_and_segment_ids(prompt_ids, segments, tokenizer.pad_token_id)
     response_ids = [
         [
             *tokenizer.encode(example.demonstration, add_special_tokens=False),
@@ -129,7 +147,9 @@ def warm_up(
     records = []
     for step in range(1, settings.max_steps + 1):
         examples = task.train(settings.batch_size, settings.train_seed + step)
-        loss = sft_step(model, optimizer, demonstration_batch(examples, tokenizer))
+        tool = task.tool if getattr(task, "uses_tools", False) else None
+        batch = demonstration_batch(examples, tokenizer, tool)
+        loss = sft_step(model, optimizer, batch)
         record: dict[str, Any] = {"sft/step": step, "sft/loss": loss}
         if step % settings.eval_every == 0 or step == settings.max_steps:
             load_current_weights(backend, model)  # vLLM/stale copies lag behind

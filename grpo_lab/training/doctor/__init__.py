@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from grpo_lab.training.doctor import config_lint, dynamics, rules
+from grpo_lab.training.doctor import config_lint, dynamics, rules, turns
 from grpo_lab.training.doctor.findings import (
     SEVERITIES,
     Diagnosis,
@@ -78,6 +78,8 @@ RULES: dict[str, Rule] = {
     "late-reward-collapse": dynamics.rule_late_reward_collapse,
     "length-runaway": dynamics.rule_length_runaway,
     "length-collapse": dynamics.rule_length_collapse,
+    "tool-output-trained": turns.rule_tool_output_trained,
+    "turn-budget-truncates": turns.rule_turn_budget_truncates,
     "config-lint": config_lint.rule_config_lint,
 }
 

@@ -8,7 +8,9 @@ rules of thumb for spotting a run worth a second look, not proofs.
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import Any
 
 from grpo_lab.training.doctor.findings import (
@@ -302,6 +304,25 @@ def _non_finite(key: str, value: Any) -> bool:
     return value is None and key.startswith(("loss/", "train/", "eval/"))
 
 
+# A local model folder whose config.json is this narrow is a saved tiny model (a
+# run started from another run's checkpoint): the tiny model's range applies.
+TINY_HIDDEN_SIZE = 256
+
+
+def _is_tiny_model(model: str | None) -> bool:
+    """ "tiny", or a local folder holding a saved model that narrow."""
+    if model == "tiny":
+        return True
+    if not model:
+        return False
+    try:
+        config = json.loads((Path(model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    size = config.get("hidden_size") if isinstance(config, dict) else None
+    return isinstance(size, int) and size <= TINY_HIDDEN_SIZE
+
+
 def rule_learning_rate(run: Run) -> Finding | str | None:
     points = series(run, "train/learning_rate")
     configured = config_number(run, "lr")
@@ -310,7 +331,7 @@ def rule_learning_rate(run: Run) -> Finding | str | None:
     if not points:
         return "no learning rate logged and no readable lr in config.json"
     peak = max(_values(points))
-    tiny = config_text(run, "model") == "tiny"
+    tiny = _is_tiny_model(config_text(run, "model"))
     high = LEARNING_RATE_HIGH_TINY if tiny else LEARNING_RATE_HIGH_PRETRAINED
     if LEARNING_RATE_LOW <= peak < high:
         return None
