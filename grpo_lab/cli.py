@@ -600,25 +600,12 @@ def _check_model(config: TrainConfig) -> None:
 
 
 def _check_device(config: TrainConfig) -> None:
-    import torch
+    from grpo_lab.training.parsers import DEVICE_HINT, check_device_available
 
     try:
-        device = torch.device(config.device)
-    except RuntimeError as error:
-        raise UserError(
-            f"device {config.device!r} is not a torch device",
-            "use cpu, cuda, cuda:N or mps",
-        ) from error
-    if device.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0 or (device.index or 0) >= count:
-            raise UserError(
-                f"device {config.device!r} is not available: {count} CUDA "
-                "devices are visible",
-                "use --device cpu (or --profile cpu), or a visible cuda:N",
-            )
-    if device.type == "mps" and not torch.backends.mps.is_available():
-        raise UserError("device 'mps' is not available", "use --device cpu")
+        check_device_available(config.device)
+    except ValueError as error:
+        raise UserError(str(error), DEVICE_HINT) from error
 
 
 def _check_backend(config: TrainConfig) -> None:

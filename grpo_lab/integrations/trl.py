@@ -38,7 +38,7 @@ from grpo_lab.errors import UserError
 from grpo_lab.integrations.cluster import refusal_counts, split_rows
 from grpo_lab.tasks import Task, get_task
 from grpo_lab.training.config import TrainConfig, inert_settings
-from grpo_lab.training.trackers import parse_report_to
+from grpo_lab.training.parsers import parse_report_to
 
 if TYPE_CHECKING:
     from datasets import Dataset

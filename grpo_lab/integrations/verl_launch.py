@@ -41,7 +41,7 @@ from grpo_lab.integrations.verl import (
     VERL_VERSION,
     estimator_name,
 )
-from grpo_lab.training.trackers import parse_report_to
+from grpo_lab.training.parsers import parse_report_to
 
 # Fields with no counterpart in a verl run, and why nothing is lost.
 NOT_TRAINING_SETTINGS = {

@@ -77,7 +77,7 @@ from grpo_lab.training.lora import (
     target_names,
 )
 from grpo_lab.training.overlong import check_overlong_settings
-from grpo_lab.training.trackers import check_report_to
+from grpo_lab.training.parsers import check_report_to, parse_device
 
 PROFILES = ("cpu", "gpu", "small-gpu", "smoke")
 PROFILE_VARIABLE = "GRPO_LAB_PROFILE"
@@ -1163,13 +1163,7 @@ def _check_sampler_correction(config: TrainConfig) -> None:
 
 
 def _check_device(config: TrainConfig) -> None:
-    try:
-        device = torch.device(config.device)
-    except (RuntimeError, ValueError) as error:
-        raise ValueError(
-            f"device must be a torch device such as 'cpu' or 'cuda:0', "
-            f"got {config.device!r}"
-        ) from error
+    device = parse_device(config.device)
     if config.backend == "vllm" and device.type != "cuda":
         raise ValueError(
             f"backend 'vllm' needs a CUDA device, got device {config.device!r}; "

@@ -124,6 +124,7 @@ from grpo_lab.training.overlong import (
     truncated_rows,
     truncation_metrics,
 )
+from grpo_lab.training.parsers import check_device_available
 from grpo_lab.training.sft import WarmUpSettings, warm_up
 from grpo_lab.training.trackers import open_trackers
 
@@ -229,15 +230,6 @@ def _train_in(config: TrainConfig, progress: bool) -> RunResult:
 
 
 # --- setting up -------------------------------------------------------------
-
-
-def check_device_available(device: str) -> None:
-    """Refuse a CUDA device on a machine without one, before any model loads."""
-    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(
-            f"device {device!r} needs a CUDA GPU, and torch sees none; "
-            "use --device cpu (or the cpu profile)"
-        )
 
 
 def thread_count(config: TrainConfig) -> int:
