@@ -24,6 +24,7 @@ from grpo_lab.training.config import (
     field_help,
     inert_settings,
 )
+from grpo_lab.training.config import validation as config_validation
 
 
 def parse(flags: list[str]) -> TrainConfig:
@@ -721,10 +722,9 @@ def test_small_gpu_profile_is_an_instruct_model_without_vllm_or_bfloat16():
 
 
 def test_sampler_correction_needs_a_backend_with_sampler_log_probs(monkeypatch):
-    import grpo_lab.training.config as config_module
 
     # Every backend today reports sampler log-probs; one that did not is refused.
-    monkeypatch.setattr(config_module, "SAMPLER_LOG_PROB_BACKENDS", ("vllm",))
+    monkeypatch.setattr(config_validation, "SAMPLER_LOG_PROB_BACKENDS", ("vllm",))
     with pytest.raises(ValueError, match=r"^sampler_correction 'token_mask' needs"):
         TrainConfig.for_profile("cpu", sampler_correction="token_mask")
     TrainConfig.for_profile("cpu")  # off: any backend

@@ -17,31 +17,38 @@ Every field is in exactly one of :data:`TRANSLATIONS`,
 :data:`LAUNCH_SETTINGS` (read by the launch folder's ``train.py``) and
 :data:`NOT_TRAINING_SETTINGS` (no effect on the numbers). What changes at scale
 (several processes) is in the README's "When you outgrow one GPU".
+
+The integration is split by job, one module each (each imports only those
+before it):
+
+- ``trl`` (this module): the translation table and :func:`to_trl_config`;
+  imports neither trl nor datasets;
+- ``trl_names``: the table read backwards, TRL's names in a config file;
+- ``trl_trainer``: :class:`GrpoLabTrainer` (a ``GRPOTrainer`` subclass), the
+  dataset and the reward function a TRL run is handed;
+- ``trl_launch``: the launch folder ``grpo-lab export trl`` writes;
+- ``trl_parity``: one TRL step on fixed completions (tests, benchmarks).
+
+Their public names can still be read from here (:data:`MOVED`).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import json
-import math
-import warnings
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from grpo_lab.advantages import compute_group_normalized_rewards
 from grpo_lab.errors import UserError
 from grpo_lab.integrations.cluster import refusal_counts, split_rows
-from grpo_lab.tasks import Task, get_task
+from grpo_lab.tasks import get_task
 from grpo_lab.training.config import TrainConfig, inert_settings
 from grpo_lab.training.parsers import parse_report_to
 
 if TYPE_CHECKING:
-    from datasets import Dataset
+    pass
 
 TESTED_TRL_VERSION = "1.16.0"
 TRL_ADVANTAGE_EPS = 1e-4  # TRL divides by std + 1e-4, a constant
@@ -746,177 +753,6 @@ def constant_loss_scale(config: TrainConfig) -> float:
     return config.train_batch_size * length / config.normalization_constant
 
 
-# --- data and reward ----------------------------------------------------------------
-
-
-def task_dataset(
-    task: Task, split: str, size: int, seed: int, *, chat_template: bool = False
-) -> Dataset:
-    """``size`` examples of ``task``'s ``split`` as a ``datasets.Dataset`` with a
-    ``prompt`` column (a string, or one user message with ``chat_template``) and
-    a ``ground_truth`` column, which TRL hands the reward function."""
-    from datasets import Dataset
-
-    if split not in ("train", "eval"):
-        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
-    examples = task.train(size, seed) if split == "train" else task.eval(size, seed)
-    prompts: list[Any] = [e.prompt for e in examples]
-    if chat_template:
-        prompts = [[{"role": "user", "content": p}] for p in prompts]
-    truths = [e.ground_truth for e in examples]
-    return Dataset.from_dict({"prompt": prompts, "ground_truth": truths})
-
-
-def trl_reward_function(task: Task) -> Callable[..., list[float]]:
-    """``task.reward_fn`` with TRL's reward_funcs signature: (prompts,
-    completions, ground_truth=..., **kwargs) -> one float per completion."""
-
-    def reward(prompts: list, completions: list, **columns: Any) -> list[float]:
-        truths = columns["ground_truth"]
-        texts = [_completion_text(c) for c in completions]
-        return [float(task.reward_fn(t, g)["reward"]) for t, g in zip(texts, truths)]
-
-    reward.__name__ = f"{task.name}_reward"
-    return reward
-
-
-def _completion_text(completion: Any) -> str:
-    """A plain completion, or the content of a conversational one."""
-    if isinstance(completion, str):
-        return completion
-    return "".join(message["content"] for message in completion)
-
-
-# --- what TRL lacks -----------------------------------------------------------------
-
-
-def _trainer_base() -> type:
-    from trl import GRPOTrainer
-
-    return GRPOTrainer
-
-
-@functools.cache
-def make_grpo_lab_trainer_class() -> type:
-    """``GrpoLabTrainer``, a subclass of the installed ``trl.GRPOTrainer`` (built
-    on first use, so that importing this module does not import trl)."""
-    return _grpo_lab_trainer(_trainer_base())
-
-
-def __getattr__(name: str) -> Any:
-    if name == "GrpoLabTrainer":
-        return make_grpo_lab_trainer_class()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _grpo_lab_trainer(base: type) -> type:
-    class GrpoLabTrainer(base):
-        """GRPOTrainer with grpo_lab's advantages, constant divisor, warm-up and
-        weight decay on every parameter.
-
-        ``train_config`` is the run's TrainConfig. Advantages are recomputed
-        from TRL's gathered rewards by
-        :func:`grpo_lab.advantages.compute_group_normalized_rewards`; the
-        dr_grpo loss is rescaled to sum / normalization_constant over the
-        global train batch; the learning rate is lr * min(1, s / warm-up) in
-        GRPO step s = optimizer step // optimizer steps per GRPO step + 1.
-        """
-
-        def __init__(self, *args: Any, train_config: TrainConfig, **kwargs: Any):
-            self.train_config = train_config
-            self._rewards_per_func: torch.Tensor | None = None
-            super().__init__(*args, **kwargs)
-
-        def _calculate_rewards(self, inputs, prompts, completions, ids):
-            rewards = super()._calculate_rewards(inputs, prompts, completions, ids)
-            self._rewards_per_func = rewards  # (B_global, n_funcs), NaN: None
-            return rewards
-
-        def _generate_and_score_completions(self, inputs):
-            output = super()._generate_and_score_completions(inputs)
-            local = output["advantages"]  # (B_local,)
-            rewards = self._gathered_rewards()  # (B_global,)
-            group = self.num_generations if self.model.training else None
-            advantages = grpo_lab_advantages(
-                rewards, group or self.num_generations_eval, self.train_config
-            )
-            start = self.accelerator.process_index * local.shape[0]
-            output["advantages"] = advantages[start : start + local.shape[0]].to(
-                device=local.device, dtype=local.dtype
-            )
-            return output
-
-        def _gathered_rewards(self) -> torch.Tensor:
-            per_func = self._rewards_per_func  # (B, n_funcs)
-            weights = self.reward_weights.to(per_func.device)
-            rewards = (per_func * weights.unsqueeze(0)).nansum(dim=1)  # (B,)
-            rewards[torch.isnan(per_func).all(dim=1)] = math.nan
-            return rewards
-
-        def _compute_loss(self, model, inputs):
-            loss = super()._compute_loss(model, inputs)
-            if self.train_config.loss_normalization != "constant":
-                return loss
-            rows = inputs["completion_ids"].shape[0] * self.accelerator.num_processes
-            steps = self.current_gradient_accumulation_steps if model.training else 1
-            # dr_grpo divided by rows x length x steps; grpo_lab divides by C.
-            scale = rows * steps * self.max_completion_length
-            return loss * (scale / self.train_config.normalization_constant)
-
-        def get_decay_parameter_names(self, model) -> list[str]:
-            # grpo_lab's AdamW decays every parameter; HF's Trainer would skip
-            # biases and norm weights.
-            return [name for name, _ in model.named_parameters()]
-
-        def create_scheduler(self, num_training_steps, optimizer=None):
-            warmup = self.train_config.lr_warmup_steps
-            if warmup == 0 or self.lr_scheduler is not None:
-                return super().create_scheduler(num_training_steps, optimizer)
-            per_step = optimizer_steps_per_grpo_step(self.train_config)
-            self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
-                self.optimizer if optimizer is None else optimizer,
-                lambda step: min(1.0, (step // per_step + 1) / warmup),
-            )
-            self._created_lr_scheduler = True
-            return self.lr_scheduler
-
-    return GrpoLabTrainer
-
-
-def grpo_lab_advantages(
-    rewards: torch.Tensor, group_size: int, config: TrainConfig
-) -> torch.Tensor:
-    """The run's advantages of TRL's (B,) rewards (NaN: unscorable).
-
-    With ``nan_rewards`` propagate a NaN reward is refused (``RuntimeError``),
-    as grpo_lab's step refuses a non-finite loss; TRL would have skipped it.
-    """
-    if config.nan_rewards == "propagate" and torch.isnan(rewards).any():
-        raise RuntimeError(
-            "a reward is NaN (unscorable) and nan_rewards is 'propagate'; set "
-            "nan_rewards 'ignore' to give it advantage 0"
-        )
-    advantages, _ = compute_group_normalized_rewards(
-        rewards.float(),
-        group_size,
-        config.baseline,
-        config.advantage_eps,
-        config.advantage_normalizer,
-        nan_rewards=config.nan_rewards,
-    )
-    return advantages  # (B,)
-
-
-def trainer_class_for(config: TrainConfig, *, num_processes: int = 1) -> type:
-    """``trl.GRPOTrainer`` when it runs ``config`` exactly, else GrpoLabTrainer.
-
-    GrpoLabTrainer takes one more keyword, ``train_config``.
-    """
-    if grpo_lab_trainer_reasons(config, num_processes=num_processes):
-        return make_grpo_lab_trainer_class()
-    return _trainer_base()
-
-
 def translation_table() -> str:
     """:data:`TRANSLATIONS` as a markdown table (field | TRL | how)."""
     rows = ["| grpo_lab field | GRPOConfig | how |", "|---|---|---|"]
@@ -924,451 +760,6 @@ def translation_table() -> str:
         trl_names = ", ".join(f"`{n}`" for n in translation.trl_names) or "—"
         rows.append(f"| `{name}` | {trl_names} | {translation.note} |")
     return "\n".join(rows)
-
-
-# --- one step of TRL on fixed completions ------------------------------------------
-
-# The GRPOConfig arguments that decide the first step's loss and gradients.
-TRL_LOSS_ARGUMENTS = (
-    "loss_type",
-    "importance_sampling_level",
-    "epsilon",
-    "epsilon_high",
-    "delta",
-    "sapo_temperature_pos",
-    "sapo_temperature_neg",
-    "beta",
-    "use_bias_correction_kl",
-    "entropy_coef",
-    "top_entropy_quantile",
-    "temperature",
-    "scale_rewards",
-)
-
-
-@dataclass
-class TrlFirstStep:
-    """TRL's first optimizer step on fixed completions.
-
-    ``inputs`` is TRL's batch (advantages, masks, old and reference log-probs,
-    in its (B, C) completion layout), ``losses`` its loss of each accumulation
-    microbatch (their sum is the step's loss), ``log_prob_gradients`` the
-    gradient of that sum by each completion token's log-prob (B, C), and
-    ``parameter_gradients`` the model's gradients, zeros where there are none;
-    ``trainer`` is the trainer that computed them.
-    """
-
-    trainer: Any
-    inputs: dict[str, Any]
-    losses: list[torch.Tensor]
-    log_prob_gradients: torch.Tensor
-    parameter_gradients: list[torch.Tensor]
-
-    @property
-    def loss(self) -> torch.Tensor:
-        """The step's loss: the sum over accumulation microbatches."""
-        return torch.stack(self.losses).sum()
-
-
-def fixed_completions_trainer(
-    arguments: dict[str, Any],
-    model: Any,
-    tokenizer: Any,
-    prompts: list[str],
-    completion_ids: list[list[int]],
-    rewards: list[float | None],
-    output_dir: str | Path,
-    *,
-    trainer_class: type | None = None,
-    **trainer_keywords: Any,
-) -> Any:
-    """A CPU ``GRPOTrainer`` (or ``trainer_class``) whose rollouts are given.
-
-    ``arguments`` are GRPOConfig fields (``gradient_accumulation_steps``
-    defaults to 1); ``prompts`` has one entry per completion, grouped, and the
-    whole batch is one rollout batch, split into that many microbatches. TRL's
-    ``rollout_func`` returns ``completion_ids`` and the reward function
-    ``rewards``: nothing is generated, and TRL computes the advantages.
-    """
-    from datasets import Dataset
-    from trl import GRPOConfig
-
-    if len(prompts) != len(completion_ids) or len(rewards) != len(completion_ids):
-        raise ValueError(
-            "prompts, completion_ids and rewards must have one entry per "
-            f"completion, got {len(prompts)}, {len(completion_ids)}, {len(rewards)}"
-        )
-    prompt_ids = {p: tokenizer.encode(p, add_special_tokens=False) for p in prompts}
-
-    def rollout(batch_prompts: list, trainer: Any) -> dict[str, list]:
-        return {
-            "prompt_ids": [prompt_ids[_prompt_text(p)] for p in batch_prompts],
-            "completion_ids": [list(ids) for ids in completion_ids],
-            "logprobs": [[0.0] * len(ids) for ids in completion_ids],
-        }
-
-    def reward(prompts: list, completions: list, **kwargs: Any) -> list:
-        return list(rewards)
-
-    fields = {"gradient_accumulation_steps": 1, **arguments}
-    accumulation = fields["gradient_accumulation_steps"]
-    defaults = {
-        "per_device_train_batch_size": len(completion_ids) // accumulation,
-        "use_cpu": True,
-        "report_to": [],
-        "save_strategy": "no",
-        "bf16": False,  # GRPOConfig's default autocasts to bfloat16, even on CPU
-    }
-    args = GRPOConfig(output_dir=str(output_dir), **{**defaults, **fields})
-    dataset = Dataset.from_dict({"prompt": sorted(set(prompts))})
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        trainer = (trainer_class or _trainer_base())(
-            model=model,
-            reward_funcs=reward,
-            args=args,
-            train_dataset=dataset,
-            processing_class=tokenizer,
-            rollout_func=rollout,
-            **trainer_keywords,
-        )
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = accumulation
-    return trainer
-
-
-def _prompt_text(prompt: Any) -> str:
-    return prompt["prompt"] if isinstance(prompt, dict) else prompt
-
-
-OffPolicyLogProbs = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def trl_first_step(
-    trainer: Any,
-    prompts: list[str],
-    *,
-    old_log_probs: OffPolicyLogProbs | None = None,
-    reference_log_probs: OffPolicyLogProbs | None = None,
-    beta: float = 0.0,
-) -> TrlFirstStep:
-    """TRL's advantages and loss for ``trainer``'s fixed completions, backpropagated.
-
-    TRL's scorer is replaced by the naive one, log_softmax(logits / T) of the
-    completion tokens, so that a float64 model stays float64 (TRL's fused head
-    keeps float32 statistics). ``old_log_probs(current, completion_mask)``
-    gives the old policy's (B, C) log-probs from the current ones (None: TRL's
-    own, the current ones detached); ``reference_log_probs`` likewise the
-    reference model's, read when ``beta`` (TRL's KL coefficient) is not 0.
-    """
-    from trl.trainer.utils import split_tensor_dict
-
-    captured: list[torch.Tensor] = []
-    trainer._get_per_token_logps_and_entropies = _naive_scorer(trainer, captured)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        inputs = trainer._generate_and_score_completions(
-            [{"prompt": p} for p in prompts]
-        )
-    mask = inputs["completion_mask"].double()  # (B, C)
-    if old_log_probs is not None or reference_log_probs is not None:
-        current = _current_log_probs(trainer, inputs)  # (B, C)
-        if old_log_probs is not None:
-            inputs["old_per_token_logps"] = old_log_probs(current, mask) * mask
-        if reference_log_probs is not None:
-            inputs["ref_per_token_logps"] = reference_log_probs(current, mask) * mask
-    inputs["advantages"] = inputs["advantages"].double()
-    trainer.beta = beta  # TRL only loads a reference model by name; given here
-    losses = []
-    for chunk in split_tensor_dict(inputs, trainer.current_gradient_accumulation_steps):
-        loss = trainer._compute_loss(trainer.model, chunk)
-        loss.backward()
-        losses.append(loss.detach())
-    gradients = torch.cat([c.grad for c in captured], dim=0)  # (B, C)
-    parameters = [
-        torch.zeros_like(p) if p.grad is None else p.grad.clone()
-        for p in trainer.model.parameters()
-    ]
-    return TrlFirstStep(trainer, inputs, losses, gradients, parameters)
-
-
-def _naive_scorer(trainer: Any, captured: list[torch.Tensor]) -> Callable[..., tuple]:
-    """TRL's scorer in the model's dtype; keeps each differentiable result."""
-
-    def score(model, input_ids, attention_mask, logits_to_keep, **kwargs):
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
-        logits = logits[:, -logits_to_keep - 1 : -1] / trainer.temperature  # (B, C, V)
-        log_softmax = torch.log_softmax(logits, dim=-1)  # (B, C, V)
-        labels = input_ids[:, -logits_to_keep:]  # (B, C)
-        log_probs = log_softmax.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # (B, C)
-        if log_probs.requires_grad:
-            log_probs.retain_grad()
-            captured.append(log_probs)
-        entropy = -(log_softmax.exp() * log_softmax).sum(-1)  # (B, C)
-        return log_probs, entropy, None
-
-    return score
-
-
-def _current_log_probs(trainer: Any, inputs: dict[str, Any]) -> torch.Tensor:
-    with torch.no_grad():
-        return trainer._get_per_token_logps_and_entropies(
-            trainer.model,
-            torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1),
-            torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1),
-            inputs["completion_ids"].shape[1],
-        )[0]  # (B, C)
-
-
-def trl_first_step_loss(
-    config: TrainConfig,
-    model: Any,
-    tokenizer: Any,
-    prompts: list[str],
-    completion_ids: list[list[int]],
-    rewards: list[float | None],
-    output_dir: str | Path,
-    *,
-    old_log_probs: OffPolicyLogProbs | None = None,
-    reference_log_probs: OffPolicyLogProbs | None = None,
-) -> TrlFirstStep:
-    """TRL's first step of ``config``'s loss on fixed completions and rewards.
-
-    The loss settings are ``to_trl_config(config)``'s (:data:`TRL_LOSS_ARGUMENTS`,
-    with its group size and completion length), on the trainer class
-    :func:`trainer_class_for` picks; the batch is one optimizer step
-    (``gradient_accumulation_steps`` microbatches). See :func:`trl_first_step`
-    for the rest. It is the TRL side of the parity tests and of notebook 12.
-    """
-    arguments = to_trl_config(config)
-    fields = {k: arguments[k] for k in TRL_LOSS_ARGUMENTS if k in arguments}
-    beta = fields.pop("beta")
-    for name in ("num_generations", "max_completion_length"):
-        fields[name] = arguments[name]
-    fields["gradient_accumulation_steps"] = config.gradient_accumulation_steps
-    trainer_class = trainer_class_for(config)
-    keywords = {} if trainer_class is _trainer_base() else {"train_config": config}
-    trainer = fixed_completions_trainer(
-        fields,
-        model,
-        tokenizer,
-        prompts,
-        completion_ids,
-        rewards,
-        output_dir,
-        trainer_class=trainer_class,
-        **keywords,
-    )
-    return trl_first_step(
-        trainer,
-        prompts,
-        old_log_probs=old_log_probs,
-        reference_log_probs=reference_log_probs,
-        beta=beta,
-    )
-
-
-def save_frozen_config(config: TrainConfig, out_dir: Path) -> list[Path]:
-    """``grpo_config.json`` (the mapped arguments) and ``train_config.json``."""
-    mapped = to_trl_config(config)
-    grpo_path = out_dir / "grpo_config.json"
-    grpo_path.write_text(json.dumps(mapped, indent=2, sort_keys=True) + "\n")
-    train_path = out_dir / "train_config.json"
-    train_path.write_text(config.to_json() + "\n")
-    return [grpo_path, train_path]
-
-
-# --- the launch folder (grpo_lab.integrations.trl_launch) ---------------------------
-
-
-def write_launch_folder(config: TrainConfig, out_dir: str | Path, **options: Any):
-    """:func:`grpo_lab.integrations.trl_launch.write_launch_folder`."""
-    from grpo_lab.integrations.trl_launch import write_launch_folder as write
-
-    return write(config, out_dir, **options)
-
-
-# --- the table read backwards: TRL's names in a grpo_lab config -------------------
-
-
-def trl_name_hint(name: str) -> str | None:
-    """ "TRL's `learning_rate` is grpo_lab's `lr`" for a GRPOConfig name the
-    table translates (None for any other name). Fields whose first TRL name it
-    is come first; each with its note."""
-    rows = [
-        (field, row) for field, row in TRANSLATIONS.items() if name in row.trl_names
-    ]
-    if not rows:
-        return None
-    first = [(field, row) for field, row in rows if row.trl_names[0] == name]
-    fields = " and ".join(f"`{field}` ({row.note})" for field, row in first or rows)
-    if first:
-        return f"TRL's `{name}` is grpo_lab's {fields}"
-    return f"TRL's `{name}` is set by the translation of grpo_lab's {fields}"
-
-
-_SAME_VALUE = (
-    "seed",
-    "gradient_accumulation_steps",
-    "weight_decay",
-    "adam_beta2",
-    "temperature",
-    "top_p",
-    "sapo_temperature_pos",
-    "sapo_temperature_neg",
-    "entropy_coef",
-    "top_entropy_quantile",
-    "mask_truncated_completions",
-    "vllm_gpu_memory_utilization",
-    "gradient_checkpointing",
-)
-# TRL name -> (grpo_lab field, how a TRL value becomes the field's value).
-FROM_TRL: dict[str, tuple[str, Callable[[Any], Any]]] = {
-    **{name: (name, lambda value: value) for name in _SAME_VALUE},
-    "learning_rate": ("lr", lambda value: value),
-    "num_generations": ("group_size", lambda value: value),
-    "generation_batch_size": ("rollout_batch_size", lambda value: value),
-    "num_iterations": ("epochs_per_rollout_batch", lambda value: value),
-    "max_grad_norm": ("max_grad_norm", lambda value: None if value == 0 else value),
-    "epsilon": ("cliprange", lambda value: value),
-    "epsilon_high": ("cliprange_high", lambda value: value),
-    "delta": ("ratio_cap", lambda value: value),
-    "beta": ("kl_coef", lambda value: value),
-    "use_bias_correction_kl": ("kl_importance_weighting", lambda value: value),
-    "max_completion_length": ("max_new_tokens", lambda value: value),
-    "save_total_limit": ("keep_checkpoints", lambda value: value),
-    "scale_rewards": (
-        "advantage_normalizer",
-        lambda value: {"group": "std", "batch": "batch_std", True: "std"}.get(
-            value, "none" if value in ("none", False) else value
-        ),
-    ),
-    "use_vllm": ("backend", lambda value: "vllm" if value is True else "hf"),
-}
-_LOSS_TYPES_BACK = {
-    "grpo": {"loss_normalization": "sequence"},
-    "dapo": {"loss_normalization": "token"},
-    "bnpo": {"loss_normalization": "token"},
-    "dr_grpo": {"loss_normalization": "constant"},
-    "cispo": {"loss_normalization": "token", "importance_reweighting_method": "cispo"},
-    "sapo": {"loss_normalization": "sequence", "importance_reweighting_method": "sapo"},
-}
-
-
-def from_trl_values(values: dict[str, Any]) -> dict[str, Any]:
-    """TrainConfig fields for a mapping of TRL ``GRPOConfig`` names (TRL's own
-    values), through :data:`TRANSLATIONS` read backwards.
-
-    A TrainConfig field that is no TRL name passes through unchanged (a file may
-    name ``profile`` or ``task`` as well). ``max_steps`` becomes ``steps`` once
-    the optimizer steps per rollout batch are known, and
-    ``per_device_train_batch_size`` x ``gradient_accumulation_steps`` becomes
-    ``train_batch_size`` (one process). The result is checked forwards: the
-    config it builds must translate back to every TRL value given, or a
-    ``UserError`` names the TRL setting that has no grpo_lab counterpart.
-    """
-    field_names = {f.name for f in dataclasses.fields(TrainConfig)}
-    trl_names = {name for row in TRANSLATIONS.values() for name in row.trl_names}
-    fields: dict[str, Any] = {}
-    for name, value in values.items():
-        if name in FROM_TRL:
-            field, convert = FROM_TRL[name]
-            fields[field] = convert(value)
-        elif name == "loss_type" and value in _LOSS_TYPES_BACK:
-            fields.update(_LOSS_TYPES_BACK[value])
-        elif name == "importance_sampling_level" and value == "sequence":
-            fields["importance_reweighting_method"] = "gspo"
-        elif name in field_names and name not in trl_names:
-            fields[name] = value
-        elif name not in trl_names and name not in ("max_steps", "loss_type"):
-            raise UserError(
-                f"TRL's `{name}` has no grpo_lab counterpart",
-                "the TRL names grpo_lab reads are those of the table in the "
-                "README's 'When you outgrow one GPU'",
-            )
-    fields = _batch_and_steps(fields, values)
-    _check_translates_back(_built(fields), values)
-    return fields
-
-
-def _built(fields: dict[str, Any]) -> TrainConfig:
-    from grpo_lab.training.config import chosen_profile
-
-    fields = dict(fields)
-    profile = fields.pop("profile", None) or chosen_profile()
-    try:
-        return TrainConfig.for_profile(profile, **fields)
-    except ValueError as error:
-        raise UserError(
-            f"the translated TRL settings are refused: {error}", FIX
-        ) from error
-
-
-def _batch_and_steps(fields: dict[str, Any], values: dict[str, Any]) -> dict:
-    """``fields`` plus train_batch_size (the per-device batch x accumulation
-    steps, one process) and steps (max_steps / optimizer steps per rollout
-    batch), which need the other settings."""
-    fields = dict(fields)
-    if "per_device_train_batch_size" in values:
-        steps = fields.get("gradient_accumulation_steps")
-        if steps is None:
-            steps = _built(
-                {"profile": fields.get("profile")}
-            ).gradient_accumulation_steps
-        fields["train_batch_size"] = values["per_device_train_batch_size"] * steps
-        if "generation_batch_size" not in values:  # TRL's default
-            fields["rollout_batch_size"] = fields["train_batch_size"]
-    if "importance_reweighting_method" not in fields:
-        # TRL always clips the ratio; on-policy (ratio 1) that is REINFORCE.
-        fields["importance_reweighting_method"] = (
-            "grpo" if _off_policy(fields) else "none"
-        )
-    if fields["importance_reweighting_method"] == "grpo":
-        fields.setdefault("cliprange", TRL_EPSILON)
-    if "max_steps" in values:
-        per_step = optimizer_steps_per_grpo_step(_built(fields))
-        max_steps = values["max_steps"]
-        if (
-            isinstance(max_steps, bool)
-            or not isinstance(max_steps, int)
-            or (max_steps % per_step)
-        ):
-            raise UserError(
-                f"TRL's `max_steps` {max_steps!r} is not a whole number of GRPO "
-                f"steps of {per_step} optimizer steps each",
-                "give a multiple of it, or grpo_lab's steps",
-            )
-        fields["steps"] = max_steps // per_step
-    return fields
-
-
-def _off_policy(fields: dict[str, Any]) -> bool:
-    defaults = _built({"profile": fields.get("profile")})
-
-    def value(name: str) -> Any:
-        return fields.get(name, getattr(defaults, name))
-
-    return value("epochs_per_rollout_batch") > 1 or value("train_batch_size") < value(
-        "rollout_batch_size"
-    )
-
-
-def _check_translates_back(config: TrainConfig, values: dict[str, Any]) -> None:
-    """Every TRL value given is what ``config`` translates to."""
-    field_names = {f.name for f in dataclasses.fields(TrainConfig)}
-    for name, value in values.items():
-        rows = [row for row in TRANSLATIONS.values() if name in row.trl_names]
-        if not rows or (name in field_names and name not in FROM_TRL):
-            continue
-        back = {}
-        for row in rows:
-            back.update(row.convert(config, 1))
-        if name in back and back[name] != value:
-            raise UserError(
-                f"TRL's `{name}` {value!r} has no grpo_lab counterpart here: "
-                f"{trl_name_hint(name)}, whose value in TRL is {back[name]!r}",
-                FIX,
-            )
 
 
 # --- LoRA -------------------------------------------------------------------------
@@ -1400,3 +791,35 @@ def peft_config_for(config: TrainConfig) -> Any:
 
     settings = config.lora_settings()
     return None if settings is None else peft_lora_config(settings)
+
+
+# --- names kept in the modules of their own job ------------------------------------
+
+# Read from here on first use (``grpo_trl.trl_first_step_loss``), so that
+# importing the table imports neither trl nor the modules that import the table.
+MOVED = {
+    **dict.fromkeys(
+        ("GrpoLabTrainer", "grpo_lab_advantages", "trainer_class_for"),
+        "trl_trainer",
+    ),
+    **dict.fromkeys(("task_dataset", "trl_reward_function"), "trl_trainer"),
+    **dict.fromkeys(
+        (
+            "TRL_LOSS_ARGUMENTS",
+            "TrlFirstStep",
+            "fixed_completions_trainer",
+            "trl_first_step",
+            "trl_first_step_loss",
+        ),
+        "trl_parity",
+    ),
+    **dict.fromkeys(("FROM_TRL", "from_trl_values", "trl_name_hint"), "trl_names"),
+    "write_launch_folder": "trl_launch",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in MOVED:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = importlib.import_module(f"grpo_lab.integrations.{MOVED[name]}")
+    return getattr(module, name)

@@ -70,9 +70,8 @@ from pathlib import Path
 from trl import GRPOConfig, GRPOTrainer
 
 from grpo_lab.integrations.cluster import resolve_task_options
-from grpo_lab.integrations.trl import (
-    data_parallel_batch,
-    peft_config_for,
+from grpo_lab.integrations.trl import data_parallel_batch, peft_config_for
+from grpo_lab.integrations.trl_trainer import (
     task_dataset,
     trainer_class_for,
     trl_reward_function,
