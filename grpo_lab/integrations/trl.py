@@ -18,18 +18,9 @@ Every field is in exactly one of :data:`TRANSLATIONS`,
 :data:`NOT_TRAINING_SETTINGS` (no effect on the numbers). What changes at scale
 (several processes) is in the README's "When you outgrow one GPU".
 
-The integration is split by job, one module each (each imports only those
-before it):
-
-- ``trl`` (this module): the translation table and :func:`to_trl_config`;
-  imports neither trl nor datasets;
-- ``trl_names``: the table read backwards, TRL's names in a config file;
-- ``trl_trainer``: :class:`GrpoLabTrainer` (a ``GRPOTrainer`` subclass), the
-  dataset and the reward function a TRL run is handed;
-- ``trl_launch``: the launch folder ``grpo-lab export trl`` writes;
-- ``trl_parity``: one TRL step on fixed completions (tests, benchmarks).
-
-Their public names can still be read from here (:data:`MOVED`).
+This module is the table only (it imports neither trl nor datasets); the
+package docstring lists the other jobs' modules, and :data:`MOVED` the names
+still read from here.
 """
 
 from __future__ import annotations
@@ -784,36 +775,17 @@ TRANSLATIONS["lora_lr"] = Translation(
 )
 
 
-def peft_config_for(config: TrainConfig) -> Any:
-    """The ``peft.LoraConfig`` GRPOTrainer's ``peft_config`` takes for
-    ``config``'s adapters (the one grpo_lab trains with), None without."""
-    from grpo_lab.training.lora import peft_lora_config
-
-    settings = config.lora_settings()
-    return None if settings is None else peft_lora_config(settings)
-
-
 # --- names kept in the modules of their own job ------------------------------------
 
-# Read from here on first use (``grpo_trl.trl_first_step_loss``), so that
-# importing the table imports neither trl nor the modules that import the table.
+# Still read from here (the notebooks' ``grpo_trl.trl_first_step_loss``), loaded
+# on first use: importing the table imports neither trl nor the modules that
+# import the table.
 MOVED = {
-    **dict.fromkeys(
-        ("GrpoLabTrainer", "grpo_lab_advantages", "trainer_class_for"),
-        "trl_trainer",
-    ),
-    **dict.fromkeys(("task_dataset", "trl_reward_function"), "trl_trainer"),
-    **dict.fromkeys(
-        (
-            "TRL_LOSS_ARGUMENTS",
-            "TrlFirstStep",
-            "fixed_completions_trainer",
-            "trl_first_step",
-            "trl_first_step_loss",
-        ),
-        "trl_parity",
-    ),
-    **dict.fromkeys(("FROM_TRL", "from_trl_values", "trl_name_hint"), "trl_names"),
+    "peft_config_for": "trl_trainer",
+    "TrlFirstStep": "trl_parity",
+    "fixed_completions_trainer": "trl_parity",
+    "trl_first_step": "trl_parity",
+    "trl_first_step_loss": "trl_parity",
     "write_launch_folder": "trl_launch",
 }
 

@@ -70,8 +70,9 @@ from pathlib import Path
 from trl import GRPOConfig, GRPOTrainer
 
 from grpo_lab.integrations.cluster import resolve_task_options
-from grpo_lab.integrations.trl import data_parallel_batch, peft_config_for
+from grpo_lab.integrations.trl import data_parallel_batch
 from grpo_lab.integrations.trl_trainer import (
+    peft_config_for,
     task_dataset,
     trainer_class_for,
     trl_reward_function,

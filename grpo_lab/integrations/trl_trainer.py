@@ -172,3 +172,12 @@ def trainer_class_for(config: TrainConfig, *, num_processes: int = 1) -> type:
     if grpo_lab_trainer_reasons(config, num_processes=num_processes):
         return GrpoLabTrainer
     return GRPOTrainer
+
+
+def peft_config_for(config: TrainConfig) -> Any:
+    """The ``peft.LoraConfig`` GRPOTrainer's ``peft_config`` takes for
+    ``config``'s adapters (the one grpo_lab trains with), None without."""
+    from grpo_lab.training.lora import peft_lora_config
+
+    settings = config.lora_settings()
+    return None if settings is None else peft_lora_config(settings)
