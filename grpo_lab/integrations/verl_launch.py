@@ -38,7 +38,6 @@ from grpo_lab.integrations.verl import VERL_VERSION
 from grpo_lab.integrations.verl_settings import (  # noqa: F401 (read from here too)
     ACTOR,
     EXPORTED_SETTINGS,
-    EXPORTS,
     MODEL_PATH,
     NOT_TRAINING_SETTINGS,
     ROLLOUT,
