@@ -29,22 +29,24 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import difflib
 import errno
 import functools
 import importlib
 import importlib.util
 import json
-import re
 import sys
-import types
-import typing
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from grpo_lab import cli_flags
+from grpo_lab.cli_config_file import (
+    FIELD_NAMES,
+    FLAG_TABLE,
+    USAGE_HINT,
+    read_config_file,
+)
 from grpo_lab.errors import UserError
 
 # Torch, the core and training are imported inside the commands that use them,
@@ -53,13 +55,9 @@ from grpo_lab.errors import UserError
 if TYPE_CHECKING:
     from grpo_lab.training.config import TrainConfig
 
-FLAG_TABLE = cli_flags.current_table()
-FIELD_NAMES = cli_flags.field_names(FLAG_TABLE)
 RESUMABLE_FLAGS = ", ".join(
     "--" + name.replace("_", "-") for name in FLAG_TABLE["resumable_fields"]
 )
-CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
-USAGE_HINT = "see grpo-lab train --help"
 PROFILE_HELP = (
     "Each setting's help ends with its default, the cpu profile's value, and "
     "each other profile's value where it differs; --profile (else "
@@ -108,6 +106,20 @@ def build_parser() -> argparse.ArgumentParser:
             argparse.ArgumentParser, formatter_class=HelpFormatter
         ),
     )
+    _add_train_command(commands, common)
+    _add_plot_command(commands, common)
+    _add_push_command(commands, common)
+    _add_merge_command(commands, common)
+    _add_student_notebooks_command(commands, common)
+    _add_notebooks_command(commands, common)
+    _add_doctor_command(commands, common)
+    _add_export_command(commands, common)
+    _add_grade_command(commands, common)
+    return parser
+
+
+def _add_train_command(commands: Any, common: argparse.ArgumentParser) -> None:
+    """``grpo-lab train`` and its arguments."""
     train_parser = commands.add_parser(
         "train",
         parents=[common],
@@ -143,12 +155,20 @@ def build_parser() -> argparse.ArgumentParser:
         "Hugging Face Hub repository (as grpo-lab push does)",
     )
     add_config_arguments(train_parser, exclude=("resume",))
+
+
+def _add_plot_command(commands: Any, common: argparse.ArgumentParser) -> None:
+    """``grpo-lab plot`` and its arguments."""
     plot_parser = commands.add_parser(
         "plot",
         parents=[common],
         help="draw RUN_DIR/metrics.jsonl into RUN_DIR/curves.png",
     )
     plot_parser.add_argument("run_dir", metavar="RUN_DIR")
+
+
+def _add_push_command(commands: Any, common: argparse.ArgumentParser) -> None:
+    """``grpo-lab push`` and its arguments."""
     push_parser = commands.add_parser(
         "push",
         parents=[common],
@@ -166,6 +186,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="the branch to push to (created when missing; default: main)",
     )
+
+
+def _add_merge_command(commands: Any, common: argparse.ArgumentParser) -> None:
+    """``grpo-lab merge`` and its arguments."""
     merge_parser = commands.add_parser(
         "merge",
         parents=[common],
@@ -184,6 +208,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="the adapter folder (default: RUN_DIR/final_model)",
     )
+
+
+def _add_student_notebooks_command(
+    commands: Any, common: argparse.ArgumentParser
+) -> None:
+    """``grpo-lab student-notebooks`` and its arguments."""
     notebooks_parser = commands.add_parser(
         "student-notebooks",
         parents=[common],
@@ -196,6 +226,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="folder of solution notebooks (default: ./notebooks if it exists, "
         "else the notebooks shipped with the package)",
     )
+
+
+def _add_notebooks_command(commands: Any, common: argparse.ArgumentParser) -> None:
+    """``grpo-lab notebooks`` and its arguments."""
     copy_parser = commands.add_parser(
         "notebooks",
         parents=[common],
@@ -205,6 +239,10 @@ def build_parser() -> argparse.ArgumentParser:
     copy_parser.add_argument(
         "--force", action="store_true", help="overwrite notebooks already in DIR"
     )
+
+
+def _add_doctor_command(commands: Any, common: argparse.ArgumentParser) -> None:
+    """``grpo-lab doctor`` and its arguments."""
     doctor_parser = commands.add_parser(
         "doctor",
         parents=[common],
@@ -219,6 +257,10 @@ def build_parser() -> argparse.ArgumentParser:
     doctor_parser.add_argument(
         "--json", action="store_true", help="print the findings as JSON"
     )
+
+
+def _add_export_command(commands: Any, common: argparse.ArgumentParser) -> None:
+    """``grpo-lab export`` and its arguments."""
     export_parser = commands.add_parser(
         "export",
         parents=[common],
@@ -258,6 +300,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_from_trl_flag(export_parser)
     export_parser.set_defaults(resume_dir=None)
     add_config_arguments(export_parser, exclude=("resume",))
+
+
+def _add_grade_command(commands: Any, common: argparse.ArgumentParser) -> None:
+    """``grpo-lab grade`` and its arguments."""
     grade_parser = commands.add_parser(
         "grade",
         parents=[common],
@@ -278,7 +324,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="folder of the course notebooks whose checks grade (default: the "
         "notebooks shipped with the package)",
     )
-    return parser
 
 
 def _add_from_trl_flag(parser: argparse.ArgumentParser) -> None:
@@ -347,219 +392,6 @@ def _flags(arguments: argparse.Namespace) -> dict[str, Any]:
     return {k: v for k, v in vars(arguments).items() if k in FIELD_NAMES}
 
 
-def read_config_file(path: str | Path, *, from_trl: bool = False) -> dict[str, Any]:
-    """The TrainConfig fields of a YAML or JSON file, each checked against its type.
-
-    Parsed strictly: a key given twice is refused (YAML and JSON would keep the
-    last); so is a plain YAML scalar that YAML 1.1 (PyYAML) reads differently
-    from YAML 1.2 and JSON: hexadecimal, octal, binary, sexagesimal or
-    underscored numbers (``0x10``, ``010``, ``1_000``, ``1:30``) and
-    ``yes``/``no``/``on``/``off`` booleans (quote them for a string; write
-    ``16`` or ``true``). Unknown keys are refused with the nearest field's name
-    and, for a TRL ``GRPOConfig`` name, its grpo_lab name from the TRL table;
-    ``resume`` is refused (use ``--resume``). A float field also takes a string
-    in decimal or scientific notation (YAML 1.1 reads ``3e-4`` as a string).
-    ``from_trl``: the keys are TRL names, translated through that table.
-    """
-    path = Path(path)
-    if path.suffix.lower() not in CONFIG_SUFFIXES:
-        raise UserError(
-            f"config file {path} must end in {', '.join(CONFIG_SUFFIXES)}",
-            "rename it, or write it as YAML or JSON",
-        )
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise UserError(
-            f"config file {path} cannot be read: {error.strerror or error}",
-            "check the path given to --config",
-        ) from error
-    values = _parse_config_text(text, path)
-    if not isinstance(values, dict):
-        raise UserError(
-            f"config file {path} must map field names to values, got "
-            f"{type(values).__name__}",
-            "write one 'name: value' line per setting",
-        )
-    if from_trl:
-        values = _translated_from_trl(values, path)
-    for key in values:
-        _check_config_key(key, path)
-    from grpo_lab.training.config import TrainConfig
-
-    hints = typing.get_type_hints(TrainConfig)
-    return {key: _config_value(key, v, hints[key], path) for key, v in values.items()}
-
-
-def _translated_from_trl(values: dict[str, Any], path: Path) -> dict[str, Any]:
-    from grpo_lab.integrations.trl import from_trl_values
-
-    try:
-        return from_trl_values(values)
-    except UserError as error:
-        raise UserError(f"config file {path}: {error.problem}", error.fix) from error
-
-
-# Plain YAML scalars that read the same in YAML 1.1 (PyYAML) and YAML 1.2 / JSON.
-_YAML12_INT = re.compile(r"[-+]?(0|[1-9][0-9]*)")
-_YAML12_FLOAT = re.compile(
-    r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?"
-    r"|[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)"
-)
-_YAML12_BOOL = re.compile(r"true|True|TRUE|false|False|FALSE")
-
-
-class _AmbiguousYaml(Exception):
-    """A key given twice, or a scalar YAML 1.1 reads as something else."""
-
-    def __init__(self, line: int, problem: str) -> None:
-        self.line, self.problem = line, problem
-        super().__init__(problem)
-
-
-def _strict_yaml_loader() -> type:
-    """PyYAML's SafeLoader, refusing duplicate keys and YAML 1.1 surprises."""
-    import yaml
-
-    class StrictLoader(yaml.SafeLoader):
-        pass
-
-    def mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict:
-        loader.flatten_mapping(node)
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            key = loader.construct_object(key_node, deep=True)
-            line = key_node.start_mark.line + 1
-            if key in seen:
-                raise _AmbiguousYaml(
-                    line, f"key {key!r} is given twice (lines {seen[key]} and {line})"
-                )
-            seen[key] = line
-        return loader.construct_mapping(node, deep=True)
-
-    def strict(tag: str, pattern: re.Pattern, fix: str) -> None:
-        construct = yaml.SafeLoader.yaml_constructors[f"tag:yaml.org,2002:{tag}"]
-
-        def constructor(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
-            value = construct(loader, node)
-            if not pattern.fullmatch(node.value):
-                raise _AmbiguousYaml(
-                    node.start_mark.line + 1,
-                    f"{node.value!r} is read by YAML 1.1 as the {tag} {value!r}, a "
-                    "YAML 1.1 surprise (numbers are read in decimal only, booleans "
-                    f"as true or false only); {fix}",
-                )
-            return value
-
-        StrictLoader.add_constructor(f"tag:yaml.org,2002:{tag}", constructor)
-
-    StrictLoader.add_constructor("tag:yaml.org,2002:map", mapping)
-    strict("int", _YAML12_INT, "write the number in decimal, or quote a string")
-    strict("float", _YAML12_FLOAT, "write the number in decimal, or quote a string")
-    strict("bool", _YAML12_BOOL, "write true or false, or quote a string")
-    return StrictLoader
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object whose keys are all different (json keeps the last)."""
-    seen: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in seen:
-            raise _AmbiguousYaml(0, f"key {key!r} is given twice")
-        seen[key] = value
-    return seen
-
-
-def _parse_config_text(text: str, path: Path) -> Any:
-    if path.suffix.lower() == ".json":
-        try:
-            return json.loads(text, object_pairs_hook=_unique_keys)
-        except _AmbiguousYaml as error:
-            raise UserError(
-                f"config file {path}: {error.problem}", "keep one of them"
-            ) from error
-        except json.JSONDecodeError as error:
-            raise UserError(
-                f"config file {path} is not valid JSON: {error}", "fix that line"
-            ) from error
-    try:
-        import yaml
-    except ImportError as error:
-        raise UserError(
-            f"reading {path} needs PyYAML",
-            "pip install pyyaml, or write the config as JSON",
-        ) from error
-    try:
-        values = yaml.load(text, Loader=_strict_yaml_loader())
-    except _AmbiguousYaml as error:
-        raise UserError(
-            f"config file {path} line {error.line}: {error.problem}", USAGE_HINT
-        ) from error
-    except yaml.YAMLError as error:
-        problem = " ".join(str(error).split())
-        raise UserError(
-            f"config file {path} is not valid YAML: {problem}", "fix that line"
-        ) from error
-    return {} if values is None else values
-
-
-def _check_config_key(key: Any, path: Path) -> None:
-    if key == "resume":
-        raise UserError(
-            f"config file {path} sets resume",
-            "continue a run with grpo-lab train --resume RUN_DIR instead",
-        )
-    if key in FIELD_NAMES:
-        return
-    raise UserError(
-        f"config file {path} has an unknown key {key!r}",
-        f"{_unknown_name_hint(str(key))}the keys are TrainConfig fields; {USAGE_HINT}",
-    )
-
-
-def _unknown_name_hint(name: str) -> str:
-    """ "TRL's `x` is grpo_lab's `y` (...); " for a TRL name, else "did you mean
-    'nearest'? " (difflib), else ""."""
-    name = name.replace("-", "_")
-    if name not in FIELD_NAMES:
-        from grpo_lab.integrations.trl import trl_name_hint
-
-        trl = trl_name_hint(name)
-        if trl is not None:
-            return f"{trl}; or read a TRL-style file with --from-trl; "
-    close = difflib.get_close_matches(name, FIELD_NAMES, n=1)
-    return f"did you mean {close[0]!r}? " if close else ""
-
-
-def _config_value(name: str, value: Any, kind: Any, path: Path) -> Any:
-    """``value`` when it fits the field's type (a float string as a float)."""
-    union = typing.get_origin(kind) in (typing.Union, types.UnionType)
-    options = typing.get_args(kind) if union else (kind,)
-    if value is None and type(None) in options:
-        return None
-    for option in options:
-        base = typing.get_origin(option) or option
-        if base is float and isinstance(value, str) and _YAML12_FLOAT.fullmatch(value):
-            with contextlib.suppress(ValueError):
-                return float(value)
-        if _fits(value, base):
-            return value
-    names = " or ".join(
-        getattr(typing.get_origin(o) or o, "__name__", str(o)) for o in options
-    )
-    raise UserError(
-        f"{name} in config file {path} must be {names}, got {value!r}", USAGE_HINT
-    )
-
-
-def _fits(value: Any, base: Any) -> bool:
-    if base is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if base is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(base, type) and isinstance(value, base)
-
-
 # --- what can be checked before training starts -------------------------------------
 
 
@@ -603,25 +435,12 @@ def _check_model(config: TrainConfig) -> None:
 
 
 def _check_device(config: TrainConfig) -> None:
-    import torch
+    from grpo_lab.training.parsers import DEVICE_HINT, check_device_available
 
     try:
-        device = torch.device(config.device)
-    except RuntimeError as error:
-        raise UserError(
-            f"device {config.device!r} is not a torch device",
-            "use cpu, cuda, cuda:N or mps",
-        ) from error
-    if device.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0 or (device.index or 0) >= count:
-            raise UserError(
-                f"device {config.device!r} is not available: {count} CUDA "
-                "devices are visible",
-                "use --device cpu (or --profile cpu), or a visible cuda:N",
-            )
-    if device.type == "mps" and not torch.backends.mps.is_available():
-        raise UserError("device 'mps' is not available", "use --device cpu")
+        check_device_available(config.device)
+    except ValueError as error:
+        raise UserError(str(error), DEVICE_HINT) from error
 
 
 def _check_backend(config: TrainConfig) -> None:
@@ -956,7 +775,7 @@ def _flag_hints(unknown: list[str]) -> str:
         if token.startswith("--"):
             name = token[2:].split("=", 1)[0].replace("-", "_")
             if name not in FIELD_NAMES:
-                from grpo_lab.integrations.trl import trl_name_hint
+                from grpo_lab.integrations.trl_names import trl_name_hint
 
                 hint = trl_name_hint(name)
                 if hint is not None:

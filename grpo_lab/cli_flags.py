@@ -1,17 +1,18 @@
 """The ``grpo-lab train`` and ``export`` flags, without importing torch.
 
-Every flag is a ``TrainConfig`` field, but ``grpo_lab/training/config.py``
-imports torch and the whole core (their registries give the choices), which
+Every flag is a ``TrainConfig`` field, but the ``grpo_lab/training/config``
+package imports torch and the whole core (their registries give the choices), which
 takes seconds, and longer on a loaded machine: too long for ``--help``. So the
 flags are kept here as data, ``cli_flags.json`` (each field's section, help,
 choices, type and every profile's value), written by
 ``python -m grpo_lab.cli_flags`` from ``TrainConfig`` itself. The table records
-the SHA-256 of the config.py it was written from; when that file has changed
+the SHA-256 of the config package it was written from; when a file has changed
 since, the flags are read from ``TrainConfig`` directly (slower, never stale),
 and ``tests/test_cli_help.py`` fails until the table is written again.
 
-The values a flag parses to are converted by config.py's own converter, which
-is imported when a flag is given, not for ``--help``.
+A flag's text is converted by the config's one value parser
+(:func:`grpo_lab.training.config.field_value`, which reads config files too),
+imported when a flag is given, not for ``--help``.
 """
 
 from __future__ import annotations
@@ -25,14 +26,18 @@ from pathlib import Path
 from typing import Any
 
 TABLE_PATH = Path(__file__).with_name("cli_flags.json")
-CONFIG_PATH = Path(__file__).parent / "training" / "config.py"
+CONFIG_PACKAGE = Path(__file__).parent / "training" / "config"
 # The flag whose default is chosen by the machine, not by a profile.
 PROFILE_FIELD = "profile"
 
 
 def config_digest() -> str:
-    """SHA-256 of training/config.py, the file the flags are written from."""
-    return hashlib.sha256(CONFIG_PATH.read_bytes()).hexdigest()
+    """SHA-256 of the training/config package, the files the flags are written
+    from (each module's name and bytes, in name order)."""
+    digest = hashlib.sha256()
+    for path in sorted(CONFIG_PACKAGE.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 def flag_table() -> dict[str, Any]:
@@ -79,7 +84,7 @@ def _type_name(kind: Any) -> str:
 
 
 def stored_table() -> dict[str, Any] | None:
-    """The written table when it matches today's config.py, else None."""
+    """The written table when it matches today's config package, else None."""
     try:
         table = json.loads(TABLE_PATH.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -161,18 +166,17 @@ def _shown(value: Any) -> str:
 
 
 class FieldValue:
-    """argparse ``type=``: a flag's text to the field's value, by config.py's
-    converter (imported on first use, so ``--help`` never loads torch)."""
+    """argparse ``type=``: a flag's text to the field's value, by the config's
+    parser (imported on first use, so ``--help`` never loads torch)."""
 
     def __init__(self, name: str, type_name: str):
         self.name = name
         self.__name__ = type_name  # argparse names it in "invalid int value"
 
     def __call__(self, text: str) -> Any:
-        from grpo_lab.training import config as config_module
+        from grpo_lab.training.config import field_value
 
-        kind = typing.get_type_hints(config_module.TrainConfig)[self.name]
-        return config_module._flag_parser(kind)(text)
+        return field_value(self.name, text, from_text=True)
 
     def __repr__(self) -> str:
         return self.__name__

@@ -16,7 +16,7 @@ import re
 from collections import Counter
 from fractions import Fraction
 
-from grpo_lab.grading_worker import (
+from grpo_lab.math_verify_workers import (
     MathGrade,
     MathGrader,
     answer_rule_broken,
@@ -162,7 +162,7 @@ def r1_zero_reward(
 
     Bound: the response is only searched with ``str.find`` (linear time, any
     length); math-verify runs in a worker process with a CPU budget
-    (``grpo_lab.grading_worker``), so the caller waits at most about
+    (``grpo_lab.math_verify_workers``), so the caller waits at most about
     ``grader.cpu_seconds`` plus process overhead once a worker slot is free.
     ``grader`` defaults to ``default_math_grader()``.
     """
@@ -293,6 +293,14 @@ def _both_integers(first: str, second: str) -> bool:
 # ----------------------------------------------------------------------------------
 # Countdown: an arithmetic equation over given numbers that hits a target
 
+# The four operators and their precedence. The reward's parser reads them, and
+# so does the task that writes the problems (grpo_lab.tasks.countdown), so that
+# both do the same arithmetic.
+COUNTDOWN_PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
+COUNTDOWN_OPERATORS = "".join(COUNTDOWN_PRECEDENCE)
+_SUM_OPERATORS = tuple(o for o, level in COUNTDOWN_PRECEDENCE.items() if level == 1)
+_PRODUCT_OPERATORS = tuple(o for o, level in COUNTDOWN_PRECEDENCE.items() if level == 2)
+
 
 def format_countdown_ground_truth(numbers: list[int], target: int) -> str:
     """The ground-truth string of a countdown problem: ``"3 5 7 -> 22"``."""
@@ -389,16 +397,16 @@ class _EquationParser:
 
     def expression(self, depth: int) -> Fraction | None:
         value = self.term(depth)
-        while self.peek() in ("+", "-"):
+        while self.peek() in _SUM_OPERATORS:
             operator, right = self.take(), self.term(depth)
-            value = _apply(operator, value, right)
+            value = apply_countdown_operator(operator, value, right)
         return value
 
     def term(self, depth: int) -> Fraction | None:
         value = self.factor(depth)
-        while self.peek() in ("*", "/"):
+        while self.peek() in _PRODUCT_OPERATORS:
             operator, right = self.take(), self.factor(depth)
-            value = _apply(operator, value, right)
+            value = apply_countdown_operator(operator, value, right)
         return value
 
     def factor(self, depth: int) -> Fraction | None:
@@ -416,10 +424,10 @@ class _EquationParser:
         return Fraction(int(token))
 
 
-def _apply(
+def apply_countdown_operator(
     operator: str, left: Fraction | None, right: Fraction | None
 ) -> Fraction | None:
-    """``left operator right``; None propagates a division by zero."""
+    """``left operator right``, exactly; None for (and after) a division by zero."""
     if left is None or right is None:
         return None
     if operator == "+":

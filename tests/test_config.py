@@ -7,6 +7,7 @@ import dataclasses
 import itertools
 import json
 import math
+import re
 import warnings
 
 import pytest
@@ -22,8 +23,10 @@ from grpo_lab.training.config import (
     config_from_arguments,
     default_profile,
     field_help,
+    field_value,
     inert_settings,
 )
+from grpo_lab.training.config import validation as config_validation
 
 
 def parse(flags: list[str]) -> TrainConfig:
@@ -721,10 +724,9 @@ def test_small_gpu_profile_is_an_instruct_model_without_vllm_or_bfloat16():
 
 
 def test_sampler_correction_needs_a_backend_with_sampler_log_probs(monkeypatch):
-    import grpo_lab.training.config as config_module
 
     # Every backend today reports sampler log-probs; one that did not is refused.
-    monkeypatch.setattr(config_module, "SAMPLER_LOG_PROB_BACKENDS", ("vllm",))
+    monkeypatch.setattr(config_validation, "SAMPLER_LOG_PROB_BACKENDS", ("vllm",))
     with pytest.raises(ValueError, match=r"^sampler_correction 'token_mask' needs"):
         TrainConfig.for_profile("cpu", sampler_correction="token_mask")
     TrainConfig.for_profile("cpu")  # off: any backend
@@ -934,3 +936,37 @@ def test_from_trl_reaches_train_and_export(tmp_path):
         )
         config = cli.train_config(arguments)
         assert (config.lr, config.group_size, config.steps) == (2e-4, 4, 3)
+
+
+# --- one parser per setting ------------------------------------------------------------
+
+
+def test_a_flag_and_a_config_file_value_go_through_one_parser():
+    assert field_value("lr", "3e-4", from_text=True) == 3e-4  # a flag's text
+    assert field_value("lr", "3e-4") == 3e-4  # a YAML 1.1 string in a file
+    assert field_value("lr", 3e-4) == 3e-4
+    assert field_value("max_grad_norm", "none", from_text=True) is None
+    assert field_value("report_to", "none", from_text=True) is None  # str | list
+    assert field_value("task_options", '{"n": 1}', from_text=True) == {"n": 1}
+    assert field_value("steps", 16) == 16
+    with pytest.raises(ValueError, match="invalid literal for int"):
+        field_value("steps", "sixteen", from_text=True)
+    with pytest.raises(ValueError, match=r"^steps in run\.yaml must be int, got True$"):
+        field_value("steps", True, where=" in run.yaml")  # a bool is no number
+    with pytest.raises(ValueError, match=r"^steps must be int, got '16'$"):
+        field_value("steps", "16")  # a file's quoted string stays a string
+
+
+def test_every_door_refuses_a_device_in_the_same_words(monkeypatch):
+    from grpo_lab.training import loop, parsers
+
+    unknown = "device must be a torch device such as 'cpu' or 'cuda:0', got 'gpu'"
+    with pytest.raises(ValueError, match=f"^{re.escape(unknown)}$"):
+        TrainConfig(device="gpu")
+    with pytest.raises(ValueError, match=f"^{re.escape(unknown)}$"):
+        parsers.check_device_available("gpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    missing = "device 'cuda:1' is not available: 0 CUDA devices are visible"
+    with pytest.raises(ValueError, match=f"^{re.escape(missing)}$"):
+        loop.train(TrainConfig.for_profile("smoke", device="cuda:1"), progress=False)
+    assert loop.check_device_available is parsers.check_device_available

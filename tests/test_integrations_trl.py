@@ -46,6 +46,8 @@ from grpo_lab.advantages import compute_group_normalized_rewards
 from grpo_lab.errors import UserError
 from grpo_lab.integrations import trl as grpo_trl
 from grpo_lab.integrations import trl_launch as grpo_trl_launch
+from grpo_lab.integrations import trl_parity as grpo_trl_parity
+from grpo_lab.integrations import trl_trainer as grpo_trl_trainer
 from grpo_lab.integrations.cluster import Cluster
 from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2, load_tokenizer
 from grpo_lab.tasks import get_task
@@ -178,13 +180,13 @@ def test_an_inert_setting_is_not_refused():
 def test_grpo_lab_trainer_is_used_only_for_what_trl_lacks():
     exact = gpu_config(advantage_eps=1e-4, nan_rewards="ignore")
     assert grpo_trl.grpo_lab_trainer_reasons(exact) == []
-    assert grpo_trl.trainer_class_for(exact) is GRPOTrainer
+    assert grpo_trl_trainer.trainer_class_for(exact) is GRPOTrainer
     lacking = gpu_config(baseline="leave_one_out", lr_warmup_steps=3)
     reasons = grpo_trl.grpo_lab_trainer_reasons(lacking)
     assert "baseline 'leave_one_out'" in reasons and "lr_warmup_steps 3" in reasons
-    trainer_class = grpo_trl.trainer_class_for(lacking)
+    trainer_class = grpo_trl_trainer.trainer_class_for(lacking)
     assert issubclass(trainer_class, GRPOTrainer)
-    assert trainer_class is grpo_trl.GrpoLabTrainer
+    assert trainer_class is grpo_trl_trainer.GrpoLabTrainer
 
 
 # --- data and reward ----------------------------------------------------------------
@@ -192,21 +194,21 @@ def test_grpo_lab_trainer_is_used_only_for_what_trl_lacks():
 
 def test_task_dataset_and_reward_function_follow_the_task():
     task = get_task("reverse", n_digits=3)
-    dataset = grpo_trl.task_dataset(task, "train", 5, seed=0)
+    dataset = grpo_trl_trainer.task_dataset(task, "train", 5, seed=0)
     assert dataset.column_names == ["prompt", "ground_truth"] and len(dataset) == 5
     example = task.train(5, 0)[0]
     assert (dataset[0]["prompt"], dataset[0]["ground_truth"]) == (
         example.prompt,
         example.ground_truth,
     )
-    chat = grpo_trl.task_dataset(task, "eval", 2, seed=0, chat_template=True)
+    chat = grpo_trl_trainer.task_dataset(task, "eval", 2, seed=0, chat_template=True)
     assert chat[0]["prompt"] == [{"role": "user", "content": task.eval(2, 0)[0].prompt}]
-    reward = grpo_trl.trl_reward_function(task)
+    reward = grpo_trl_trainer.trl_reward_function(task)
     truth = example.ground_truth
     completions = [truth, "nope", [{"role": "assistant", "content": truth}]]
     assert reward(["p"] * 3, completions, ground_truth=[truth] * 3) == [1.0, 0.0, 1.0]
     with pytest.raises(ValueError, match="split must be"):
-        grpo_trl.task_dataset(task, "test", 2, seed=0)
+        grpo_trl_trainer.task_dataset(task, "test", 2, seed=0)
 
 
 # --- a real GRPOTrainer trains from the translation ----------------------------------
@@ -245,14 +247,14 @@ def test_a_grpo_trainer_built_from_the_translation_trains_two_steps(
     arguments = grpo_trl.to_trl_config(config)
     assert arguments["use_cpu"] and arguments["max_steps"] == 2
     task = get_task(config.task, **config.task_options)
-    trainer_class = grpo_trl.trainer_class_for(config)
+    trainer_class = grpo_trl_trainer.trainer_class_for(config)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer = trainer_class(
             model=str(tiny_model_dir),
-            reward_funcs=grpo_trl.trl_reward_function(task),
+            reward_funcs=grpo_trl_trainer.trl_reward_function(task),
             args=GRPOConfig(output_dir=str(tmp_path), **arguments),
-            train_dataset=grpo_trl.task_dataset(task, "train", 16, config.seed),
+            train_dataset=grpo_trl_trainer.task_dataset(task, "train", 16, config.seed),
             processing_class=load_tokenizer(str(tiny_model_dir)),
             train_config=config,
         )
@@ -351,10 +353,10 @@ PARITY_CASES = {
 
 def translated_run(tokenizer, tmp_path, config: TrainConfig, rewards=REWARDS):
     """TRL's first step of ``config``'s translated loss settings on the harness
-    (grpo_trl.trl_first_step_loss, on the class trainer_class_for picks)."""
+    (grpo_trl_parity.trl_first_step_loss, on the class trainer_class_for picks)."""
     arguments = grpo_trl.to_trl_config(config)
     assert arguments["max_completion_length"] == MAX_COMPLETION_LENGTH
-    return grpo_trl.trl_first_step_loss(
+    return grpo_trl_parity.trl_first_step_loss(
         config,
         fresh_model(tokenizer),
         tokenizer,
@@ -608,7 +610,7 @@ def test_export_verl_refuses_a_setting_by_name(tmp_path, capsys):
 
 def test_export_of_the_tiny_model_saves_it_beside_train_py(tmp_path):
     config = TrainConfig.for_profile("smoke", sft_max_steps=0)
-    written = grpo_trl.write_launch_folder(config, tmp_path)
+    written = grpo_trl_launch.write_launch_folder(config, tmp_path)
     assert tmp_path / "tiny_model" in written
     assert load_tokenizer(str(tmp_path / "tiny_model")).encode("12>")
 
@@ -886,10 +888,10 @@ def test_weight_decay_reaches_every_parameter_as_in_grpo_lab(tokenizer, tmp_path
     groups = {}
     for name, trainer_class in (
         ("trl", GRPOTrainer),
-        ("grpo_lab", grpo_trl.GrpoLabTrainer),
+        ("grpo_lab", grpo_trl_trainer.GrpoLabTrainer),
     ):
         keywords = {} if trainer_class is GRPOTrainer else {"train_config": config}
-        trainer = grpo_trl.fixed_completions_trainer(
+        trainer = grpo_trl_parity.fixed_completions_trainer(
             {"num_generations": GROUP_SIZE, "max_completion_length": 6,
              "weight_decay": 0.1},
             fresh_model(tokenizer), tokenizer, ROW_PROMPTS,
@@ -954,7 +956,7 @@ def test_export_from_a_run_folder_starts_from_its_warm_up(
     batch = {"rollout_batch_size": 12, "train_batch_size": 12}
     batch["share_prompt_prefix"] = False
     harness_config = dataclasses.replace(config, **batch)
-    trl_run = grpo_trl.trl_first_step_loss(
+    trl_run = grpo_trl_parity.trl_first_step_loss(
         harness_config, model_copy(None), tokenizer, ROW_PROMPTS,
         [encode(tokenizer, c) for c in COMPLETIONS], REWARDS, tmp_path, **off_policy(),
     )  # fmt: skip

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grpo_lab import rewards
-from grpo_lab.grading_worker import (
+from grpo_lab.math_verify_workers import (
     MathGrade,
     MathGrader,
     answer_rule_broken,
@@ -260,7 +260,7 @@ LEGITIMATE_PAIRS = [
 ]
 
 # Answers that name two values at once, or a value off by a factor of 100, which
-# plain math-verify calls equal: the written rules of grading_worker's
+# plain math-verify calls equal: the written rules of math_verify_workers's
 # answer_rule_broken make each one 0 (answer, ground truth, the rule broken).
 HEDGED_PAIRS = [
     ("4 \\approx 5", "4", "approximately"),

@@ -22,6 +22,7 @@ from grpo_lab.training import run_dir as run_dirs
 from grpo_lab.training import trackers as tracking
 from grpo_lab.training.config import TrainConfig
 from grpo_lab.training.metrics import append_metrics, read_metrics, truncate_metrics
+from grpo_lab.training.parsers import parse_report_to
 
 # What a run logs, in miniature: warm-up lines, then GRPO lines (a None is a
 # non-finite value in metrics.jsonl).
@@ -132,7 +133,7 @@ def write_lines(run_dir: Path, lines: list[dict[str, Any]]) -> None:
     ],
 )
 def test_report_to_takes_a_name_a_comma_list_or_a_list(value, names):
-    assert tracking.parse_report_to(value) == names
+    assert parse_report_to(value) == names
 
 
 @pytest.mark.parametrize(

@@ -70,8 +70,8 @@ from pathlib import Path
 from trl import GRPOConfig, GRPOTrainer
 
 from grpo_lab.integrations.cluster import resolve_task_options
-from grpo_lab.integrations.trl import (
-    data_parallel_batch,
+from grpo_lab.integrations.trl import data_parallel_batch
+from grpo_lab.integrations.trl_trainer import (
     peft_config_for,
     task_dataset,
     trainer_class_for,

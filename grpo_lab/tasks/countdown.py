@@ -11,9 +11,16 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import ClassVar
 
-from grpo_lab.rewards import countdown_reward, format_countdown_ground_truth
+from grpo_lab.rewards import (
+    COUNTDOWN_OPERATORS,
+    COUNTDOWN_PRECEDENCE,
+    apply_countdown_operator,
+    countdown_reward,
+    format_countdown_ground_truth,
+)
 from grpo_lab.tasks.base import Example
 from grpo_lab.tasks.splits import (
     MAX_DRAWS_PER_EXAMPLE,
@@ -24,9 +31,9 @@ from grpo_lab.tasks.splits import (
     sample_train_examples,
 )
 
-OPERATORS = "+-*/"
+OPERATORS = COUNTDOWN_OPERATORS
 # Binding strength of each operator, for minimal parentheses.
-PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
+PRECEDENCE = COUNTDOWN_PRECEDENCE
 # eval() gives up after this many draws in a row without a new eval prompt.
 STALE_DRAWS = 5_000
 # Room after the longest equation: EOS plus a few spare tokens.
@@ -155,15 +162,10 @@ def _build(numbers: list[int], rng: random.Random) -> tuple[str, int, str] | Non
 
 def _combine(operator: str, left: int, right: int) -> int | None:
     """Integer result, or None for an inexact division or division by zero."""
-    if operator == "+":
-        return left + right
-    if operator == "-":
-        return left - right
-    if operator == "*":
-        return left * right
-    if right == 0 or left % right:
+    value = apply_countdown_operator(operator, Fraction(left), Fraction(right))
+    if value is None or value.denominator != 1:
         return None
-    return left // right
+    return int(value)
 
 
 def _wrap(built: tuple[str, int, str], parent_operator: str, right: bool) -> str:

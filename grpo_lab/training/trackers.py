@@ -30,11 +30,9 @@ Project names follow each tool's own variable: ``WANDB_PROJECT``,
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import secrets
-import sys
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -42,18 +40,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from grpo_lab.training.metrics import metrics_size, read_metrics_from
+from grpo_lab.training.parsers import parse_report_to
 
-if TYPE_CHECKING:  # config imports this module to check report_to
+if TYPE_CHECKING:
     from grpo_lab.training.config import TrainConfig
 
-# Tracker name -> the module it imports; its extra has the same name.
-TRACKER_MODULES = {
-    "tensorboard": "tensorboard",
-    "wandb": "wandb",
-    "trackio": "trackio",
-    "mlflow": "mlflow",
-}
-REPORT_TO_CHOICES = ("none", *TRACKER_MODULES)
 TRACKERS_FILE = "trackers.json"
 TENSORBOARD_DIR = "tensorboard"
 DEFAULT_PROJECT = "grpo-lab"
@@ -63,62 +54,6 @@ STEP_KEYS = ("step", "sft/step")
 
 class TrackerWarning(UserWarning):
     """A tracker that could not start or failed during a run, and was dropped."""
-
-
-# --- the setting ----------------------------------------------------------------------
-
-
-def parse_report_to(value: Any) -> tuple[str, ...]:
-    """The tracker names in ``value``, in order, without repeats (() for none).
-
-    ``value`` is None, a string of comma-separated names or a list of names;
-    "none" stands alone. Raises ``ValueError`` naming ``report_to`` otherwise.
-    """
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        names = [name.strip().lower() for name in value.split(",")]
-    elif isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-        names = [name.strip().lower() for name in value]
-    else:
-        raise ValueError(
-            "report_to must be a comma-separated string or a list of names from "
-            f"{REPORT_TO_CHOICES}, got {value!r}"
-        )
-    unknown = [name for name in names if name not in REPORT_TO_CHOICES]
-    if unknown or not names:
-        raise ValueError(
-            f"report_to must name trackers from {REPORT_TO_CHOICES}, got {value!r}"
-        )
-    if "none" in names and len(set(names)) > 1:
-        raise ValueError(
-            f"report_to 'none' cannot be combined with trackers, got {value!r}"
-        )
-    return tuple(dict.fromkeys(name for name in names if name != "none"))
-
-
-def check_report_to(value: Any) -> tuple[str, ...]:
-    """:func:`parse_report_to`, and each tracker's package must be installed.
-
-    Installed means importable: ``importlib.util.find_spec`` finds it (it is
-    not imported here). The message names the extra that installs it.
-    """
-    names = parse_report_to(value)
-    for name in names:
-        if not is_installed(TRACKER_MODULES[name]):
-            raise ValueError(
-                f"report_to {name!r} needs the {TRACKER_MODULES[name]} package, "
-                f"which is not installed: pip install 'grpo-lab[{name}]', or leave "
-                f"{name} out of report_to"
-            )
-    return names
-
-
-def is_installed(module: str) -> bool:
-    """Whether ``module`` can be imported, without importing it."""
-    if module in sys.modules:
-        return True
-    return importlib.util.find_spec(module) is not None
 
 
 # --- what a tracker is sent -----------------------------------------------------------

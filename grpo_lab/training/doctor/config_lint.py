@@ -1,7 +1,7 @@
 """config-lint: settings each valid on its own that are known to hurt together.
 
 Read from the run's config.json (grpo_lab's field names,
-``grpo_lab/training/config.py``); a config that cannot be read skips it.
+``grpo_lab/training/config/fields.py``); a config that cannot be read skips it.
 """
 
 from __future__ import annotations

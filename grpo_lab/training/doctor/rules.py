@@ -64,7 +64,7 @@ LOSS_MOVING_RANGE = 0.1
 # A trend needs a few points: below four steps the flat-reward rules stay quiet.
 MIN_TREND_STEPS = 4
 # lr >= 1e-3 on the tiny model collapses the cpu profile within a few steps
-# (training/config.py); a pretrained model fine-tuned by RL wants 1e-7 to 1e-5,
+# (training/config/profiles.py); a pretrained model fine-tuned by RL wants 1e-7 to 1e-5,
 # so above 1e-4 it is out of range; below 1e-8 AdamW barely moves any weight.
 LEARNING_RATE_HIGH_TINY = 1e-3
 LEARNING_RATE_HIGH_PRETRAINED = 1e-4

@@ -1,4 +1,4 @@
-"""Tests for grpo_lab.grading_worker: CPU budget, wall ceiling, process hygiene."""
+"""Tests for grpo_lab.math_verify_workers: CPU budget, wall ceiling, process hygiene."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_lab import grading_worker
-from grpo_lab.grading_worker import MathGrade, MathGrader
+from grpo_lab import math_verify_workers
+from grpo_lab.math_verify_workers import MathGrade, MathGrader
 
 BUDGET = 0.3
 WALL = 1.0
@@ -197,7 +197,7 @@ def _stop_the_worker_and_wait(grader: MathGrader) -> None:
 def test_stopped_or_killed_template_is_replaced(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(grading_worker, "REPLY_GRACE_SECONDS", 0.2)
+    monkeypatch.setattr(math_verify_workers, "REPLY_GRACE_SECONDS", 0.2)
     grader = echo_grader(cpu_seconds=BUDGET, wall_seconds=BUDGET)
     grader.start()
     stopped = grader.pid
@@ -287,12 +287,12 @@ def test_math_verify_equal_called_directly_returns_within_its_budget(
     for text in NESTED_AND_TOWERS:
         for answer, ground_truth in ((text, "42"), ("42", text)):
             start = time.perf_counter()
-            equal = grading_worker.math_verify_equal(
+            equal = math_verify_workers.math_verify_equal(
                 answer, ground_truth, grader=grader
             )
             elapsed = time.perf_counter() - start
             assert equal is False, text
-            assert elapsed < WALL + grading_worker.REPLY_GRACE_SECONDS, text
+            assert elapsed < WALL + math_verify_workers.REPLY_GRACE_SECONDS, text
 
 
 def test_math_verify_equal_defaults_to_the_shared_bounded_grader(
@@ -305,15 +305,15 @@ def test_math_verify_equal_defaults_to_the_shared_bounded_grader(
             calls.append((answer, ground_truth))
             return MathGrade(True, "graded")
 
-    monkeypatch.setattr(grading_worker, "default_math_grader", Recording)
-    assert grading_worker.math_verify_equal("0.5", "\\frac{1}{2}") is True
+    monkeypatch.setattr(math_verify_workers, "default_math_grader", Recording)
+    assert math_verify_workers.math_verify_equal("0.5", "\\frac{1}{2}") is True
     assert calls == [("0.5", "\\frac{1}{2}")]
 
 
 def test_math_verify_equal_is_the_worker_verdict(grader: MathGrader) -> None:
-    assert grading_worker.math_verify_equal("0.5", "\\frac{1}{2}", grader=grader)
-    assert grading_worker.math_verify_equal(
+    assert math_verify_workers.math_verify_equal("0.5", "\\frac{1}{2}", grader=grader)
+    assert math_verify_workers.math_verify_equal(
         "\\frac{x}{2}+\\frac{x}{2}", "x", grader=grader
     )
-    assert not grading_worker.math_verify_equal("4 \\approx 5", "4", grader=grader)
-    assert not grading_worker.math_verify_equal("400\\%", "4", grader=grader)
+    assert not math_verify_workers.math_verify_equal("4 \\approx 5", "4", grader=grader)
+    assert not math_verify_workers.math_verify_equal("400\\%", "4", grader=grader)
