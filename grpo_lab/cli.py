@@ -275,6 +275,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="folder of the course notebooks whose checks grade (default: the "
         "notebooks shipped with the package)",
     )
+    grade_parser.add_argument(
+        "-j",
+        "--jobs",
+        type=int,
+        default=1,
+        help="notebooks graded at a time, each in its own kernel (default: 1)",
+    )
+    grade_parser.add_argument(
+        "--no-progress", action="store_true", help="no progress bar"
+    )
     return parser
 
 
@@ -873,6 +883,8 @@ def run_grade(arguments: argparse.Namespace) -> int:
             arguments.submissions_dir,
             notebooks_dir=arguments.notebooks,
             timeout=arguments.timeout,
+            jobs=arguments.jobs,
+            progress=not arguments.no_progress,
         )
     except (ValueError, FileNotFoundError) as error:
         raise UserError(
