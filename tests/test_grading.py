@@ -500,12 +500,12 @@ ATTACKS = {
     # What the student wrote counts: a helper in a cell above the answer, and an
     # answer in a new cell below the untouched stub.
     "helper_elsewhere": (
-        "def spread(grouped, eps):\n    return grouped.std(dim=1, keepdim=True) + eps",
+        "def group_spread(grouped, eps):\n    return grouped.std(dim=1, keepdim=True) + eps",
         _answer(
             "helper_elsewhere",
             body=RIGHT_BODY.replace(
                 "grouped.std(dim=1, keepdim=True) + advantage_eps",
-                "spread(grouped, advantage_eps)",
+                "group_spread(grouped, advantage_eps)",
             ),
         ),
     ),

@@ -635,6 +635,8 @@ class _Kernel:
         result = self._verdict(outputs)
         if result[1].endswith(RESTART_TEXT):
             self._replace(new)  # the next exercise gets a fresh kernel
+        elif result[1].startswith((TAMPERED_PREFIX, CHANNEL_TAMPERED)):
+            self.skipped |= {index for index, _ in new}  # in a later kernel too
         return result
 
     def _replace(self, new: list[tuple[int, str]]) -> None:

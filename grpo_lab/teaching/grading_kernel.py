@@ -274,7 +274,7 @@ def _stub_code(path: str) -> types.CodeType:
 def hidden(functions: list[types.FunctionType]) -> Iterator[None]:
     """Swap each function's code for a stub that raises, then put it back."""
     swapped = []
-    for function in functions:
+    for function in dict.fromkeys(functions):  # each once, in order
         if function.__code__.co_freevars:
             continue  # a closure's code cannot take a stub's place
         path = f"{function.__module__}.{function.__qualname__}"
@@ -283,7 +283,7 @@ def hidden(functions: list[types.FunctionType]) -> Iterator[None]:
     try:
         yield
     finally:
-        for function, code in swapped:
+        for function, code in reversed(swapped):
             function.__code__ = code
 
 
@@ -377,6 +377,7 @@ def grade(
     """Run the student's ``cells`` in ``namespace``, then grade one exercise in
     a copy of it; write its line. ``earlier_solutions`` (the course's) define
     the earlier exercises' functions, so this one is graded on its own code."""
+    _take_the_cells_input()
     try:
         verdict = exercise_verdict(
             cells,
@@ -390,6 +391,15 @@ def grade(
     except Tampered as error:
         verdict = ("error", str(error), None, None)
     _report(sequence, *verdict)
+
+
+def _take_the_cells_input() -> None:
+    """The shell binds ``builtins.input`` anew for each cell: record this one's."""
+    import builtins
+
+    recorded = _state["record"]["namespaces"].get("builtins")
+    if recorded is not None and "input" in vars(builtins):
+        recorded["input"] = builtins.input
 
 
 def _report(
