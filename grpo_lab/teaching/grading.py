@@ -310,18 +310,19 @@ def check_positions(
 def _check_cell(
     course: nbformat.NotebookNode, exercise: Exercise, cells: list
 ) -> int | None:
-    """The submission's check cell: by grade_id, by source, or by its call."""
+    """The submission's check cell: by grade_id, else by source, else the first
+    cell that calls the exercise's check."""
     source = course.cells[exercise.check_index].source
     calls = [re.compile(rf"\b{name}\s*\(") for name in check_names_in(source)]
-    for index, cell in enumerate(cells):
-        if cell.cell_type != "code":
-            continue
-        if (
-            _grade_id(cell) == f"{exercise.exercise_id}-check"
-            or cell.source.strip() == source.strip()
-            or any(call.search(cell.source) for call in calls)
-        ):
-            return index
+    tests = (
+        lambda cell: _grade_id(cell) == f"{exercise.exercise_id}-check",
+        lambda cell: cell.source.strip() == source.strip(),
+        lambda cell: any(call.search(cell.source) for call in calls),
+    )
+    for test in tests:
+        for index, cell in enumerate(cells):
+            if cell.cell_type == "code" and test(cell):
+                return index
     return None
 
 

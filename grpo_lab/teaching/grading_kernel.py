@@ -3,14 +3,14 @@
 The grader (:mod:`grpo_lab.teaching.grading`) runs :func:`bootstrap` in each fresh
 kernel before any student code. It takes the result channel (a file descriptor
 the grader opened and named in ``GRPO_LAB_RESULT_FD``, which it removes from
-the environment), keeps its own references to ``os.write`` and to the JSON
-string encoder, and records the state of the modules a verdict depends on
-(``torch`` and the comparison functions, ``json``, ``builtins``, every
-``grpo_lab`` module, their functions' code and their classes' attributes).
+the environment), and keeps its own references to ``os.write`` and to the JSON
+string encoder.
 
 Once the course's context cells have run (trusted, before any student code),
 :func:`prepare` imports what the notebook's check cells import and records the
-state of the modules a verdict depends on. :func:`grade` then runs one exercise:
+state of the modules a verdict depends on (``torch`` and the comparison
+functions, ``json``, ``builtins``, every ``grpo_lab`` module, their functions'
+code and their classes' attributes). :func:`grade` then runs one exercise:
 the student's own cells above its check (those not run yet, in the kernel's
 namespace, so a helper in one cell is there for the next), then the course's
 check cell with the student's function, in a copy of the namespace. The
@@ -37,9 +37,9 @@ Exactly one line per exercise is written to the channel, ``[sequence, outcome,
 message, cases passed, cases run]``. The grader counts a verdict only when the
 line is the only one of its cell and carries the expected sequence number, and
 the cell itself ended cleanly; printed text and writes to file descriptors 1
-and 2 are not read. This is in-process defence: it stops the tricks named above and in
-tests/test_grading.py, not an adversary who rewrites the interpreter's memory
-(see the README's "For instructors").
+and 2 are not read. This is in-process defence: it stops the tricks named
+above and in tests/test_grading.py, not an adversary who rewrites the
+interpreter's memory (see the README's "For instructors").
 """
 
 from __future__ import annotations
