@@ -324,6 +324,16 @@ def _add_grade_command(commands: Any, common: argparse.ArgumentParser) -> None:
         help="folder of the course notebooks whose checks grade (default: the "
         "notebooks shipped with the package)",
     )
+    grade_parser.add_argument(
+        "-j",
+        "--jobs",
+        type=int,
+        default=1,
+        help="notebooks graded at a time, each in its own kernel (default: 1)",
+    )
+    grade_parser.add_argument(
+        "--no-progress", action="store_true", help="no progress bar"
+    )
 
 
 def _add_from_trl_flag(parser: argparse.ArgumentParser) -> None:
@@ -719,6 +729,8 @@ def run_grade(arguments: argparse.Namespace) -> int:
             arguments.submissions_dir,
             notebooks_dir=arguments.notebooks,
             timeout=arguments.timeout,
+            jobs=arguments.jobs,
+            progress=not arguments.no_progress,
         )
     except (ValueError, FileNotFoundError) as error:
         raise UserError(

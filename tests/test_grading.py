@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import inspect
 import os
+import re
 import subprocess
 import sys
 import time
@@ -24,6 +25,8 @@ from grpo_lab.teaching.student import student_notebook
 NAME = "03_rewards_and_advantages.ipynb"
 EXERCISE = "03-group_normalized_advantages"
 CORRECT_LINE = "return (centered / (grouped.std(dim=1, keepdim=True) + advantage_eps))"
+# Right but for all-equal groups (no eps: 0 / 0): 2 of the check's 4 cases.
+HALF_DONE_LINE = "return (centered / grouped.std(dim=1, keepdim=True))"
 
 
 def course() -> nbformat.NotebookNode:
@@ -52,47 +55,163 @@ def without_checks(notebook, replacement: str | None) -> nbformat.NotebookNode:
     return copy
 
 
-def submit(root, student: str, notebook) -> None:
-    (root / student).mkdir(parents=True)
-    nbformat.write(notebook, root / student / NAME)
+def with_helper_cell(notebook) -> nbformat.NotebookNode:
+    """The key, its spread computed by a helper defined in a new cell above."""
+    copy = with_solution(
+        notebook,
+        CORRECT_LINE,
+        "return (centered / spread_of(grouped, advantage_eps))",
+    )
+    (exercise,) = find_exercises(copy, NAME)
+    helper = nbformat.v4.new_code_cell(
+        "def spread_of(grouped, eps):\n"
+        "    return grouped.std(dim=1, keepdim=True) + eps"
+    )
+    copy.cells.insert(exercise.solution_index, helper)
+    return copy
+
+
+def with_answer_below_the_stub(notebook) -> nbformat.NotebookNode:
+    """The student copy, its stub kept and the key's answer in a new cell below."""
+    copy = student_notebook(notebook, NAME)
+    (exercise,) = find_exercises(notebook, NAME)
+    answer = nbformat.v4.new_code_cell(notebook.cells[exercise.solution_index].source)
+    stub_index = next(
+        i
+        for i, c in enumerate(copy.cells)
+        if "def group_normalized_advantages" in c.source
+    )
+    copy.cells.insert(stub_index + 1, answer)
+    return copy
+
+
+def submit(root, student: str, notebook, name: str = NAME) -> None:
+    (root / student).mkdir(parents=True, exist_ok=True)
+    nbformat.write(notebook, root / student / name)
 
 
 @pytest.mark.slow
-def test_grade_writes_one_row_per_student_and_exercise(tmp_path, capsys):
+def test_grade_reads_what_each_student_wrote(tmp_path, capsys):
+    """Notebook 03 graded in two kernels at a time: a helper in another cell and
+    an answer below the stub get every point, a half-done answer its share of
+    the cases, and deleted or edited check cells change nothing."""
     key = course()
-    broken = with_solution(key, CORRECT_LINE, "return (centered)")
+    root = tmp_path / "submitted"
+    submit(root, "alice", without_checks(with_helper_cell(key), None))
+    submit(
+        root,
+        "bob",
+        without_checks(with_solution(key, CORRECT_LINE, HALF_DONE_LINE), "pass"),
+    )
+    submit(root, "carol", student_notebook(key, NAME))
+    submit(root, "erin", with_answer_below_the_stub(key))
     endless = with_solution(
         key, "    grouped = raw", "    while True:\n        pass\n    grouped = raw"
     )
-    root = tmp_path / "submitted"
-    submit(root, "alice", without_checks(key, None))
-    submit(root, "bob", broken)
-    submit(root, "carol", student_notebook(key, NAME))
-    submit(root, "dave", without_checks(broken, "pass"))
     submit(root, "frank", endless)
     (root / "frank" / "notes.ipynb").write_text("not a notebook")  # no number
     out = tmp_path / "grades.csv"
-    code = cli.main(["grade", str(root), "--out", str(out), "--timeout", "8"])
-    assert code == 0
-    summary = "5 grades (1 pass, 2 fail, 1 not attempted, 1 error) written to"
-    assert summary in capsys.readouterr().out
+    argv = ["grade", str(root), "--out", str(out), "--timeout", "8", "-j", "2"]
+    assert cli.main(argv) == 0
+    captured = capsys.readouterr()
+    summary = "15 grades (2 pass, 1 fail, 1 not attempted, 1 error, 10 manual)"
+    assert summary in captured.out
+    assert "grading" in captured.err  # the progress bar
     rows = list(csv.DictReader(out.open()))
-    table = [(r["student"], r["outcome"], r["points"], r["max_points"]) for r in rows]
+    exercises = [r for r in rows if r["exercise"] == EXERCISE]
+    table = [(r["student"], r["outcome"], r["points"]) for r in exercises]
     assert table == [
-        ("alice", "pass", "3", "3"),
-        ("bob", "fail", "0", "3"),
-        ("carol", "not attempted", "0", "3"),
-        ("dave", "fail", "0", "3"),
-        ("frank", "error", "0", "3"),
+        ("alice", "pass", "3"),
+        ("bob", "fail", "1.5"),
+        ("carol", "not attempted", "0"),
+        ("erin", "pass", "3"),
+        ("frank", "error", "0"),
     ]
-    assert {(r["notebook"], r["exercise"]) for r in rows} == {(NAME, EXERCISE)}
-    by_student = {r["student"]: r["message"] for r in rows}
-    assert by_student["alice"] == ""  # its check cells deleted change nothing
-    # The fail message is the course check's counter-example, however the
-    # submission's own check cell was edited.
-    assert "expected" in by_student["bob"] and by_student["dave"] == by_student["bob"]
-    assert by_student["carol"] == "the check found a stub"
-    assert by_student["frank"] == "ran past the time limit of 8 s"
+    message = {r["student"]: r["message"] for r in exercises}
+    # The course check's counter-example, however bob's check cell was edited.
+    assert message["bob"].startswith("2 of 4 cases passed; expected"), message
+    assert message["carol"] == grading.NOTHING_WRITTEN
+    assert message["frank"] == "ran past the time limit of 8 s"
+    assert all(
+        len(m) <= grading.MESSAGE_LIMIT and "\n" not in m for m in message.values()
+    )
+    assert float(next(r for r in exercises if r["student"] == "carol")["seconds"]) < 1
+    questions = [r for r in rows if r["outcome"] == "manual"]
+    rubric = load_rubric()
+    assert {(r["student"], r["exercise"]) for r in questions} == {
+        (s, q.question_id)
+        for s in ("alice", "bob", "carol", "erin", "frank")
+        for q in rubric.questions_of("03")
+    }
+    for row in questions:
+        assert row["points"] == ""
+        assert row["max_points"] == f"{rubric.questions[row['exercise']].points:g}"
+
+
+def test_an_untouched_notebook_is_graded_without_a_kernel(tmp_path, monkeypatch):
+    """Every course notebook's student copy: each exercise "not attempted" and
+    each written question a "manual" row, and no kernel started."""
+
+    def no_kernel(*args, **kwargs):
+        raise AssertionError("a kernel was started for an untouched notebook")
+
+    monkeypatch.setattr(grading, "_Kernel", no_kernel)
+    root = tmp_path / "submitted"
+    paths = sorted(shipped_notebooks_dir().glob("[0-9][0-9]_*.ipynb"))
+    for path in paths:
+        notebook = nbformat.read(path, as_version=4)
+        submit(root, "una", student_notebook(notebook, path.name), path.name)
+    grades = grading.grade_submissions(root)
+    rubric = load_rubric()
+    exercises = [g for g in grades if g.outcome != "manual"]
+    assert {g.exercise_id for g in exercises} == set(rubric.exercises)
+    assert {g.outcome for g in exercises} == {"not attempted"}
+    manual = {g.exercise_id: g.max_points for g in grades if g.outcome == "manual"}
+    assert manual == {q: rubric.questions[q].points for q in rubric.questions}
+    assert all(
+        g.message == "graded by hand: not answered"
+        for g in grades
+        if g.outcome == "manual"
+    )
+
+
+def test_the_plan_runs_the_students_cells_above_each_check():
+    key = course()
+    (exercise,) = find_exercises(key, NAME)
+    untouched = student_notebook(key, NAME)
+    (plan,) = grading.plan_submission(key, [exercise], untouched)
+    assert plan.cells == () and plan.solution == ""
+    helper = with_helper_cell(key)
+    (plan,) = grading.plan_submission(key, [exercise], helper)
+    sources = [source for _, source in plan.cells]
+    assert len(sources) == 2 and sources[0].startswith("def spread_of")
+    assert plan.solution == sources[1]
+    # The check's position: the edited check cell ("pass" is not run), or the end.
+    edited = without_checks(helper, "pass")
+    assert grading.plan_submission(key, [exercise], edited)[0].cells == plan.cells
+    below = with_answer_below_the_stub(key)
+    (plan,) = grading.plan_submission(key, [exercise], below)
+    assert [s for _, s in plan.cells] == [key.cells[exercise.solution_index].source]
+    # A cell written after the check is not run for it.
+    late = nbformat.from_dict(untouched)
+    late.cells.append(nbformat.v4.new_code_cell(plan.cells[0][1]))
+    assert grading.plan_submission(key, [exercise], late)[0].cells == ()
+
+
+def test_messages_are_one_short_line_with_the_named_mistake_first():
+    message = (
+        "For policy=tensor([[0.123456789, 2.0]]), cliprange=0.2:\n"
+        "  expected 0.123456\n  got      0.654321, the value you get when the "
+        "clip is left out\n  1 of 3 cases passed"
+    )
+    assert grading.short_message(message, 1, 3) == (
+        "the clip is left out; 1 of 3 cases passed; expected 0.1235 got 0.6543 "
+        "(for policy=tensor([[0.1235, 2.0]]), cliprange=0.2)"
+    )
+    hinted = "For x=1:\n  expected 2\n  got      3\n  hint: the mask is not applied"
+    assert grading.short_message(hinted).startswith("the mask is not applied; ")
+    long = grading.short_message("For x: expected " + "1.5, " * 200)
+    assert len(long) == grading.MESSAGE_LIMIT and long.endswith("...")
 
 
 def test_run_exercise_outcomes_without_a_kernel():
@@ -114,7 +233,12 @@ def test_run_exercise_outcomes_without_a_kernel():
     assert grading.run_exercise(stub, check, {})[0] == "not attempted"
     assert grading.run_exercise("1/0", check, {}) == (
         "error",
-        "the solution cell raised ZeroDivisionError: division by zero",
+        "cell 0 raised ZeroDivisionError: division by zero",
+    )
+    # An exception inside the student's function is a fail, with its message.
+    assert grading.run_exercise("def double(x):\n    return [][x]", check, {}) == (
+        "fail",
+        "your function raised IndexError: list index out of range",
     )
     assert grading.run_exercise("raise NotImplementedError()", check, {})[0] == (
         "not attempted"
@@ -156,11 +280,13 @@ def test_student_solution_by_grade_id_or_function_name():
 
 
 def test_csv_columns_and_points(tmp_path):
-    grade = grading.Grade("ann", NAME, EXERCISE, "fail", 0.0, 2.5, "a\nb")
-    path = grading.write_grades_csv([grade], tmp_path / "out" / "g.csv")
+    grade = grading.Grade("ann", NAME, EXERCISE, "fail", 1.25, 2.5, "a", "", 3.14159)
+    question = grading.Grade("ann", NAME, "03-q1", "manual", 0.0, 1.0, "b")
+    path = grading.write_grades_csv([grade, question], tmp_path / "out" / "g.csv")
     assert list(csv.reader(path.open())) == [
         list(grading.CSV_COLUMNS),
-        ["ann", NAME, EXERCISE, "fail", "0", "2.5", "a\nb", ""],
+        ["ann", NAME, EXERCISE, "fail", "1.25", "2.5", "3.1", "a", ""],
+        ["ann", NAME, "03-q1", "manual", "", "1", "0.0", "b", ""],
     ]
 
 
@@ -168,6 +294,7 @@ BAD_GRADE_INVOCATIONS = {
     "missing folder": (["{tmp}/nowhere"], "submissions_dir must be a folder"),
     "no student folders": (["{tmp}/empty"], "must hold one folder per student"),
     "zero timeout": (["{tmp}/empty", "--timeout", "0"], "timeout must be a positive"),
+    "zero jobs": (["{tmp}/empty", "-j", "0"], "jobs must be a positive integer"),
 }
 
 
@@ -213,7 +340,8 @@ def test_the_solutions_key_is_not_in_the_repository():
 @pytest.mark.slow
 def test_a_partly_wrong_submission_gets_the_points_of_its_right_exercises(tmp_path):
     """Notebook 06 has two exercises: a correct, a partly wrong and an untouched
-    submission get every point, the first exercise's points, and none."""
+    submission get every point, the first exercise's points (and the share of
+    the second's cases that the unclipped loss passes), and none."""
     name = "06_loss_aggregation.ipynb"
     key = nbformat.read(shipped_notebooks_dir() / name, as_version=4)
     partly = nbformat.from_dict(key)
@@ -228,24 +356,30 @@ def test_a_partly_wrong_submission_gets_the_points_of_its_right_exercises(tmp_pa
         ("ben", partly),
         ("cat", student_notebook(key, name)),
     ):
-        (root / student).mkdir(parents=True)
-        nbformat.write(notebook, root / student / name)
+        submit(root, student, notebook, name)
     out = tmp_path / "grades.csv"
-    assert cli.main(["grade", str(root), "--out", str(out), "--timeout", "30"]) == 0
-    rubric = load_rubric().exercises
-    rows = [
-        (r["student"], r["exercise"], r["outcome"], r["points"])
-        for r in csv.DictReader(out.open())
-    ]
+    argv = ["grade", str(root), "--out", str(out), "--timeout", "30", "-j", "2"]
+    assert cli.main(argv) == 0
+    rubric = load_rubric()
+    rows = [r for r in csv.DictReader(out.open()) if r["outcome"] != "manual"]
+    table = [(r["student"], r["exercise"], r["outcome"], r["points"]) for r in rows]
     first, second = "06-aggregate_loss", "06-grpo_loss"
-    assert rows == [
-        ("ann", first, "pass", f"{rubric[first]:g}"),
-        ("ann", second, "pass", f"{rubric[second]:g}"),
-        ("ben", first, "pass", f"{rubric[first]:g}"),
-        ("ben", second, "fail", "0"),
+    full = {e: f"{rubric.exercises[e]:g}" for e in (first, second)}
+    ben_second = rows[3]
+    assert table[:3] + table[4:] == [
+        ("ann", first, "pass", full[first]),
+        ("ann", second, "pass", full[second]),
+        ("ben", first, "pass", full[first]),
         ("cat", first, "not attempted", "0"),
         ("cat", second, "not attempted", "0"),
     ]
+    assert (ben_second["student"], ben_second["outcome"]) == ("ben", "fail")
+    assert ben_second["message"].startswith("the clip is left out; "), ben_second
+    counted = re.search(r"(\d+) of (\d+) cases passed", ben_second["message"])
+    passed, run = int(counted.group(1)), int(counted.group(2))
+    assert second in rubric.partial_credit and passed < run
+    expected = round(rubric.exercises[second] * passed / run, 2)
+    assert float(ben_second["points"]) == expected
 
 
 # --- a grader students cannot fool ---------------------------------------------------
@@ -363,6 +497,27 @@ ATTACKS = {
         "advantage_eps)\n"
     ),
     "right": _answer("right", body=RIGHT_BODY),
+    # What the student wrote counts: a helper in a cell above the answer, and an
+    # answer in a new cell below the untouched stub.
+    "helper_elsewhere": (
+        "def group_spread(grouped, eps):\n    return grouped.std(dim=1, keepdim=True) + eps",
+        _answer(
+            "helper_elsewhere",
+            body=RIGHT_BODY.replace(
+                "grouped.std(dim=1, keepdim=True) + advantage_eps",
+                "group_spread(grouped, advantage_eps)",
+            ),
+        ),
+    ),
+    "new_cell": (
+        _answer("new_cell", body="    raise NotImplementedError()\n"),
+        _answer("new_cell", body=RIGHT_BODY),
+    ),
+    # Group size hard-coded to 4: two cases pass, the third raises in the
+    # student's function (a fail with its message, and partial credit).
+    "raises_inside": _answer(
+        "raises_inside", body=RIGHT_BODY.replace("(-1, group_size)", "(-1, 4)")
+    ),
     # Right, and fails should the grader's token have reached the kernel.
     "token_free": _answer(
         "token_free",
@@ -372,7 +527,14 @@ ATTACKS = {
     ),
 }
 # The exercises whose answer is right: they alone may pass.
-RIGHT_ANSWERS = {"right", "own_helper_named_like_the_package", "token_free"}
+RIGHT_ANSWERS = {
+    "right",
+    "own_helper_named_like_the_package",
+    "token_free",
+    "helper_elsewhere",
+    "new_cell",
+}
+PARTIAL_CREDIT = {"raises_inside"}
 
 
 def attack_course(folder) -> tuple:
@@ -391,16 +553,29 @@ def attack_course(folder) -> tuple:
         cells += [nbformat.v4.new_code_cell(solution), nbformat.v4.new_code_cell(check)]
     folder.mkdir(parents=True, exist_ok=True)
     nbformat.write(nbformat.v4.new_notebook(cells=cells), folder / ATTACK_NOTEBOOK)
-    rubric = Rubric({f"03-{name}": 1.0 for name in ATTACKS}, {})
+    partial = frozenset(f"03-{name}" for name in PARTIAL_CREDIT)
+    rubric = Rubric({f"03-{name}": 1.0 for name in ATTACKS}, {}, partial)
     return folder, rubric
 
 
-def attack_submission(answers: dict[str, str]) -> nbformat.NotebookNode:
+def attack_submission(
+    answers: dict[str, str | tuple[str, str]],
+) -> nbformat.NotebookNode:
+    """One cell per answer, with the exercise's grade_id; for a pair, the first
+    cell is the helper cell above the answer, or the stub above it."""
     cells = []
     for name, source in answers.items():
-        cell = nbformat.v4.new_code_cell(source)
-        cell.metadata["nbgrader"] = {"grade_id": f"03-{name}"}
-        cells.append(cell)
+        first, answer = source if isinstance(source, tuple) else ("", source)
+        solution = nbformat.v4.new_code_cell(first or answer)
+        solution.metadata["nbgrader"] = {"grade_id": f"03-{name}"}
+        helper = nbformat.v4.new_code_cell(first)
+        if not first:
+            cells.append(solution)
+        elif "NotImplementedError" in first:  # the stub, then the answer
+            cells += [solution, nbformat.v4.new_code_cell(answer)]
+        else:  # the helper, then the answer
+            solution.source = answer
+            cells += [helper, solution]
     return nbformat.v4.new_notebook(cells=cells)
 
 
@@ -427,7 +602,9 @@ def attack_grades(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("attack", sorted(set(ATTACKS) - RIGHT_ANSWERS))
+@pytest.mark.parametrize(
+    "attack", sorted(set(ATTACKS) - RIGHT_ANSWERS - PARTIAL_CREDIT)
+)
 def test_a_wrong_answer_with_a_trick_gets_no_points(attack, attack_grades):
     grade = attack_grades[attack]
     assert grade.outcome != "pass" and grade.points == 0, grade
@@ -437,6 +614,17 @@ def test_a_wrong_answer_with_a_trick_gets_no_points(attack, attack_grades):
 @pytest.mark.parametrize("attack", sorted(RIGHT_ANSWERS))
 def test_a_right_answer_passes_beside_the_attacks(attack, attack_grades):
     assert attack_grades[attack].outcome == "pass", attack_grades[attack]
+
+
+@pytest.mark.slow
+def test_an_exception_in_the_students_function_fails_with_partial_credit(
+    attack_grades,
+):
+    grade = attack_grades["raises_inside"]
+    assert (grade.outcome, grade.points) == ("fail", 0.5), grade
+    assert grade.message.startswith(
+        "2 of 4 cases passed; your function raised RuntimeError: shape '[-1, 4]'"
+    ), grade
 
 
 EXPECTED_MESSAGES = {
@@ -490,7 +678,8 @@ def test_a_pasted_package_function_is_flagged_and_an_own_one_is_not():
 # mallory's solution cell starts a double-forked setsid daemon (which would rewrite
 # the grades after the run), overwrites zoe's notebook, and writes into the
 # grader's own folder, found through /proc; her second answer ignores SIGINT and
-# never returns. zoe (graded after her) answers both exercises right.
+# never returns. zoe (graded beside her, two notebooks at a time) answers both
+# exercises right.
 
 DAEMON_MARKER = "grpo-lab-daemon-marker-7731"
 CONTAINMENT_EXERCISES = ("escape", "stubborn")
@@ -582,7 +771,7 @@ def test_a_submission_cannot_escape_outlive_or_hang_the_grader(tmp_path, monkeyp
         nbformat.write(attack_submission(answer), root / student / ATTACK_NOTEBOOK)
     zoe_before = zoe_notebook.read_bytes()
     grades = grading.grade_submissions(
-        root, notebooks_dir=course_dir, rubric=rubric, timeout=5
+        root, notebooks_dir=course_dir, rubric=rubric, timeout=5, jobs=2
     )
     grading.write_grades_csv(grades, out)
     assert _processes_with(DAEMON_MARKER) == []  # killed with its kernel

@@ -1,23 +1,34 @@
 """Grade submitted notebooks against the checks of the shipped course notebooks.
 
-``grpo-lab grade SUBMISSIONS_DIR --out grades.csv``. SUBMISSIONS_DIR holds one
-folder per student, named after the student, with that student's notebooks in
-it (``alice/03_rewards_and_advantages.ipynb``); a notebook is matched to the
+``grpo-lab grade SUBMISSIONS_DIR --out grades.csv [-j N]``. SUBMISSIONS_DIR holds
+one folder per student, named after the student, with that student's notebooks
+in it (``alice/03_rewards_and_advantages.ipynb``); a notebook is matched to the
 course notebook with the same two-digit number, and files without one are
-ignored. Only submitted notebooks are graded.
+ignored. Only submitted notebooks are graded, ``-j N`` of them at a time, each
+in its own contained kernel.
 
-For each submitted notebook, one fresh kernel (``GRPO_LAB_PROFILE=smoke``, a
-temporary working folder) runs the *course* notebook's context cells (see
-:mod:`grpo_lab.teaching.rubric`), and for each exercise the student's solution
-cell and the *course* check cell, in a copy of the kernel's namespace, so one
-exercise's names do not leak into the next and edited or deleted check cells in
-the submission change nothing. The student's solution cell is found by its
-``nbgrader.grade_id`` metadata, else by the function it defines.
+What counts is what the student wrote: the submission's code cells that are
+not the course's own (a cell the student added or changed; an untouched stub,
+a check cell or a cell tagged ``colab``, ``walk-through`` or ``grading-skip``
+is not). For each submitted notebook, one fresh kernel (``GRPO_LAB_PROFILE=
+smoke``, a temporary working folder) runs the *course* notebook's context
+cells (see :mod:`grpo_lab.teaching.rubric`) before any student code, then for
+each exercise the student's cells above its check (in the kernel's namespace,
+so a helper in another cell, or an answer in a new cell below the stub,
+counts), then the *course* check cell, in a copy of the namespace: edited or
+deleted check cells in the submission change nothing. Where a submission has
+no check cell for an exercise, its check stands before the next exercise's
+cells. A notebook in which the student wrote nothing starts no kernel.
 
-Each exercise gets one outcome: ``pass`` (all its points), ``fail`` (the check's
-counter-example), ``not attempted`` (a stub, or no solution cell), ``error`` (an
-exception, or more than the time limit, in one line). A kernel that died or ran
-out of time is replaced by a fresh one for the next exercise.
+Each exercise gets one outcome: ``pass`` (all its points), ``fail`` (the
+check's counter-example, or what the student's function raised; where the
+rubric allows partial credit, the points times the share of the check's cases
+passed), ``not attempted`` (a stub, or nothing written), ``error`` (an
+exception outside the student's function, or more than the time limit). Each
+written question gets a ``manual`` row with its points, to grade by hand.
+Messages are one line of at most MESSAGE_LIMIT characters, the named mistake
+first. A kernel that died or ran out of time is replaced by a fresh one for the
+next exercise, which does not run again the cells that brought it down.
 """
 
 from __future__ import annotations
@@ -26,11 +37,14 @@ import contextlib
 import csv
 import json
 import os
+import re
 import signal
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -47,15 +61,20 @@ from grpo_lab.teaching.grading_kernel import (
 from grpo_lab.teaching.grading_refusal import pasted_counterpart
 from grpo_lab.teaching.rubric import (
     FUNCTION_NAME,
+    SKIPPED_TAGS,
     Exercise,
     Rubric,
     find_exercises,
+    is_solution_cell,
     load_rubric,
     notebook_number,
 )
 from grpo_lab.teaching.shipped_notebooks import PACKAGE_DIR, shipped_notebooks_dir
+from grpo_lab.teaching.student import STUB, strip_solutions
 
-OUTCOMES = ("pass", "fail", "not attempted", "error")
+# What the kernel reports for an exercise; "manual" is a written question's.
+KERNEL_OUTCOMES = ("pass", "fail", "not attempted", "error")
+OUTCOMES = (*KERNEL_OUTCOMES, "manual")
 CSV_COLUMNS = (
     "student",
     "notebook",
@@ -63,9 +82,15 @@ CSV_COLUMNS = (
     "outcome",
     "points",
     "max_points",
+    "seconds",
     "message",
     "flag",
 )
+# Characters of a message in the table.
+MESSAGE_LIMIT = 200
+# The text of an unanswered written question's cell (nbgrader's answer stub).
+ANSWER_STUB = "YOUR ANSWER HERE"
+NOTHING_WRITTEN = "nothing written above the check (the stub is unchanged)"
 # Seconds the course's context cells of one notebook may take in all.
 CONTEXT_TIMEOUT = 600.0
 # Address space of one grading kernel, and of each process it starts (a kernel
@@ -99,6 +124,8 @@ class Grade:
     # For the instructor: "matches <package function>" when the solution's
     # syntax tree is the package function's (see grading_refusal).
     flag: str = ""
+    # Seconds spent grading it (its share of the kernel's start included).
+    seconds: float = 0.0
 
 
 # --- inside the kernel (grpo_lab.teaching.grading_kernel) ------------------------
@@ -113,16 +140,20 @@ TAMPERED_PREFIX = grading_kernel.TAMPERED_PREFIX
 
 def grading_cell_source(
     sequence: int,
-    solution_source: str,
+    cells: list[tuple[int, str]],
     check_source: str,
     function_name: str,
     check_names: tuple[str, ...],
+    notebook_checks: tuple[str, ...] = (),
+    earlier_solutions: str = "",
 ) -> str:
-    """The kernel code that grades one exercise and writes its line to the channel."""
+    """The kernel code that runs the student's ``cells``, grades one exercise
+    and writes its line to the channel."""
     return (
         "import grpo_lab.teaching.grading_kernel as _grade_kernel\n"
-        f"_grade_kernel.grade({sequence}, {solution_source!r}, {check_source!r}, "
-        f"{function_name!r}, {check_names!r}, globals())\n"
+        f"_grade_kernel.grade({sequence}, {cells!r}, {check_source!r}, "
+        f"{function_name!r}, {check_names!r}, {notebook_checks!r}, "
+        f"{earlier_solutions!r}, globals())\n"
         "del _grade_kernel\n"
     )
 
@@ -161,21 +192,145 @@ def course_notebooks(notebooks_dir: str | Path | None = None) -> dict[str, Path]
     }
 
 
-def student_solution(submission: nbformat.NotebookNode, exercise_id: str) -> str | None:
-    """The source of the submission's solution cell for ``exercise_id``, or None.
+def solution_index(submission: nbformat.NotebookNode, exercise_id: str) -> int | None:
+    """The index of the submission's solution cell for ``exercise_id``, or None.
 
     The cell whose ``nbgrader.grade_id`` is the id; else the first code cell that
     defines the exercise's function.
     """
-    code_cells = [c for c in submission.cells if c.cell_type == "code"]
-    for cell in code_cells:
-        if cell.metadata.get("nbgrader", {}).get("grade_id") == exercise_id:
-            return cell.source
+    cells = submission.cells
+    for index, cell in enumerate(cells):
+        if cell.cell_type == "code" and _grade_id(cell) == exercise_id:
+            return index
     function = exercise_id.split("-", 1)[1]
-    for cell in code_cells:
-        if function in FUNCTION_NAME.findall(cell.source):
-            return cell.source
+    for index, cell in enumerate(cells):
+        if cell.cell_type == "code" and function in FUNCTION_NAME.findall(cell.source):
+            return index
     return None
+
+
+def student_solution(submission: nbformat.NotebookNode, exercise_id: str) -> str | None:
+    """The source of the submission's solution cell for ``exercise_id``, or None."""
+    index = solution_index(submission, exercise_id)
+    return None if index is None else submission.cells[index].source
+
+
+def _grade_id(cell: nbformat.NotebookNode) -> str | None:
+    return cell.metadata.get("nbgrader", {}).get("grade_id")
+
+
+@dataclass(frozen=True)
+class ExercisePlan:
+    """What a kernel runs for one exercise of one submission."""
+
+    exercise: Exercise
+    # The cells the student wrote above the exercise's check: (index, source).
+    cells: tuple[tuple[int, str], ...]
+    # The last of them that defines the exercise's function ("" when none).
+    solution: str
+
+
+def plan_submission(
+    course: nbformat.NotebookNode,
+    exercises: list[Exercise],
+    submission: nbformat.NotebookNode,
+) -> list[ExercisePlan]:
+    """For each exercise, the cells the student wrote above its check."""
+    known = course_sources(course)
+    checks = _notebook_checks(course, exercises)
+    calls_a_check = re.compile(
+        r"\b(?:" + "|".join(map(re.escape, checks)) + r")\s*\(" if checks else r"$^"
+    )
+    written = [
+        (index, cell.source)
+        for index, cell in enumerate(submission.cells)
+        if cell.cell_type == "code"
+        and cell.source.strip()
+        and cell.source.strip() not in known
+        and not SKIPPED_TAGS & set(cell.metadata.get("tags", []))
+        and not calls_a_check.search(cell.source)
+    ]
+    plans = []
+    for exercise, position in zip(
+        exercises, check_positions(course, exercises, submission)
+    ):
+        cells = tuple((i, source) for i, source in written if i < position)
+        function = exercise.exercise_id.split("-", 1)[1]
+        defining = [s for _, s in cells if function in FUNCTION_NAME.findall(s)]
+        plans.append(ExercisePlan(exercise, cells, defining[-1] if defining else ""))
+    return plans
+
+
+def course_sources(course: nbformat.NotebookNode) -> set[str]:
+    """The stripped sources of the course's own code cells as a student copy
+    shows them: every code cell but a solution, and each solution's stub (as
+    ``grpo-lab student-notebooks`` and as nbgrader write it)."""
+    known = set()
+    for cell in course.cells:
+        if cell.cell_type != "code":
+            continue
+        if not is_solution_cell(cell):
+            known.add(cell.source.strip())
+            continue
+        stubbed = strip_solutions(cell.source)
+        known.add(stubbed.strip())
+        lines = [
+            f"{line[: len(line) - len(line.lstrip())]}# YOUR CODE HERE\n{line}"
+            if line.strip() == STUB
+            else line
+            for line in stubbed.split("\n")
+        ]
+        known.add("\n".join(lines).strip())
+    return known
+
+
+def check_positions(
+    course: nbformat.NotebookNode,
+    exercises: list[Exercise],
+    submission: nbformat.NotebookNode,
+) -> list[int]:
+    """The index in the submission of each exercise's check cell; where it was
+    deleted, that of the next exercise's solution or check cell (or the end)."""
+    checks = [_check_cell(course, e, submission.cells) for e in exercises]
+    solutions = [solution_index(submission, e.exercise_id) for e in exercises]
+    positions = []
+    for number, found in enumerate(checks):
+        if found is None:
+            after = -1 if solutions[number] is None else solutions[number]
+            later = [
+                index
+                for index in checks[number + 1 :] + solutions[number + 1 :]
+                if index is not None and index > after
+            ]
+            found = min(later, default=len(submission.cells))
+        positions.append(found)
+    return positions
+
+
+def _check_cell(
+    course: nbformat.NotebookNode, exercise: Exercise, cells: list
+) -> int | None:
+    """The submission's check cell: by grade_id, else by source, else the first
+    cell that calls the exercise's check."""
+    source = course.cells[exercise.check_index].source
+    calls = [re.compile(rf"\b{name}\s*\(") for name in check_names_in(source)]
+    tests = (
+        lambda cell: _grade_id(cell) == f"{exercise.exercise_id}-check",
+        lambda cell: cell.source.strip() == source.strip(),
+        lambda cell: any(call.search(cell.source) for call in calls),
+    )
+    for test in tests:
+        for index, cell in enumerate(cells):
+            if cell.cell_type == "code" and test(cell):
+                return index
+    return None
+
+
+def _notebook_checks(
+    course: nbformat.NotebookNode, exercises: list[Exercise]
+) -> tuple[str, ...]:
+    names = [check_names_in(course.cells[e.check_index].source) for e in exercises]
+    return tuple(dict.fromkeys(name for found in names for name in found))
 
 
 # --- grading -----------------------------------------------------------------------
@@ -185,7 +340,8 @@ def student_solution(submission: nbformat.NotebookNode, exercise_id: str) -> str
 class Limits:
     """What one grading kernel may use (see :mod:`grpo_lab.teaching.sandbox`)."""
 
-    # Seconds one exercise (solution and check) may take; then the kernel is killed.
+    # Seconds one exercise (the student's cells and the check) may take; then
+    # the kernel is killed.
     timeout: float = 60.0
     # Address space of the kernel and of each process it starts (RLIMIT_AS).
     memory_bytes: int = MEMORY_BYTES
@@ -200,11 +356,16 @@ def grade_submissions(
     rubric: Rubric | None = None,
     timeout: float = 60.0,
     memory_bytes: int = MEMORY_BYTES,
+    jobs: int = 1,
+    progress: bool = False,
 ) -> list[Grade]:
-    """Grade every student's submitted notebooks; one Grade per student × exercise.
+    """Grade every student's submitted notebooks: one Grade per student ×
+    exercise, and one ``manual`` Grade per written question.
 
-    ``timeout`` is the limit in seconds for one exercise (solution and check);
-    ``memory_bytes`` the address space of each kernel. Every submission is read
+    ``timeout`` is the limit in seconds for one exercise (the student's cells
+    and the check); ``memory_bytes`` the address space of each kernel; ``jobs``
+    how many notebooks are graded at a time (each in its own kernel);
+    ``progress`` shows a bar over the notebooks. Every submission is read
     before the first kernel starts, and every kernel (with whatever it started)
     is dead when this returns.
     """
@@ -214,6 +375,8 @@ def grade_submissions(
         raise ValueError(
             f"memory_bytes must be an integer of at least 2**28, got {memory_bytes!r}"
         )
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs must be a positive integer, got {jobs!r}")
     limits = Limits(timeout, memory_bytes, PROCESSES)
     rubric = load_rubric() if rubric is None else rubric
     course = course_notebooks(notebooks_dir)
@@ -223,10 +386,32 @@ def grade_submissions(
         for number, path in notebooks.items()
         if number in course
     ]
-    grades = []
-    for student, name, content, course_path in submitted:
-        grades += grade_notebook(student, name, content, course_path, rubric, limits)
-    return grades
+    return _grade_all(submitted, rubric, limits, jobs, progress)
+
+
+def _grade_all(
+    submitted: list[tuple[str, str, bytes | None, Path]],
+    rubric: Rubric,
+    limits: Limits,
+    jobs: int,
+    progress: bool,
+) -> list[Grade]:
+    """Each submission's grades, in submission order, ``jobs`` at a time."""
+    from tqdm.auto import tqdm
+
+    results: list[list[Grade]] = [[] for _ in submitted]
+    bar = tqdm(
+        total=len(submitted), desc="grading", unit="notebook", disable=not progress
+    )
+    with bar, ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = {
+            pool.submit(grade_notebook, *submission, rubric, limits): number
+            for number, submission in enumerate(submitted)
+        }
+        for future in as_completed(futures):
+            results[futures[future]] = future.result()
+            bar.update(1)
+    return [grade for grades in results for grade in grades]
 
 
 def _read_bytes(path: Path) -> bytes | None:
@@ -244,7 +429,8 @@ def grade_notebook(
     rubric: Rubric,
     limits: Limits,
 ) -> list[Grade]:
-    """Grade one submitted notebook (its bytes) against ``course_path``."""
+    """Grade one submitted notebook (its bytes) against ``course_path``: its
+    exercises, then a ``manual`` row per written question."""
     course = nbformat.read(course_path, as_version=4)
     exercises = find_exercises(course, course_path.name)
     missing = [
@@ -258,14 +444,56 @@ def grade_notebook(
         submission = nbformat.reads(content.decode("utf-8"), as_version=4)
     except Exception as error:
         message = f"the notebook cannot be read: {_one_line(error)}"
-        return [
-            _grade(student, course_path, e, rubric, "error", message) for e in exercises
+        grades = [
+            _grade(student, course_path, e, rubric, ("error", message, None, None))
+            for e in exercises
         ]
-    results = _run_exercises(course, exercises, submission, name, content, limits)
-    return [
-        _grade(student, course_path, exercise, rubric, *result)
-        for exercise, result in zip(exercises, results)
+        return grades + question_grades(student, course_path, None, rubric)
+    plans = plan_submission(course, exercises, submission)
+    results = _run_exercises(course, plans, name, content, limits)
+    grades = [
+        _grade(student, course_path, plan.exercise, rubric, *result)
+        for plan, result in zip(plans, results)
     ]
+    return grades + question_grades(student, course_path, submission, rubric)
+
+
+def question_grades(
+    student: str,
+    course_path: Path,
+    submission: nbformat.NotebookNode | None,
+    rubric: Rubric,
+) -> list[Grade]:
+    """One ``manual`` row per written question of the notebook: its points, to
+    be given by hand, and whether the answer cell was written in."""
+    cells = [] if submission is None else submission.cells
+    grades = []
+    for question in rubric.questions_of(notebook_number(course_path.name)):
+        answers = [
+            c.source.strip() for c in cells if _grade_id(c) == question.question_id
+        ]
+        text = answers[0] if answers else ""
+        words = len(text.split())
+        message = (
+            f"graded by hand: answered in {words} words"
+            if text and text != ANSWER_STUB
+            else "graded by hand: not answered"
+        )
+        grades.append(
+            Grade(
+                student,
+                course_path.name,
+                question.question_id,
+                "manual",
+                0.0,
+                question.points,
+                message,
+            )
+        )
+    return grades
+
+
+KernelResult = tuple[str, str, int | None, int | None]
 
 
 def _grade(
@@ -273,12 +501,17 @@ def _grade(
     course_path: Path,
     exercise: Exercise,
     rubric: Rubric,
-    outcome: str,
-    message: str,
+    result: KernelResult,
     flag: str = "",
+    seconds: float = 0.0,
 ) -> Grade:
+    outcome, message, passed, run = result
     max_points = rubric.exercises[exercise.exercise_id]
-    points = max_points if outcome == "pass" else 0.0
+    points = 0.0
+    if outcome == "pass":
+        points = max_points
+    elif outcome == "fail" and run and exercise.exercise_id in rubric.partial_credit:
+        points = round(max_points * passed / run, 2)
     return Grade(
         student,
         course_path.name,
@@ -286,36 +519,38 @@ def _grade(
         outcome,
         points,
         max_points,
-        message,
+        short_message(message, passed, run),
         flag,
+        round(seconds, 2),
     )
 
 
 def _run_exercises(
     course: nbformat.NotebookNode,
-    exercises: list[Exercise],
-    submission: nbformat.NotebookNode,
+    plans: list[ExercisePlan],
     name: str,
     content: bytes,
     limits: Limits,
-) -> list[tuple[str, str, str]]:
-    """``(outcome, message, flag)`` of each exercise, in one kernel when possible."""
+) -> list[tuple[KernelResult, str, float]]:
+    """``(result, flag, seconds)`` of each exercise; one kernel, started only
+    when the student wrote something, serves them all when it can."""
+    if not any(plan.cells for plan in plans):
+        return [(("not attempted", NOTHING_WRITTEN, None, None), "", 0.0)] * len(plans)
     results = []
     with tempfile.TemporaryDirectory(prefix="grpo-lab-grade-") as workdir:
         (Path(workdir) / name).write_bytes(content)  # the folder holds this copy only
-        kernel = _Kernel(course, workdir, exercises, limits)
+        kernel = _Kernel(course, workdir, [p.exercise for p in plans], limits)
         try:
-            for exercise in exercises:
-                solution = student_solution(submission, exercise.exercise_id)
-                if solution is None:
-                    results.append(
-                        ("not attempted", "no solution cell for this exercise", "")
-                    )
-                    continue
-                checks = check_names_in(course.cells[exercise.check_index].source)
-                flag = pasted_counterpart(solution, checks)
-                flag = f"matches {flag}" if flag else ""
-                results.append((*kernel.grade(exercise, solution), flag))
+            for plan in plans:
+                started = time.perf_counter()
+                if not plan.cells:
+                    result = ("not attempted", NOTHING_WRITTEN, None, None)
+                else:
+                    result = kernel.grade(plan)
+                checks = check_names_in(course.cells[plan.exercise.check_index].source)
+                pasted = pasted_counterpart(plan.solution, checks)
+                flag = f"matches {pasted}" if pasted else ""
+                results.append((result, flag, time.perf_counter() - started))
         finally:
             kernel.stop()
     return results
@@ -331,7 +566,8 @@ class _ContainedKernelManager(AsyncKernelManager):
 
 
 class _Kernel:
-    """A contained kernel that has run some of the course notebook's context cells."""
+    """A contained kernel that has run the course notebook's context cells and
+    some of the student's cells."""
 
     def __init__(
         self,
@@ -341,85 +577,148 @@ class _Kernel:
         limits: Limits,
     ) -> None:
         self.course = course
+        self.exercises = exercises
         # An earlier exercise's function, defined by the course's own solution:
         # a later exercise that calls it is graded on its own code alone.
         self.solution_of_check = {e.check_index: e.solution_index for e in exercises}
+        self.notebook_checks = _notebook_checks(course, exercises)
         self.workdir = workdir
         self.limits = limits
         self.cpu_seconds = int(CONTEXT_TIMEOUT + limits.timeout * (len(exercises) + 1))
         self.client: Any = None
         self.channel: Any = None
-        self.ran: set[int] = set()
+        # The student's cells this kernel has run, and those that brought an
+        # earlier kernel down (never run again).
+        self.ran_cells: set[int] = set()
+        self.skipped: set[int] = set()
+        # The first course cell that raised, and its message.
+        self.failed_at: int | None = None
         self.context_error = ""
         self.sequence = 0
 
-    def grade(self, exercise: Exercise, solution: str) -> tuple[str, str]:
-        """Run the missing context cells, then grade the exercise."""
+    def grade(self, plan: ExercisePlan) -> KernelResult:
+        """Run the student's cells not run yet, then grade the exercise."""
         from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
+        exercise = plan.exercise
         timeout = self.limits.timeout
+        new: list[tuple[int, str]] = []
         try:
-            self._run_context(exercise)
-            if self.context_error:
-                return "error", self.context_error
+            if self.client is None:
+                self._start()
+            failure = self._context_failure(exercise)
+            if failure:
+                return "error", failure, None, None
+            new = [
+                (index, source)
+                for index, source in plan.cells
+                if index not in self.ran_cells | self.skipped
+            ]
+            self.ran_cells |= {index for index, _ in new}
             self.sequence += 1
             check_source = self.course.cells[exercise.check_index].source
             source = grading_cell_source(
                 self.sequence,
-                solution,
+                new,
                 check_source,
                 exercise.exercise_id.split("-", 1)[1],
                 check_names_in(check_source),
+                self.notebook_checks,
+                self._earlier_solutions(exercise),
             )
             outputs = self._execute(source, timeout, store_history=False)
         except CellTimeoutError:
-            self.stop()
-            return "error", f"ran past the time limit of {timeout:g} s"
+            self._replace(new)
+            return "error", f"ran past the time limit of {timeout:g} s", None, None
         except DeadKernelError:
-            self.stop()
-            return "error", "the kernel died while grading this exercise"
-        outcome, message = self._verdict(outputs)
-        if message.endswith(RESTART_TEXT):
-            self.stop()  # the next exercise gets a fresh kernel
-        return outcome, message
+            self._replace(new)
+            return "error", "the kernel died while grading this exercise", None, None
+        result = self._verdict(outputs)
+        if result[1].endswith(RESTART_TEXT):
+            self._replace(new)  # the next exercise gets a fresh kernel
+        elif result[1].startswith((TAMPERED_PREFIX, CHANNEL_TAMPERED)):
+            self.skipped |= {index for index, _ in new}  # in a later kernel too
+        return result
 
-    def _verdict(self, outputs: list) -> tuple[str, str]:
+    def _replace(self, new: list[tuple[int, str]]) -> None:
+        """Stop this kernel; the next one skips the cells run just now."""
+        self.stop()
+        self.skipped |= {index for index, _ in new}
+
+    def _verdict(self, outputs: list) -> KernelResult:
         """The cell's one line on the channel, if the cell ended cleanly."""
         lines = self.channel.read().decode("ascii", "replace").splitlines()
         error = next((o for o in outputs if o.output_type == "error"), None)
         if error is not None:
-            return "error", f"{error.ename}: {' '.join(error.evalue.split())}"
-        if len(lines) != 1:
-            return "error", (
-                f"{CHANNEL_TAMPERED} ({len(lines)} result lines) {RESTART_TEXT}"
+            return (
+                "error",
+                f"{error.ename}: {' '.join(error.evalue.split())}",
+                None,
+                None,
             )
+        if len(lines) != 1:
+            message = f"{CHANNEL_TAMPERED} ({len(lines)} result lines) {RESTART_TEXT}"
+            return "error", message, None, None
         try:
-            sequence, outcome, message = json.loads(lines[0])
+            sequence, outcome, message, passed, run = json.loads(lines[0])
         except ValueError:
-            return "error", f"{CHANNEL_TAMPERED} (a malformed result line)"
-        if sequence != self.sequence or outcome not in OUTCOMES:
-            return "error", f"{CHANNEL_TAMPERED} (a result line not of this cell)"
-        return outcome, str(message)
+            return "error", f"{CHANNEL_TAMPERED} (a malformed result line)", None, None
+        counted = all(n is None or type(n) is int for n in (passed, run))
+        if sequence != self.sequence or outcome not in KERNEL_OUTCOMES or not counted:
+            message = f"{CHANNEL_TAMPERED} (a result line not of this cell)"
+            return "error", message, None, None
+        return outcome, str(message), passed, run
 
-    def _run_context(self, exercise: Exercise) -> None:
-        if self.client is None:
-            self._start()
-        earlier = set(exercise.earlier_checks)
-        for index in sorted(set(exercise.context_indices) | earlier):
-            if index in self.ran or self.context_error:
-                continue
-            source = self.course.cells[index].source
-            if index in earlier:
-                solution = self.course.cells[self.solution_of_check[index]].source
-                source = f"{import_statements(source)}\n{solution}"
-            outputs = self._execute(source, CONTEXT_TIMEOUT)
-            self.ran.add(index)
+    def _needed(self, exercise: Exercise) -> list[int]:
+        return sorted(set(exercise.context_indices) | set(exercise.earlier_checks))
+
+    def _context_failure(self, exercise: Exercise) -> str:
+        if self.failed_at is None:
+            return ""
+        if any(index >= self.failed_at for index in self._needed(exercise)):
+            return self.context_error
+        return ""
+
+    def _course_source(self, index: int) -> str:
+        """A context cell; an earlier check cell: its imports and the course's
+        solution of its exercise."""
+        source = self.course.cells[index].source
+        if index in self.solution_of_check:
+            solution = self.course.cells[self.solution_of_check[index]].source
+            source = f"{import_statements(source)}\n{solution}"
+        return source
+
+    def _earlier_solutions(self, exercise: Exercise) -> str:
+        return "\n".join(self._course_source(i) for i in exercise.earlier_checks)
+
+    def _run_context(self) -> None:
+        """Every exercise's context cells, in course order, before any student
+        code; then the checks' imports and the recorded world."""
+        needed = sorted({i for e in self.exercises for i in self._needed(e)})
+        for index in needed:
+            outputs = self._execute(self._course_source(index), CONTEXT_TIMEOUT)
             error = next((o for o in outputs if o.output_type == "error"), None)
             if error is not None:
+                self.failed_at = index
                 self.context_error = (
                     f"course cell {index} (context) raised {error.ename}: "
                     f"{error.evalue}"
                 )
+                return
+        imports = "\n".join(
+            import_statements(self.course.cells[e.check_index].source)
+            for e in self.exercises
+        )
+        source = (
+            "import grpo_lab.teaching.grading_kernel as _grade_kernel\n"
+            f"_grade_kernel.prepare({imports!r})\n"
+            "del _grade_kernel\n"
+        )
+        outputs = self._execute(source, CONTEXT_TIMEOUT, store_history=False)
+        error = next((o for o in outputs if o.output_type == "error"), None)
+        if error is not None:
+            self.failed_at = -1
+            self.context_error = f"the checks' imports raised {error.evalue}"
 
     def _start(self) -> None:
         from nbclient import NotebookClient
@@ -449,12 +748,15 @@ class _Kernel:
         finally:
             os.close(write_end)
         self.client.start_new_kernel_client()
-        self.ran = set()
-        self.context_error = ""
+        self.ran_cells = set()
+        self.failed_at, self.context_error = None, ""
         outputs = self._execute(BOOTSTRAP_SOURCE, CONTEXT_TIMEOUT, store_history=False)
         error = next((o for o in outputs if o.output_type == "error"), None)
         if error is not None:
+            self.failed_at = -1
             self.context_error = f"the grader's kernel set-up raised {error.evalue}"
+            return
+        self._run_context()
 
     def _sandbox_command(self, write_end: int) -> list[str]:
         return [
@@ -562,7 +864,8 @@ def kernel_environment(workdir: str, result_fd: int) -> dict[str, str]:
 
 
 def write_grades_csv(grades: list[Grade], path: str | Path) -> Path:
-    """Write one row per grade (columns CSV_COLUMNS); points without trailing .0."""
+    """Write one row per grade (columns CSV_COLUMNS); points without trailing .0,
+    a written question's points left blank (they are given by hand)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="", encoding="utf-8") as handle:
@@ -580,8 +883,50 @@ def _rows(grades: list[Grade]) -> Iterator[list[str]]:
             grade.notebook,
             grade.exercise_id,
             grade.outcome,
-            f"{grade.points:g}",
+            "" if grade.outcome == "manual" else f"{grade.points:g}",
             f"{grade.max_points:g}",
+            f"{grade.seconds:.1f}",
             grade.message,
             grade.flag,
         ]
+
+
+# --- messages ------------------------------------------------------------------------
+
+# The checks' ways of naming a mistake, each put first in the message.
+_NAMED_MISTAKES = (
+    re.compile(r",?\s*the value you get when (?P<mistake>[^\n]+)"),
+    re.compile(r"\s*hint: (?P<mistake>[^\n]+)"),
+    re.compile(r"\s*this looks like a slip: (?P<mistake>[^\n]+)"),
+)
+_TALLY = re.compile(r"\s*\(?\b\d+ of \d+ cases passed\)?")
+# "For <inputs>: <finding>": the finding comes first, the inputs after it.
+_FOR_INPUTS = re.compile(
+    r"^For (?P<inputs>.+?):\s+(?P<finding>(?:expected|got|the|a|an|each|it|this)\b.*)$",
+    re.DOTALL,
+)
+_LONG_NUMBER = re.compile(r"(?<![\w.])-?\d+\.\d{5,}(?:e[+-]?\d+)?(?![\w.])")
+
+
+def short_message(
+    message: str, passed: int | None = None, run: int | None = None
+) -> str:
+    """One line of at most MESSAGE_LIMIT characters: the named mistake, the
+    cases passed, then the finding and its inputs, numbers to 4 digits."""
+    mistake = ""
+    for pattern in _NAMED_MISTAKES:
+        found = pattern.search(message)
+        if found:
+            mistake = found.group("mistake").strip()
+            message = message[: found.start()] + message[found.end() :]
+            break
+    message = " ".join(_TALLY.sub("", message).split())
+    split = _FOR_INPUTS.match(message)
+    if split:
+        message = f"{split.group('finding')} (for {split.group('inputs')})"
+    tally = f"{passed} of {run} cases passed" if run else ""
+    text = "; ".join(part for part in (mistake, tally, message) if part)
+    text = _LONG_NUMBER.sub(lambda m: f"{float(m.group()):.4g}", text)
+    if len(text) > MESSAGE_LIMIT:
+        text = text[: MESSAGE_LIMIT - 3].rstrip() + "..."
+    return text

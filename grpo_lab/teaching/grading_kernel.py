@@ -3,23 +3,30 @@
 The grader (:mod:`grpo_lab.teaching.grading`) runs :func:`bootstrap` in each fresh
 kernel before any student code. It takes the result channel (a file descriptor
 the grader opened and named in ``GRPO_LAB_RESULT_FD``, which it removes from
-the environment), keeps its own references to ``os.write`` and to the JSON
-string encoder, and records the state of the modules a verdict depends on
-(``torch`` and the comparison functions, ``json``, ``builtins``, every
-``grpo_lab`` module, their functions' code and their classes' attributes).
+the environment), and keeps its own references to ``os.write`` and to the JSON
+string encoder.
 
-:func:`grade` then runs one exercise: the student's solution cell, then the
-course's check cell with the student's function, in a copy of the namespace.
-The recorded state is compared, and put back, after the solution cell, before
-and after each call of the student's function and after the check; any change
-(a patched check, ``torch.allclose``, ``json``, a code object), a torch function
-or dispatch mode left on, a trace function or a new thread makes the exercise an
-``error`` whose message starts with ``TAMPERED_PREFIX`` (the grader then starts
-a fresh kernel). What the student's function returns must be built of plain
-types (tensors, numbers, strings, containers), so no object with its own
-``__eq__`` or ``__torch_function__`` reaches a comparison.
+Once the course's context cells have run (trusted, before any student code),
+:func:`prepare` imports what the notebook's check cells import and records the
+state of the modules a verdict depends on (``torch`` and the comparison
+functions, ``json``, ``builtins``, every ``grpo_lab`` module, their functions'
+code and their classes' attributes). :func:`grade` then runs one exercise:
+the student's own cells above its check (those not run yet, in the kernel's
+namespace, so a helper in one cell is there for the next), then the course's
+check cell with the student's function, in a copy of the namespace. The
+recorded state is compared, and put back, after each student cell, before and
+after each call of the student's function and after the check; any change (a
+patched check, ``torch.allclose``, ``json``, a code object), a torch function
+or dispatch mode left on, a trace function or a new thread makes the exercise
+an ``error`` whose message starts with ``TAMPERED_PREFIX`` (the grader then
+starts a fresh kernel). What the student's function returns must be built of
+plain types (tensors, numbers, strings, containers), so no object with its own
+``__eq__`` or ``__torch_function__`` reaches a comparison. An exception raised
+inside the student's function is a ``fail`` with its message; the cases the
+check counted come back with the verdict, for partial credit.
 
-While the solution cell and the student's function run, the exercise's package
+While the student's cells run, the package counterparts of every check of the
+notebook, and while the student's function runs, the exercise's package
 counterparts (``PACKAGE_COUNTERPARTS``) and the functions of their own module
 they call (the private helpers, registries included) raise "not available while
 this exercise is graded", whatever path reaches them: their code objects are
@@ -27,12 +34,12 @@ swapped, so getattr, importlib, sys.modules and a saved reference all meet the
 same stub.
 
 Exactly one line per exercise is written to the channel, ``[sequence, outcome,
-message]``. The grader counts a verdict only when the line is the only one of
-its cell and carries the expected sequence number, and the cell itself ended
-cleanly; printed text and writes to file descriptors 1 and 2 are not read.
-This is in-process defence: it stops the tricks named above and in
-tests/test_grading.py, not an adversary who rewrites the interpreter's memory
-(see the README's "For instructors").
+message, cases passed, cases run]``. The grader counts a verdict only when the
+line is the only one of its cell and carries the expected sequence number, and
+the cell itself ended cleanly; printed text and writes to file descriptors 1
+and 2 are not read. This is in-process defence: it stops the tricks named
+above and in tests/test_grading.py, not an adversary who rewrites the
+interpreter's memory (see the README's "For instructors").
 """
 
 from __future__ import annotations
@@ -267,7 +274,7 @@ def _stub_code(path: str) -> types.CodeType:
 def hidden(functions: list[types.FunctionType]) -> Iterator[None]:
     """Swap each function's code for a stub that raises, then put it back."""
     swapped = []
-    for function in functions:
+    for function in dict.fromkeys(functions):  # each once, in order
         if function.__code__.co_freevars:
             continue  # a closure's code cannot take a stub's place
         path = f"{function.__module__}.{function.__qualname__}"
@@ -276,7 +283,7 @@ def hidden(functions: list[types.FunctionType]) -> Iterator[None]:
     try:
         yield
     finally:
-        for function, code in swapped:
+        for function, code in reversed(swapped):
             function.__code__ = code
 
 
@@ -318,6 +325,9 @@ def guarded(
         try:
             with hidden(hide):
                 result = student_fn(*args, **kwargs)
+        except Exception as error:
+            _state.setdefault("raised", []).append(error)  # the student's own
+            raise
         finally:
             check_world("after a call of the solution")
         return plain(result)
@@ -346,31 +356,65 @@ def bootstrap() -> None:
     )
 
 
+def prepare(import_source: str) -> None:
+    """Import what the check cells import, then record the world; run once per
+    kernel, after the course's context cells and before any student code."""
+    exec(compile(import_source, "<check imports>", "exec"), {})
+    _state["threads"] = threading.active_count()
+    _state["record"] = _record()
+
+
 def grade(
     sequence: int,
-    solution_source: str,
+    cells: list[tuple[int, str]],
     check_source: str,
     function_name: str,
     check_names: tuple[str, ...],
+    notebook_checks: tuple[str, ...],
+    earlier_solutions: str,
     namespace: dict[str, Any],
 ) -> None:
-    """Grade one exercise in a copy of ``namespace``; write its line."""
+    """Run the student's ``cells`` in ``namespace``, then grade one exercise in
+    a copy of it; write its line. ``earlier_solutions`` (the course's) define
+    the earlier exercises' functions, so this one is graded on its own code."""
+    _take_the_cells_input()
     try:
-        outcome, message = run_exercise(
-            solution_source, check_source, namespace, function_name, check_names
+        verdict = exercise_verdict(
+            cells,
+            check_source,
+            namespace,
+            function_name,
+            check_names,
+            notebook_checks=notebook_checks,
+            earlier_solutions=earlier_solutions,
         )
     except Tampered as error:
-        outcome, message = "error", str(error)
-    _report(sequence, outcome, message)
+        verdict = ("error", str(error), None, None)
+    _report(sequence, *verdict)
 
 
-def _report(sequence: int, outcome: str, message: str) -> None:
+def _take_the_cells_input() -> None:
+    """The shell binds ``builtins.input`` anew for each cell: record this one's."""
+    import builtins
+
+    recorded = _state["record"]["namespaces"].get("builtins")
+    if recorded is not None and "input" in vars(builtins):
+        recorded["input"] = builtins.input
+
+
+def _report(
+    sequence: int, outcome: str, message: str, passed: int | None, run: int | None
+) -> None:
     descriptor, inode = _state["channel"]
     if _state["fstat"](descriptor).st_ino != inode:
         raise RuntimeError("the result channel was replaced")
     encode = _state["encode"]
-    line = f"[{int(sequence)}, {encode(outcome)}, {encode(message)}]\n"
+    counts = ", ".join("null" if n is None else str(int(n)) for n in (passed, run))
+    line = f"[{int(sequence)}, {encode(outcome)}, {encode(message)}, {counts}]\n"
     _state["write"](descriptor, line.encode("ascii"))
+
+
+Verdict = tuple[str, str, int | None, int | None]
 
 
 def run_exercise(
@@ -380,40 +424,104 @@ def run_exercise(
     function_name: str | None = None,
     check_names: tuple[str, ...] | None = None,
 ) -> tuple[str, str]:
-    """``(outcome, message)`` of the solution cell, then the check cell.
+    """``(outcome, message)`` of one solution cell, then the check cell, in a
+    copy of ``namespace`` (see :func:`exercise_verdict`). Raises Tampered."""
+    verdict = exercise_verdict(
+        [(0, solution_source)],
+        check_source,
+        dict(namespace),
+        function_name,
+        check_names,
+        record=True,
+    )
+    return verdict[0], verdict[1]
+
+
+def exercise_verdict(
+    cells: list[tuple[int, str]],
+    check_source: str,
+    namespace: dict[str, Any],
+    function_name: str | None = None,
+    check_names: tuple[str, ...] | None = None,
+    *,
+    notebook_checks: tuple[str, ...] = (),
+    earlier_solutions: str = "",
+    record: bool = False,
+) -> Verdict:
+    """``(outcome, message, cases passed, cases run)`` of the student's
+    ``cells`` (``(index, source)``, run in ``namespace``), then the check cell.
 
     The check passes when it raises nothing, prints no "not attempted yet" and
     its last expression is not ``False``. ``function_name`` (default: the first
-    function the solution defines) is the function guarded; ``check_names``
-    (default: the checks the check cell names) say which counterparts to hide.
+    function the cells define) is the function guarded; ``check_names``
+    (default: the checks the check cell names) say which counterparts to hide
+    while it runs, and ``notebook_checks`` which more to hide while the cells
+    run. ``record`` records the world first (outside a prepared kernel).
     Raises Tampered.
     """
-    from grpo_lab.teaching.checks.framework import ExerciseFailed
-
     if function_name is None:
-        found = re.search(r"^\s*def\s+([A-Za-z_]\w*)", solution_source, re.M)
+        sources = "\n".join(source for _, source in cells)
+        found = re.search(r"^\s*def\s+([A-Za-z_]\w*)", sources, re.M)
         function_name = found.group(1) if found else ""
     if check_names is None:
         check_names = check_names_in(check_source)
-
-    # The check's own modules are imported (and so recorded) before the solution.
-    exec(compile(import_statements(check_source), "<check imports>", "exec"), {})
+    if record or "record" not in _state:
+        prepare(import_statements(check_source))
     hide = [f for name in check_names for f in counterpart_functions(name)]
+    hide_in_cells = hide + [
+        f for name in notebook_checks for f in counterpart_functions(name)
+    ]
+    _state["raised"] = []
+    check_world("before the student's cells")
+    cell_error, stubbed = run_student_cells(cells, namespace, hide_in_cells)
+    if earlier_solutions:
+        run_cell(earlier_solutions, namespace, "<earlier solutions>")
+    if not callable(namespace.get(function_name)):
+        if cell_error:
+            return "error", cell_error, None, None
+        if stubbed:
+            return (
+                "not attempted",
+                "the solution cell raises NotImplementedError",
+                None,
+                None,
+            )
+        return (
+            "not attempted",
+            f"no cell above the check defines {function_name}",
+            None,
+            None,
+        )
     names = dict(namespace)
-    _state["threads"] = threading.active_count()
-    _state["record"] = _record()
-    check_world("before the solution cell")
-    try:
-        with hidden(hide):
-            run_cell(solution_source, names, "<solution cell>")
-    except NotImplementedError:
-        return "not attempted", "the solution cell raises NotImplementedError"
-    except Exception as error:
-        check_world("after the solution cell")
-        return "error", f"the solution cell raised {one_line(error)}"
-    check_world("after the solution cell")
-    if callable(names.get(function_name)):
-        names[function_name] = guarded(names[function_name], hide)
+    names[function_name] = guarded(names[function_name], hide)
+    return run_check(check_source, names)
+
+
+def run_student_cells(
+    cells: list[tuple[int, str]],
+    namespace: dict[str, Any],
+    hide: list[types.FunctionType],
+) -> tuple[str, bool]:
+    """Run each cell, as Jupyter would, whatever an earlier one raised:
+    ``(the first exception, in one line, or "", whether a cell raised
+    NotImplementedError)``. Raises Tampered after a cell that changed the world."""
+    first_error, stubbed = "", False
+    for index, source in cells:
+        try:
+            with hidden(hide):
+                run_cell(source, namespace, f"<cell {index}>")
+        except NotImplementedError:
+            stubbed = True
+        except Exception as error:
+            first_error = first_error or f"cell {index} raised {one_line(error)}"
+        check_world(f"after cell {index}")
+    return first_error, stubbed
+
+
+def run_check(check_source: str, names: dict[str, Any]) -> Verdict:
+    """Run the course's check cell in ``names`` (the student's function guarded)."""
+    from grpo_lab.teaching.checks.framework import ExerciseFailed
+
     printed = io.StringIO()
     try:
         with contextlib.redirect_stdout(printed):
@@ -421,18 +529,39 @@ def run_exercise(
     except Tampered:
         raise
     except ExerciseFailed as error:
+        counts = case_counts(error)
         check_world("after the check")
-        return "fail", str(error)
+        return "fail", str(error), *counts
     except NotImplementedError:
         check_world("after the check")
-        return "not attempted", "the solution raises NotImplementedError"
+        return "not attempted", "the solution raises NotImplementedError", None, None
     except Exception as error:
+        counts = case_counts(error)
+        own = any(error is raised for raised in _state.get("raised", ()))
         check_world("after the check")
-        return "error", f"the check raised {one_line(error)}"
+        if own:
+            return "fail", f"your function raised {one_line(error)}", *counts
+        return "error", f"the check raised {one_line(error)}", None, None
     check_world("after the check")
     if NOT_ATTEMPTED_TEXT in printed.getvalue() or value is False:
-        return "not attempted", "the check found a stub"
-    return "pass", ""
+        return "not attempted", "the check found a stub", None, None
+    return "pass", "", None, None
+
+
+def case_counts(error: BaseException) -> tuple[int | None, int | None]:
+    """``(cases passed, cases run)`` the check's CaseCount put on ``error``;
+    ``(None, None)`` unless ``error`` is the check's ExerciseFailed or a
+    built-in exception (a student's own class could fake its attributes)."""
+    from grpo_lab.teaching.checks.framework import ExerciseFailed
+
+    kind = type(error)
+    if kind is not ExerciseFailed and kind.__module__ != "builtins":
+        return None, None
+    passed = vars(error).get("cases_passed")
+    run = vars(error).get("cases_run")
+    if type(passed) is int and type(run) is int and 0 <= passed <= run and run > 0:
+        return passed, run
+    return None, None
 
 
 def import_statements(source: str) -> str:

@@ -35,7 +35,7 @@ import nbformat
 from nbconvert.preprocessors import Preprocessor
 from traitlets import Bool
 
-from grpo_lab.teaching.grading import NOT_ATTEMPTED_TEXT
+from grpo_lab.teaching.grading import ANSWER_STUB, NOT_ATTEMPTED_TEXT
 from grpo_lab.teaching.rubric import (
     Question,
     Rubric,
@@ -46,7 +46,6 @@ from grpo_lab.teaching.rubric import (
 from grpo_lab.teaching.shipped_notebooks import PACKAGE_DIR
 
 QUESTIONS_TAG = "questions"
-ANSWER_STUB = "YOUR ANSWER HERE"
 QUESTIONS_HEADING = (
     "## Questions\n\n"
     "Answer each question in the cell below it, in a few sentences. "

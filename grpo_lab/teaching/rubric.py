@@ -10,8 +10,10 @@ cells before it, except cells tagged ``colab`` (installs), ``walk-through``
 exercises' solution and check cells; of an earlier check cell, only its import
 statements are context (a later check may use a name it imports).
 
-``rubric.toml`` beside this module gives each exercise its points, and each
-written question (``"NN-qK"``) its prompt, points and model answer.
+``rubric.toml`` beside this module gives each exercise its points, the
+exercises that earn partial credit (their points times the share of their
+check's cases passed), and each written question (``"NN-qK"``) its prompt,
+points and model answer.
 """
 
 from __future__ import annotations
@@ -54,10 +56,12 @@ class Question:
 
 @dataclass(frozen=True)
 class Rubric:
-    """Points per exercise id, and the written questions by id."""
+    """Points per exercise id, the written questions by id, and the exercises
+    whose failing answer earns the share of its check's cases it passed."""
 
     exercises: dict[str, float]
     questions: dict[str, Question]
+    partial_credit: frozenset[str] = frozenset()
 
     def questions_of(self, number: str) -> list[Question]:
         """The questions of notebook ``number`` ("03"), in id order."""
@@ -157,7 +161,13 @@ def load_rubric(path: str | Path = RUBRIC_PATH) -> Rubric:
             entry["prompt"],
             entry["answer"],
         )
-    return Rubric(exercises, questions)
+    partial = data.get("partial_credit", {}).get("exercises", [])
+    unknown = sorted(set(partial) - set(exercises))
+    if unknown:
+        raise ValueError(
+            f"partial_credit.exercises must name [exercises] entries, got {unknown}"
+        )
+    return Rubric(exercises, questions, frozenset(partial))
 
 
 def _points(value: object, where: str) -> float:
