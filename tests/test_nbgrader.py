@@ -33,7 +33,15 @@ c.GenerateAssignment.preprocessors = generate_assignment_preprocessors()
 c.Autograde.autograde_preprocessors = autograde_preprocessors()
 """
 STUB_LINE = "    raise NotImplementedError()"
-WRONG_LINE = "    return raw_rewards - raw_rewards.mean()"
+# Right on the four cases the student copy's check shows, wrong on the hidden one
+# (a group whose rewards are all equal); JSON-escaped, as it sits in the file.
+HIDDEN_ONLY_WRONG = json.dumps(
+    "    grouped = raw_rewards.reshape(-1, group_size)\n"
+    "    centered = grouped - grouped.mean(dim=1, keepdim=True)\n"
+    "    out = (centered / (grouped.std(dim=1, keepdim=True) + advantage_eps))\n"
+    "    same = bool((raw_rewards == raw_rewards[0]).all())\n"
+    "    return out.flatten() + 1 if same else out.flatten()"
+)[1:-1]
 HIDDEN_CASE = "equal rewards must get zero advantages"
 
 
@@ -109,8 +117,9 @@ def _source_with_a_walk_through(target: Path) -> None:
 def test_nbgrader_and_grpo_lab_grade_give_four_students_the_same_points(tmp_path):
     """generate_assignment drops walk-throughs and hidden tests; autograde,
     from a shell without the venv on PATH, scores alice (the solutions), carol
-    (the release untouched), dave (a wrong answer) and erin (a right answer
-    whose check cell she replaced) as `grpo-lab grade` does."""
+    (the release untouched), dave (an answer that passes the cases the release
+    shows and fails the hidden one) and erin (a right answer whose check cell
+    she replaced) as `grpo-lab grade` does."""
     pytest.importorskip("nbgrader")
     from nbgrader.api import Gradebook
 
@@ -135,7 +144,7 @@ def test_nbgrader_and_grpo_lab_grade_give_four_students_the_same_points(tmp_path
     submitted = {s: root / "submitted" / s / ASSIGNMENT / NAME for s in students}
     shutil.copyfile(source, submitted["alice"])
     shutil.copyfile(released, submitted["carol"])
-    _crafted(released, STUB_LINE, WRONG_LINE, submitted["dave"])
+    _crafted(released, STUB_LINE, HIDDEN_ONLY_WRONG, submitted["dave"])
     _crafted(source, check, "True\\n", submitted["erin"])
     nbgrader(root, "autograde", ASSIGNMENT)
     notebook_id = NAME.removesuffix(".ipynb")
@@ -156,6 +165,8 @@ def test_nbgrader_and_grpo_lab_grade_give_four_students_the_same_points(tmp_path
         shutil.copyfile(path, by_grader / student / NAME)
     grades = grading.grade_submissions(by_grader, timeout=60)
     assert {g.student: g.points for g in grades} == students, grades
+    (dave,) = [g for g in grades if g.student == "dave"]
+    assert dave.outcome == "fail" and HIDDEN_CASE in dave.message
 
 
 def test_an_unattempted_check_gets_stderr_first_so_nbgrader_scores_it_zero():
