@@ -540,9 +540,14 @@ DISGUISED_CALLS = (
     "by_objectives_registry",
     "by_accumulate_gradients",
 )
-# The course context every exercise of the attack notebook may use.
+# The course context every exercise of the attack notebook may use. As in
+# notebook 07, a GradientRecorder is built before any check: torch patches an
+# optimizer class's `step` the first time one is built, which the guard would
+# otherwise take for the solution's doing.
 ATTACK_CONTEXT = (
     "import torch\n"
+    "from grpo_lab.teaching.gradient_recorder import GradientRecorder\n"
+    "GradientRecorder(torch.nn.Linear(1, 1).parameters())\n"
     "from grpo_lab.logprobs import get_response_log_probs\n"
     "from grpo_lab.masks import masked_mean\n"
     "\n"
