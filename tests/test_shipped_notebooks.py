@@ -399,3 +399,67 @@ def test_the_wheel_ships_student_copies_and_grades_with_the_instructors_kit(tmp_
     rows = (work / "g.csv").read_text().splitlines()[1:]
     outcomes = {row.split(",")[0]: row.split(",")[3] for row in rows}
     assert outcomes == {"ann": "pass", "cody": "not attempted"}, rows
+
+
+def _readme_container_recipe() -> str:
+    """The README's `docker run` recipe for untrusted classes, on one line."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = text.split("**For a class you do not trust**", 1)[1]
+    block = block.split("```bash", 1)[1].split("```", 1)[0]
+    return " ".join(line.strip().rstrip("\\") for line in block.strip().splitlines())
+
+
+def _docker_daemon_runs() -> bool:
+    if shutil.which("docker") is None:
+        return False
+    info = subprocess.run(["docker", "info"], capture_output=True, check=False)
+    return info.returncode == 0
+
+
+DOCKERFILE = """\
+FROM python:3.11-slim
+COPY {wheel} /tmp/
+RUN pip install --no-cache-dir --extra-index-url https://download.pytorch.org/whl/cpu \\
+    "/tmp/{wheel}[dev]"
+"""
+
+
+def test_the_readme_gives_one_container_recipe():
+    recipe = _readme_container_recipe()
+    assert recipe.startswith("docker run --rm --network none --read-only")
+    for part in ("/kit:ro", "/in:ro", "--memory", "--pids-limit", "IMAGE grpo-lab"):
+        assert part in recipe
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _docker_daemon_runs(), reason="needs a running docker daemon")
+def test_the_readme_container_recipe_grades_a_class(tmp_path):
+    """The README's recipe, as written, grades two students in a container built
+    from the wheel (it needs docker and, to build the image, a package index)."""
+    import nbformat
+
+    source = _source_tree(tmp_path / "source")
+    wheel = _build_wheel(source, tmp_path / "context")
+    (tmp_path / "context" / "Dockerfile").write_text(
+        DOCKERFILE.format(wheel=wheel.name)
+    )
+    image = "grpo-lab-grader-test"
+    subprocess.run(
+        ["docker", "build", "-q", "-t", image, str(tmp_path / "context")],
+        check=True,
+        timeout=1800,
+    )
+    work = tmp_path / "work"
+    assert cli.main(["instructor", "kit", str(work / "kit")]) == 0
+    students = work / "student_copies"
+    assert cli.main(["notebooks", str(students)]) == 0
+    for student, folder in [("ann", work / "kit" / "notebooks"), ("cody", students)]:
+        (work / "submissions" / student).mkdir(parents=True)
+        notebook = nbformat.read(folder / NOTEBOOKS[3], as_version=4)
+        nbformat.write(notebook, work / "submissions" / student / NOTEBOOKS[3])
+    (work / "out").mkdir()
+    recipe = _readme_container_recipe().replace("IMAGE", image)
+    subprocess.run(["bash", "-c", recipe], cwd=work, check=True, timeout=1800)
+    rows = (work / "out" / "grades.csv").read_text().splitlines()[1:]
+    outcomes = {row.split(",")[0]: row.split(",")[3] for row in rows}
+    assert outcomes == {"ann": "pass", "cody": "not attempted"}, rows
