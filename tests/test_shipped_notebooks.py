@@ -389,12 +389,12 @@ def test_the_wheel_ships_student_copies_and_grades_with_the_instructors_kit(tmp_
     refused = installed("instructor", "kit", "kit", check=False)
     assert refused.returncode == 2 and "--source" in refused.stderr
     installed("instructor", "kit", "kit", "--source", str(source))
-    no_course = installed("grade", "subs", "--out", "g.csv", check=False)
-    assert no_course.returncode == 2 and "student copies" in no_course.stderr
     for student, solution in [("ann", None), ("cody", COPIER)]:
         (work / "subs" / student).mkdir(parents=True)
         notebook = _submission(work / "kit" / "notebooks", solution)
         nbformat.write(notebook, work / "subs" / student / NOTEBOOKS[3])
+    no_course = installed("grade", "subs", "--out", "g.csv", check=False)
+    assert no_course.returncode == 2 and "student copies" in no_course.stderr
     installed("grade", "subs", "--out", "g.csv", "--notebooks", "kit/notebooks")
     rows = (work / "g.csv").read_text().splitlines()[1:]
     outcomes = {row.split(",")[0]: row.split(",")[3] for row in rows}
