@@ -200,6 +200,8 @@ class NotAttemptedScoresZero(Preprocessor):
 class DropWalkThroughs(Preprocessor):
     """generate_assignment: the release copy has no ``walk-through`` cell."""
 
+    enabled = Bool(True)
+
     def preprocess(self, nb: Any, resources: dict) -> tuple[Any, dict]:
         nb.cells = [cell for cell in nb.cells if not is_walk_through(cell)]
         return nb, resources
