@@ -570,9 +570,9 @@ def attack_course(folder) -> tuple:
             name,
             ("advantages", "check_group_normalized_advantages", SIGNATURE, RIGHT_BODY),
         )[:4]
-        solution = helpers.get(name, "")
-        solution += f"def {name}{signature}:\n    ### BEGIN SOLUTION\n{body}"
-        solution += "    ### END SOLUTION"
+        # The exercise's function first: the first def names the exercise.
+        solution = f"def {name}{signature}:\n    ### BEGIN SOLUTION\n{body}"
+        solution += "    ### END SOLUTION\n\n\n" + helpers.get(name, "")
         check = (
             f"from grpo_lab.teaching.checks.{module} import {check_name}\n\n"
             f"{check_name}({name});"
