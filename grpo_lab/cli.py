@@ -12,6 +12,7 @@
     grpo-lab export trl|verl --profile gpu --out DIR      # a launch folder for TRL/verl
     grpo-lab export trl --gpus 8 --nodes 2 [--vllm-mode server] --out DIR
     grpo-lab grade SUBMISSIONS_DIR --out grades.csv      # grade submitted notebooks
+    grpo-lab instructor kit KIT [--source CHECKOUT]      # solutions, key, answers
 
 Every ``train`` flag is generated from a ``TrainConfig`` field, so the command
 line and ``TrainConfig.for_profile(profile, **overrides)`` are the same thing.
@@ -233,7 +234,7 @@ def _add_notebooks_command(commands: Any, common: argparse.ArgumentParser) -> No
     copy_parser = commands.add_parser(
         "notebooks",
         parents=[common],
-        help="copy the course notebooks (with solutions) into DIR",
+        help="write the student copies of the course notebooks into DIR",
     )
     copy_parser.add_argument("out_dir", metavar="DIR")
     copy_parser.add_argument(
@@ -321,8 +322,23 @@ def _add_grade_command(commands: Any, common: argparse.ArgumentParser) -> None:
     grade_parser.add_argument(
         "--notebooks",
         default=None,
-        help="folder of the course notebooks whose checks grade (default: the "
-        "notebooks shipped with the package)",
+        help="folder of the course notebooks whose checks grade (default: a "
+        "checkout's notebooks/; from an installed wheel, KIT/notebooks)",
+    )
+    instructor_parser = commands.add_parser(
+        "instructor",
+        parents=[common],
+        help="write the instructor's kit (solved notebooks, solutions key, model "
+        "answers) from a checkout of the course",
+    )
+    instructor_parser.add_argument("action", choices=("kit",))
+    instructor_parser.add_argument("out_dir", metavar="KIT")
+    instructor_parser.add_argument(
+        "--source", default=None, metavar="CHECKOUT",
+        help="the course's checkout (default: the one grpo_lab is imported from)",
+    )  # fmt: skip
+    instructor_parser.add_argument(
+        "--force", action="store_true", help="overwrite a kit already in KIT"
     )
     grade_parser.add_argument(
         "-j",
@@ -619,7 +635,7 @@ def run_student_notebooks(arguments: argparse.Namespace) -> int:
 
 
 def run_notebooks(arguments: argparse.Namespace) -> int:
-    """``grpo-lab notebooks DIR``: copy the shipped notebooks into DIR."""
+    """``grpo-lab notebooks DIR``: write the student copies into DIR."""
     from grpo_lab.teaching.shipped_notebooks import copy_notebooks
 
     try:
@@ -743,6 +759,18 @@ def run_grade(arguments: argparse.Namespace) -> int:
     return 0
 
 
+def run_instructor(arguments: argparse.Namespace) -> int:
+    """``grpo-lab instructor kit KIT``: solved notebooks, key and answers."""
+    from grpo_lab.teaching.instructor_kit import write_kit
+
+    try:
+        written = write_kit(arguments.out_dir, arguments.source, arguments.force)
+    except (ValueError, FileExistsError) as error:
+        raise UserError(str(error), "see grpo-lab instructor --help") from error
+    print(f"instructor's kit ({len(written)} files) written to {arguments.out_dir}")
+    return 0
+
+
 COMMANDS = {
     "train": run_train,
     "plot": run_plot,
@@ -753,6 +781,7 @@ COMMANDS = {
     "doctor": run_doctor,
     "export": run_export,
     "grade": run_grade,
+    "instructor": run_instructor,
 }
 
 

@@ -316,11 +316,12 @@ def test_the_solutions_key_is_generated_with_every_exercise_and_answer(tmp_path)
     out = tmp_path / "solutions.md"
     assert solutions_key.main([str(out)]) == 0
     text = out.read_text(encoding="utf-8")
-    rubric = load_rubric()
+    answers = shipped_notebooks_dir() / "model_answers.toml"
+    rubric = load_rubric(answers=answers)
     for exercise_id in rubric.exercises:
         assert f"### Exercise `{exercise_id}`" in text
     for question in rubric.questions.values():
-        assert question.answer in text
+        assert question.answer and question.answer in text
 
 
 def test_the_solutions_key_is_not_in_the_repository():
@@ -496,6 +497,56 @@ ATTACKS = {
         "    return compute_group_normalized_rewards(raw_rewards, group_size, "
         "advantage_eps)\n"
     ),
+    "by_dunder_import": _answer(
+        "by_dunder_import",
+        body="    module = __import__('grpo_lab.' + 'advantages', fromlist=['_'])\n"
+        "    fn = getattr(module, 'compute_group' + '_normalized_rewards')\n"
+        "    return fn(raw_rewards, group_size, 'mean', advantage_eps, 'std')[0]\n",
+    ),
+    "by_private_helper": _answer(
+        "by_private_helper",
+        "from grpo_lab.advantages import _group_advantages",
+        "    grouped = raw_rewards.reshape(-1, group_size)\n"
+        "    return _group_advantages(grouped, 'mean', advantage_eps, 'std').flatten()\n",
+    ),
+    # The package's source pasted under another name, beside its module's names.
+    "pasted_source": (
+        "from grpo_lab import advantages as _package\n"
+        "globals().update({k: v for k, v in vars(_package).items() if k[:2] != '__'})\n"
+        + inspect.getsource(compute_group_normalized_rewards).replace(
+            "compute_group_normalized_rewards", "_pasted"
+        )
+        + _answer(
+            "pasted_source",
+            body="    return _pasted(raw_rewards, group_size, 'mean', advantage_eps)[0]\n",
+        )
+    ),
+    # Another package function that computes the answer on the way.
+    "another_package_function": _answer(
+        "another_package_function",
+        "from grpo_lab.train_step import rollout_advantages",
+        "    values = raw_rewards.tolist()\n"
+        "    names = [str(i) for i in range(len(values))]\n"
+        "    def reward(response, truth):\n"
+        "        value = values[int(response)]\n"
+        "        return {'reward': value, 'format_reward': 1.0, 'answer_reward': value}\n"
+        "    advantages = rollout_advantages(\n"
+        "        reward, names, names, group_size, advantage_eps=advantage_eps)[1]\n"
+        "    return advantages.to(raw_rewards.dtype)\n",
+    ),
+    "comment_names_the_package": _answer(
+        "comment_names_the_package",
+        "# grpo_lab.advantages.compute_group_normalized_rewards(raw_rewards, 4) is\n"
+        "# the package's version; this one is mine.",
+        "    # not compute_group_normalized_rewards(raw_rewards, group_size)\n"
+        + RIGHT_BODY,
+    ),
+    "docstring_names_the_package": _answer(
+        "docstring_names_the_package",
+        body='    """Like grpo_lab.advantages.compute_group_normalized_rewards(\n'
+        '    raw_rewards, group_size, \'mean\', advantage_eps), written again."""\n'
+        + RIGHT_BODY,
+    ),
     "right": _answer("right", body=RIGHT_BODY),
     # What the student wrote counts: a helper in a cell above the answer, and an
     # answer in a new cell below the untouched stub.
@@ -526,29 +577,163 @@ ATTACKS = {
         + RIGHT_BODY,
     ),
 }
+CLIP_SIGNATURE = "(advantages, policy_log_probs, old_log_probs, cliprange)"
+CLIP_RIGHT_BODY = (
+    "    ratio = torch.exp(policy_log_probs - old_log_probs)  # (B, T)\n"
+    "    advantages = advantages.unsqueeze(-1)  # (B, 1)\n"
+    "    clipped = torch.clamp(ratio, 1 - cliprange, 1 + cliprange)\n"
+    "    return -torch.minimum(ratio * advantages, clipped * advantages)\n"
+)
+STEP_SIGNATURE = (
+    "(model, optimizer, batch, advantages, gradient_accumulation_steps, max_grad_norm)"
+)
+STEP_RIGHT_BODY = (
+    "    batch_size = advantages.shape[0]\n"
+    "    microbatch_size = -(-batch_size // gradient_accumulation_steps)\n"
+    "    optimizer.zero_grad(set_to_none=True)\n"
+    "    for rows in torch.arange(batch_size).split(microbatch_size):\n"
+    "        loss = microbatch_loss(model, batch, advantages, rows)\n"
+    "        scale = microbatch_loss_scale(len(rows), batch_size, 'sequence')\n"
+    "        (loss * scale).backward()\n"
+    "    if max_grad_norm is not None:\n"
+    "        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)\n"
+    "    optimizer.step()\n"
+)
+# A student's own helper that shares a package function's name.
+OWN_MICROBATCH_LOSS = (
+    "def microbatch_loss(model, batch, advantages, rows):\n"
+    "    log_probs = get_response_log_probs(\n"
+    "        model, batch['input_ids'][rows], batch['labels'][rows])['log_probs']\n"
+    "    per_token_loss = -advantages[rows].unsqueeze(-1) * log_probs  # (b, T)\n"
+    "    return masked_mean(per_token_loss, batch['response_mask'][rows], dim=1).mean()\n"
+)
+TIS_SIGNATURE = "(trainer_log_probs, sampler_log_probs, response_mask, cap)"
+OWN_CORRECTION_WEIGHTS = (
+    "def correction_weights(trainer_log_probs, sampler_log_probs, cap):\n"
+    "    ratio = torch.exp(trainer_log_probs.detach() - sampler_log_probs.detach())\n"
+    "    return ratio.clamp(max=cap)  # (B, T)\n"
+)
+TIS_RIGHT_BODY = (
+    "    weights = correction_weights(trainer_log_probs, sampler_log_probs, cap)\n"
+    "    return torch.where(response_mask.bool(), weights, 0.0)  # (B, T)\n"
+)
+# Exercises checked by other checks than notebook 03's: (check module, check,
+# signature, the course's solution body, the submitted answer).
+CHECKED_BY = {
+    "by_private_clip": (
+        "losses", "check_clipped_loss", CLIP_SIGNATURE, CLIP_RIGHT_BODY,
+        "from grpo_lab import losses\n"
+        f"def by_private_clip{CLIP_SIGNATURE}:\n"
+        "    options = losses.ObjectiveOptions(cliprange=cliprange)\n"
+        "    return losses._grpo_clip_loss(advantages.unsqueeze(-1), policy_log_probs,\n"
+        "        old_log_probs, torch.ones_like(policy_log_probs, dtype=torch.bool),\n"
+        "        options)[0]\n",
+    ),
+    "by_objectives_registry": (
+        "losses", "check_clipped_loss", CLIP_SIGNATURE, CLIP_RIGHT_BODY,
+        "from grpo_lab.losses import OBJECTIVES, ObjectiveOptions\n"
+        f"def by_objectives_registry{CLIP_SIGNATURE}:\n"
+        "    options = ObjectiveOptions(cliprange=cliprange)\n"
+        "    return OBJECTIVES['grpo'](advantages.unsqueeze(-1), policy_log_probs,\n"
+        "        old_log_probs, torch.ones_like(policy_log_probs, dtype=torch.bool),\n"
+        "        options)[0]\n",
+    ),
+    "right_clip": (
+        "losses", "check_clipped_loss", CLIP_SIGNATURE, CLIP_RIGHT_BODY,
+        f"def right_clip{CLIP_SIGNATURE}:\n" + CLIP_RIGHT_BODY,
+    ),
+    "by_accumulate_gradients": (
+        "train_step", "check_microbatch_train_step", STEP_SIGNATURE,
+        STEP_RIGHT_BODY,
+        "import grpo_lab.train_step as steps\n"
+        f"def by_accumulate_gradients{STEP_SIGNATURE}:\n"
+        "    batch_size = advantages.shape[0]\n"
+        "    optimizer.zero_grad(set_to_none=True)\n"
+        "    active = steps._select_rows(\n"
+        "        batch, advantages, None, None, torch.arange(batch_size))\n"
+        "    size = -(-batch_size // gradient_accumulation_steps)\n"
+        "    tokens = int(batch['response_mask'].sum())\n"
+        "    steps._accumulate_gradients(model, active, size, (batch_size, tokens),\n"
+        "        steps.UpdateSettings(), next(model.parameters()).device)\n"
+        "    if max_grad_norm is not None:\n"
+        "        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)\n"
+        "    optimizer.step()\n",
+    ),
+    "own_microbatch_loss": (
+        "train_step", "check_microbatch_train_step", STEP_SIGNATURE,
+        STEP_RIGHT_BODY,
+        OWN_MICROBATCH_LOSS + f"\n\ndef own_microbatch_loss{STEP_SIGNATURE}:\n"
+        + STEP_RIGHT_BODY,
+    ),
+    "own_correction_weights": (
+        "mismatch", "check_tis_weights", TIS_SIGNATURE, TIS_RIGHT_BODY,
+        OWN_CORRECTION_WEIGHTS + f"\n\ndef own_correction_weights{TIS_SIGNATURE}:\n"
+        + TIS_RIGHT_BODY,
+    ),
+}  # fmt: skip
+ATTACKS.update({name: entry[-1] for name, entry in CHECKED_BY.items()})
 # The exercises whose answer is right: they alone may pass.
 RIGHT_ANSWERS = {
     "right",
     "own_helper_named_like_the_package",
     "token_free",
+    "comment_names_the_package",
+    "docstring_names_the_package",
+    "right_clip",
+    "own_microbatch_loss",
+    "own_correction_weights",
     "helper_elsewhere",
     "new_cell",
 }
 PARTIAL_CREDIT = {"raises_inside"}
+# Disguised calls of the package: each would pass were the package reachable.
+DISGUISED_CALLS = (
+    "by_getattr",
+    "by_sys_modules",
+    "by_dunder_import",
+    "by_private_helper",
+    "pasted_source",
+    "another_package_function",
+    "by_private_clip",
+    "by_objectives_registry",
+    "by_accumulate_gradients",
+)
+# The course context every exercise of the attack notebook may use. As in
+# notebook 07, a GradientRecorder is built before any check: torch patches an
+# optimizer class's `step` the first time one is built, which the guard would
+# otherwise take for the solution's doing.
+ATTACK_CONTEXT = (
+    "import torch\n"
+    "from grpo_lab.teaching.gradient_recorder import GradientRecorder\n"
+    "GradientRecorder(torch.nn.Linear(1, 1).parameters())\n"
+    "from grpo_lab.logprobs import get_response_log_probs\n"
+    "from grpo_lab.masks import masked_mean\n"
+    "\n"
+    "def microbatch_loss_scale(microbatch_rows, batch_size, loss_normalization):\n"
+    "    return microbatch_rows / batch_size if loss_normalization == 'sequence' else 1.0\n"
+)
 
 
 def attack_course(folder) -> tuple:
     """A course notebook with one exercise per attack, and its rubric."""
     from grpo_lab.teaching.rubric import Rubric
 
-    cells = [nbformat.v4.new_code_cell("import torch")]
+    cells = [nbformat.v4.new_code_cell(ATTACK_CONTEXT)]
+    helpers = {
+        "own_microbatch_loss": OWN_MICROBATCH_LOSS,
+        "own_correction_weights": OWN_CORRECTION_WEIGHTS,
+    }
     for name in ATTACKS:
-        solution = f"def {name}{SIGNATURE}:\n    ### BEGIN SOLUTION\n{RIGHT_BODY}"
-        solution += "    ### END SOLUTION"
+        module, check_name, signature, body = CHECKED_BY.get(
+            name,
+            ("advantages", "check_group_normalized_advantages", SIGNATURE, RIGHT_BODY),
+        )[:4]
+        # The exercise's function first: the first def names the exercise.
+        solution = f"def {name}{signature}:\n    ### BEGIN SOLUTION\n{body}"
+        solution += "    ### END SOLUTION\n\n\n" + helpers.get(name, "")
         check = (
-            "from grpo_lab.teaching.checks.advantages import "
-            f"check_group_normalized_advantages\n\n"
-            f"check_group_normalized_advantages({name});"
+            f"from grpo_lab.teaching.checks.{module} import {check_name}\n\n"
+            f"{check_name}({name});"
         )
         cells += [nbformat.v4.new_code_cell(solution), nbformat.v4.new_code_cell(check)]
     folder.mkdir(parents=True, exist_ok=True)
@@ -640,6 +825,7 @@ EXPECTED_MESSAGES = {
     "by_getattr": "not available while this exercise is graded",
     "by_sys_modules": "not available while this exercise is graded",
     "by_alias": "write it yourself",
+    **{name: "not available while this exercise is graded" for name in DISGUISED_CALLS},
 }
 
 
@@ -647,6 +833,15 @@ EXPECTED_MESSAGES = {
 @pytest.mark.parametrize("attack", sorted(EXPECTED_MESSAGES))
 def test_each_trick_is_named_in_the_message(attack, attack_grades):
     assert EXPECTED_MESSAGES[attack] in attack_grades[attack].message
+
+
+@pytest.mark.slow
+def test_the_pasted_source_is_flagged_and_the_own_answers_are_not(attack_grades):
+    flagged = {name for name, grade in attack_grades.items() if grade.flag}
+    assert flagged == {"pasted_source"}, flagged
+    assert attack_grades["pasted_source"].flag == (
+        "matches grpo_lab.advantages.compute_group_normalized_rewards"
+    )
 
 
 def test_the_kernel_environment_holds_none_of_the_graders(monkeypatch, tmp_path):
@@ -819,3 +1014,27 @@ def test_the_warden_sets_the_limits_and_fences_writes(tmp_path):
     assert result.stdout.strip() == f"[{2 << 30}, 30, 500] True"
     assert (inside / "ok.txt").read_text() == "ok"
     assert not (outside / "no.txt").exists()
+
+
+@pytest.mark.parametrize("attack", [*DISGUISED_CALLS, *sorted(RIGHT_ANSWERS)])
+def test_each_disguised_call_passes_a_check_that_does_not_hide_the_package(
+    attack, monkeypatch
+):
+    """The attacks are real: outside the grader (the package reachable, the
+    grader's identity refusal in place) each disguised call passes its check,
+    as each right answer does; in the grader the former get no points."""
+    import importlib
+
+    from grpo_lab.teaching import grading_refusal
+    from grpo_lab.teaching.checks import framework
+
+    monkeypatch.setattr(
+        framework, "refuse_package_function", grading_refusal.refuse_package_object
+    )
+    names: dict = {}
+    exec(ATTACK_CONTEXT + ATTACKS[attack], names)
+    module, check_name = CHECKED_BY.get(
+        attack, ("advantages", "check_group_normalized_advantages")
+    )[:2]
+    checks = importlib.import_module(f"grpo_lab.teaching.checks.{module}")
+    assert getattr(checks, check_name)(names[attack]) is not False

@@ -20,14 +20,29 @@ ASSIGNMENT = "ps03"
 CHECK_ID = "03-group_normalized_advantages-check"
 
 CONFIG = """
-from grpo_lab.teaching.nbgrader_metadata import autograde_preprocessors
+from grpo_lab.teaching.nbgrader_metadata import (
+    autograde_preprocessors,
+    generate_assignment_preprocessors,
+)
 
 c = get_config()
 c.CourseDirectory.root = {root!r}
 c.CourseDirectory.db_assignments = [dict(name="ps03")]
-c.CourseDirectory.db_students = [dict(id="alice"), dict(id="carol")]
+c.CourseDirectory.db_students = [dict(id=s) for s in ("alice", "carol", "dave", "erin")]
+c.GenerateAssignment.preprocessors = generate_assignment_preprocessors()
 c.Autograde.autograde_preprocessors = autograde_preprocessors()
 """
+STUB_LINE = "    raise NotImplementedError()"
+# Right on the four cases the student copy's check shows, wrong on the hidden one
+# (a group whose rewards are all equal); JSON-escaped, as it sits in the file.
+HIDDEN_ONLY_WRONG = json.dumps(
+    "    grouped = raw_rewards.reshape(-1, group_size)\n"
+    "    centered = grouped - grouped.mean(dim=1, keepdim=True)\n"
+    "    out = (centered / (grouped.std(dim=1, keepdim=True) + advantage_eps))\n"
+    "    same = bool((raw_rewards == raw_rewards[0]).all())\n"
+    "    return out.flatten() + 1 if same else out.flatten()"
+)[1:-1]
+HIDDEN_CASE = "equal rewards must get zero advantages"
 
 
 def test_the_notebooks_carry_the_metadata_the_script_writes():
@@ -78,37 +93,80 @@ def nbgrader(root: Path, *arguments: str) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def _crafted(notebook_path: Path, old: str, new: str, out: Path) -> None:
+    text = notebook_path.read_text(encoding="utf-8")
+    assert old in text
+    out.write_text(text.replace(old, new), encoding="utf-8")
+
+
+def _source_with_a_walk_through(target: Path) -> None:
+    """Notebook 03 as the course has it, and one walk-through cell more."""
+    notebook = json.loads((shipped_notebooks_dir() / NAME).read_text("utf-8"))
+    shown = {
+        "cell_type": "code",
+        "execution_count": None,
+        "metadata": {"tags": ["walk-through"]},
+        "outputs": [],
+        "source": ["print('the package version, shown after the check')"],
+    }
+    notebook["cells"].append(shown)
+    target.write_text(json.dumps(notebook, indent=1), encoding="utf-8")
+
+
 @pytest.mark.slow
-def test_generate_assignment_and_autograde_score_the_check_cells(tmp_path):
+def test_nbgrader_and_grpo_lab_grade_give_four_students_the_same_points(tmp_path):
+    """generate_assignment drops walk-throughs and hidden tests; autograde,
+    from a shell without the venv on PATH, scores alice (the solutions), carol
+    (the release untouched), dave (an answer that passes the cases the release
+    shows and fails the hidden one) and erin (a right answer whose check cell
+    she replaced) as `grpo-lab grade` does."""
     pytest.importorskip("nbgrader")
     from nbgrader.api import Gradebook
 
+    from grpo_lab.teaching import grading
+
     root = tmp_path / "course"
-    (root / "source" / ASSIGNMENT).mkdir(parents=True)
+    source = root / "source" / ASSIGNMENT / NAME
+    source.parent.mkdir(parents=True)
     (root / "nbgrader_config.py").write_text(CONFIG.format(root=str(root)))
-    shutil.copyfile(shipped_notebooks_dir() / NAME, root / "source" / ASSIGNMENT / NAME)
+    _source_with_a_walk_through(source)
     nbgrader(root, "generate_assignment", ASSIGNMENT)
     released = root / "release" / ASSIGNMENT / NAME
-    assert "raise NotImplementedError()" in released.read_text()
-    for student, notebook in [
-        ("alice", root / "source" / ASSIGNMENT / NAME),  # the solutions
-        ("carol", released),  # untouched student copy
-    ]:
-        folder = root / "submitted" / student / ASSIGNMENT
-        folder.mkdir(parents=True)
-        shutil.copyfile(notebook, folder / NAME)
+    text = released.read_text()
+    assert "raise NotImplementedError()" in text
+    assert "walk-through" not in text and "the package version" not in text
+    assert "HIDDEN TESTS" not in text and HIDDEN_CASE not in text
+    assert HIDDEN_CASE in source.read_text()  # the source keeps its hidden test
+    check = "check_group_normalized_advantages(group_normalized_advantages)\\n"
+    students = {"alice": 3, "carol": 0, "dave": 0, "erin": 3}
+    for student in students:
+        (root / "submitted" / student / ASSIGNMENT).mkdir(parents=True)
+    submitted = {s: root / "submitted" / s / ASSIGNMENT / NAME for s in students}
+    shutil.copyfile(source, submitted["alice"])
+    shutil.copyfile(released, submitted["carol"])
+    _crafted(released, STUB_LINE, HIDDEN_ONLY_WRONG, submitted["dave"])
+    _crafted(source, check, "True\\n", submitted["erin"])
     nbgrader(root, "autograde", ASSIGNMENT)
     notebook_id = NAME.removesuffix(".ipynb")
     with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gradebook:
         scores = {
             student: gradebook.find_grade(CHECK_ID, notebook_id, ASSIGNMENT, student)
-            for student in ("alice", "carol")
+            for student in students
         }
-        assert {s: g.score for s, g in scores.items()} == {"alice": 3, "carol": 0}
+        assert {s: g.score for s, g in scores.items()} == students
         assert scores["alice"].max_score == 3
         questions = gradebook.find_submission_notebook(notebook_id, ASSIGNMENT, "alice")
         # 3 points of checks and 2 hand-graded questions of 1 point each.
         assert questions.max_score == 5
+
+    by_grader = tmp_path / "by_grader"
+    for student, path in submitted.items():
+        (by_grader / student).mkdir(parents=True)
+        shutil.copyfile(path, by_grader / student / NAME)
+    grades = grading.grade_submissions(by_grader, timeout=60)
+    assert {g.student: g.points for g in grades} == students, grades
+    (dave,) = [g for g in grades if g.student == "dave"]
+    assert dave.outcome == "fail" and HIDDEN_CASE in dave.message
 
 
 def test_an_unattempted_check_gets_stderr_first_so_nbgrader_scores_it_zero():

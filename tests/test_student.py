@@ -15,6 +15,7 @@ from grpo_lab.teaching.student import (
     STUB,
     WALK_THROUGH_TAG,
     is_walk_through,
+    strip_hidden_tests,
     strip_solutions,
     student_notebook,
     write_student_notebooks,
@@ -118,6 +119,26 @@ def test_course_notebooks_have_walk_throughs_and_copies_have_none():
         copy = student_notebook(notebook, path.name)
         assert not any(is_walk_through(cell) for cell in copy.cells), path.name
     assert tagged >= 8
+
+
+HIDDEN_CHECK = """\
+check(f)
+### BEGIN HIDDEN TESTS
+assert f(41) == 84
+### END HIDDEN TESTS
+print("checked")"""
+
+
+def test_hidden_tests_are_left_out_of_the_student_copy():
+    notebook = _solved_notebook()
+    notebook.cells.append(new_code_cell(HIDDEN_CHECK))
+    copy = student_notebook(notebook, "demo.ipynb")
+    assert copy.cells[2].source == 'check(f)\nprint("checked")'
+    assert "f(41)" in notebook.cells[2].source  # the course keeps them
+    with pytest.raises(ValueError, match=r"demo\.ipynb, cell 2: line 2"):
+        strip_hidden_tests("x\n### END HIDDEN TESTS", "demo.ipynb, cell 2")
+    with pytest.raises(ValueError, match="opened at line 1 have no"):
+        strip_hidden_tests("### BEGIN HIDDEN TESTS\nx")
 
 
 def test_write_student_notebooks(tmp_path):

@@ -69,7 +69,7 @@ from grpo_lab.teaching.rubric import (
     load_rubric,
     notebook_number,
 )
-from grpo_lab.teaching.shipped_notebooks import PACKAGE_DIR, shipped_notebooks_dir
+from grpo_lab.teaching.shipped_notebooks import PACKAGE_DIR, course_notebooks_dir
 from grpo_lab.teaching.student import STUB, strip_solutions
 
 # What the kernel reports for an exercise; "manual" is a written question's.
@@ -185,8 +185,8 @@ def find_submissions(submissions_dir: str | Path) -> dict[str, dict[str, Path]]:
 
 
 def course_notebooks(notebooks_dir: str | Path | None = None) -> dict[str, Path]:
-    """``{number: path}`` of the course notebooks (default: the shipped ones)."""
-    folder = shipped_notebooks_dir() if notebooks_dir is None else Path(notebooks_dir)
+    """``{number: path}`` of the course notebooks (default: a checkout's)."""
+    folder = course_notebooks_dir() if notebooks_dir is None else Path(notebooks_dir)
     return {
         notebook_number(p.name): p for p in sorted(folder.glob("[0-9][0-9]_*.ipynb"))
     }

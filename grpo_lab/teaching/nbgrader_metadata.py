@@ -20,6 +20,12 @@ A check meeting a stub prints "not attempted yet" and raises nothing, which
 nbgrader would score as full marks; :func:`autograde_preprocessors` adds
 :class:`NotAttemptedScoresZero` to nbgrader's list (``c.Autograde.
 autograde_preprocessors = autograde_preprocessors()`` in nbgrader_config.py).
+:func:`generate_assignment_preprocessors` adds :class:`DropWalkThroughs`, so
+the release copies leave out the ``walk-through`` cells (the package's own
+version of an exercise) as ``grpo-lab student-notebooks`` does; the lines of a
+check cell between ``### BEGIN HIDDEN TESTS`` and ``### END HIDDEN TESTS`` are
+nbgrader's hidden tests: cut from the release, run by ``autograde`` (and by
+``grpo-lab grade``, which reads the course's check cells).
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from grpo_lab.teaching.rubric import (
     notebook_number,
 )
 from grpo_lab.teaching.shipped_notebooks import PACKAGE_DIR
+from grpo_lab.teaching.student import is_walk_through
 
 QUESTIONS_TAG = "questions"
 QUESTIONS_HEADING = (
@@ -187,6 +194,25 @@ class NotAttemptedScoresZero(Preprocessor):
                     ),
                 )
         return cell, resources
+
+
+class DropWalkThroughs(Preprocessor):
+    """generate_assignment: the release copy has no ``walk-through`` cell."""
+
+    enabled = Bool(True)
+
+    def preprocess(self, nb: Any, resources: dict) -> tuple[Any, dict]:
+        nb.cells = [cell for cell in nb.cells if not is_walk_through(cell)]
+        return nb, resources
+
+
+def generate_assignment_preprocessors() -> list[type]:
+    """nbgrader's generate_assignment preprocessors, DropWalkThroughs first
+    (``c.GenerateAssignment.preprocessors = generate_assignment_preprocessors()``)."""
+    from nbgrader.converters.generate_assignment import GenerateAssignment
+
+    defaults = list(GenerateAssignment.class_traits()["preprocessors"].default())
+    return [DropWalkThroughs, *defaults]
 
 
 def autograde_preprocessors() -> list[type]:

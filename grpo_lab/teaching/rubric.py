@@ -12,8 +12,10 @@ statements are context (a later check may use a name it imports).
 
 ``rubric.toml`` beside this module gives each exercise its points, the
 exercises that earn partial credit (their points times the share of their
-check's cases passed), and each written question (``"NN-qK"``) its prompt,
-points and model answer.
+check's cases passed), and each written question (``"NN-qK"``) its prompt and
+points; it ships in the wheel. The model answers are on the instructor's side
+only: ``model_answers.toml`` in the course source (the repository's
+``notebooks/``, :data:`MODEL_ANSWERS_NAME`), read with ``load_rubric(answers=...)``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import nbformat
 from grpo_lab.teaching.student import BEGIN_MARKER
 
 RUBRIC_PATH = Path(__file__).with_name("rubric.toml")
+# The model answers' file, in the course source's notebooks folder.
+MODEL_ANSWERS_NAME = "model_answers.toml"
 SKIPPED_TAGS = frozenset({"colab", "walk-through", "grading-skip"})
 FUNCTION_NAME = re.compile(r"^\s*def\s+([A-Za-z_]\w*)\s*\(", re.MULTILINE)
 NOTEBOOK_NUMBER = re.compile(r"^(\d\d)_")
@@ -51,7 +55,8 @@ class Question:
     question_id: str
     points: float
     prompt: str
-    answer: str
+    # The model answer: "" unless the rubric was loaded with its answers.
+    answer: str = ""
 
 
 @dataclass(frozen=True)
@@ -140,26 +145,40 @@ def _check_index(cells: list, solution: int, name: str) -> int:
     )
 
 
-def load_rubric(path: str | Path = RUBRIC_PATH) -> Rubric:
-    """Read ``rubric.toml``; ValueError names a missing or non-positive entry."""
+def load_rubric(
+    path: str | Path = RUBRIC_PATH, answers: str | Path | None = None
+) -> Rubric:
+    """Read ``rubric.toml`` (and, given ``answers``, the model answers' file);
+    ValueError names a missing or non-positive entry, or an answer missing or
+    without a question."""
     with open(path, "rb") as handle:
         data = tomllib.load(handle)
     exercises = {
         str(k): _points(v, f"exercises.{k}") for k, v in data["exercises"].items()
     }
+    model_answers = {} if answers is None else _model_answers(Path(answers))
     questions = {}
     for question_id, entry in data.get("questions", {}).items():
-        missing = {"points", "prompt", "answer"} - set(entry)
+        missing = {"points", "prompt"} - set(entry)
         if missing:
             raise ValueError(
-                f"questions.{question_id} must have points, prompt and answer; "
+                f"questions.{question_id} must have points and prompt; "
                 f"missing {sorted(missing)}"
+            )
+        if answers is not None and question_id not in model_answers:
+            raise ValueError(
+                f"{answers} must give questions.{question_id} an answer, found none"
             )
         questions[question_id] = Question(
             question_id,
             _points(entry["points"], f"questions.{question_id}.points"),
             entry["prompt"],
-            entry["answer"],
+            model_answers.get(question_id, ""),
+        )
+    extra = sorted(set(model_answers) - set(questions))
+    if extra:
+        raise ValueError(
+            f"{answers} answers questions that {path} does not list: {extra}"
         )
     partial = data.get("partial_credit", {}).get("exercises", [])
     unknown = sorted(set(partial) - set(exercises))
@@ -168,6 +187,21 @@ def load_rubric(path: str | Path = RUBRIC_PATH) -> Rubric:
             f"partial_credit.exercises must name [exercises] entries, got {unknown}"
         )
     return Rubric(exercises, questions, frozenset(partial))
+
+
+def _model_answers(path: Path) -> dict[str, str]:
+    with open(path, "rb") as handle:
+        data = tomllib.load(handle)
+    found = {}
+    for question_id, entry in data.get("questions", {}).items():
+        answer = entry.get("answer")
+        if not isinstance(answer, str) or not answer.strip():
+            raise ValueError(
+                f"{path}: questions.{question_id}.answer must be a non-empty "
+                f"string, got {answer!r}"
+            )
+        found[question_id] = answer
+    return found
 
 
 def _points(value: object, where: str) -> float:

@@ -1,16 +1,22 @@
 """The course notebooks that ship with the package, and copying them out.
 
-A wheel carries the notebooks as ``grpo_lab/notebooks/*.ipynb`` (pyproject.toml
-maps the repository's ``notebooks/`` folder there at build time); a source
-checkout, and an editable install of one, has them in ``notebooks/`` beside the
-package. ``grpo-lab notebooks DIR`` copies them into DIR, and ``grpo-lab
-student-notebooks`` reads them when it is given no ``--source``.
+A wheel carries the *student copies* of the notebooks as
+``grpo_lab/notebooks/*.ipynb`` (pyproject.toml maps the repository's
+``notebooks/`` folder there, and :mod:`grpo_lab.teaching.wheel_build` stubs
+their solutions at build time); a source checkout, and an editable install of
+one, has the course source itself in ``notebooks/`` beside the package, solutions
+included. ``grpo-lab notebooks DIR`` writes student copies into DIR from either,
+and ``grpo-lab student-notebooks`` reads them when it is given no ``--source``.
+The solved notebooks reach an instructor through ``grpo-lab instructor kit``
+(:mod:`grpo_lab.teaching.instructor_kit`), from a checkout.
 """
 
 from __future__ import annotations
 
-import shutil
+import json
 from pathlib import Path
+
+from grpo_lab.teaching.student import is_solution_source, notebook_text, student_copy
 
 # The grpo_lab package folder (this file is grpo_lab/teaching/shipped_notebooks.py).
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -38,11 +44,13 @@ def shipped_notebooks_dir() -> Path:
 
 
 def copy_notebooks(out_dir: str | Path, overwrite: bool = False) -> list[Path]:
-    """Copy every shipped ``*.ipynb`` into ``out_dir`` (created); the copies' paths.
+    """Write a student copy of every shipped ``*.ipynb`` into ``out_dir``
+    (created); the copies' paths.
 
-    Only the contents are copied, so the copies are writable even when the
-    installation is not. A notebook already in ``out_dir`` (perhaps a student's
-    work) is kept unless ``overwrite``: then nothing is copied and
+    A student copy has no solution, hidden test or walk-through cell (see
+    :mod:`grpo_lab.teaching.student`), even when the shipped notebooks are the
+    course source of a checkout. A notebook already in ``out_dir`` (perhaps a
+    student's work) is kept unless ``overwrite``: then nothing is copied and
     FileExistsError names the notebooks in the way.
     """
     sources = sorted(shipped_notebooks_dir().glob("*.ipynb"))
@@ -53,10 +61,37 @@ def copy_notebooks(out_dir: str | Path, overwrite: bool = False) -> list[Path]:
             f"{out_dir} already holds {', '.join(in_the_way)}; "
             "pass --force to overwrite them"
         )
+    copies = [
+        (path.name, student_copy(json.loads(path.read_text("utf-8")), path.name))
+        for path in sources
+    ]
     out_dir.mkdir(parents=True, exist_ok=True)
     copied = []
-    for source in sources:
-        target = out_dir / source.name
-        shutil.copyfile(source, target)
+    for name, notebook in copies:
+        target = out_dir / name
+        target.write_text(notebook_text(notebook), encoding="utf-8")
         copied.append(target)
     return copied
+
+
+def course_notebooks_dir() -> Path:
+    """The solved course notebooks the grader reads when given no folder: the
+    checkout's ``notebooks/``. An installed wheel ships student copies only, so
+    there ValueError says where the solved ones come from."""
+    folder = shipped_notebooks_dir()
+    if any(
+        is_solution_source(_joined(cell.get("source", "")))
+        for path in folder.glob("[0-9][0-9]_*.ipynb")
+        for cell in json.loads(path.read_text("utf-8"))["cells"]
+        if cell.get("cell_type") == "code"
+    ):
+        return folder
+    raise ValueError(
+        f"the notebooks in {folder} are student copies (no solution cell); grade "
+        "against the instructor's kit: `grpo-lab instructor kit KIT` in a "
+        "checkout of the course, then `grpo-lab grade ... --notebooks KIT/notebooks`"
+    )
+
+
+def _joined(source: str | list[str]) -> str:
+    return "".join(source) if isinstance(source, list) else source
