@@ -970,3 +970,22 @@ def test_every_door_refuses_a_device_in_the_same_words(monkeypatch):
     with pytest.raises(ValueError, match=f"^{re.escape(missing)}$"):
         loop.train(TrainConfig.for_profile("smoke", device="cuda:1"), progress=False)
     assert loop.check_device_available is parsers.check_device_available
+
+
+def test_share_prompt_prefix_takes_auto_from_every_door():
+    from grpo_lab.cli import build_parser
+
+    assert (
+        TrainConfig(share_prompt_prefix="auto").update_settings().share_prompt_prefix
+        == "auto"
+    )
+    for text, value in (("auto", "auto"), ("false", False), ("True", True)):
+        arguments = build_parser().parse_args(["train", "--share-prompt-prefix", text])
+        assert arguments.share_prompt_prefix == value
+    assert field_value("share_prompt_prefix", "auto") == "auto"  # a config file
+    assert field_value("share_prompt_prefix", False) is False
+    for bad in (1, "yes"):  # 1 == True would pass a plain choices test
+        with pytest.raises(
+            ValueError, match=r'^share_prompt_prefix must be False, True or "auto"'
+        ):
+            TrainConfig(share_prompt_prefix=bad)

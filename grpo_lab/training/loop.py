@@ -348,7 +348,7 @@ def build_backend(
             model,
             tokenizer,
             max_batch_size=config.rollout_max_batch_size,
-            share_prompt_prefix=config.share_prompt_prefix,
+            share_prompt_prefix=bool(config.share_prompt_prefix),  # auto samples so
         )
     backend = make_backend(
         "vllm",

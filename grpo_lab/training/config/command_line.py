@@ -106,7 +106,9 @@ def _value_from_text(options: tuple[Any, ...], text: str) -> Any:
         return _json_object(text)
     if len(options) > 1 and text.lower() == "none":
         return None
-    base = next(option for option in options if option is not type(None))
+    if bool in options and text.lower() in ("true", "false"):
+        return text.lower() == "true"  # bool("false") would be True
+    base = next(option for option in options if option not in (type(None), bool))
     return base(text)
 
 

@@ -347,11 +347,14 @@ class TrainFields:
     vllm_gpu_memory_utilization: float = setting(
         0.3, "sampling", "Fraction of GPU memory the vllm engine may take, in (0, 1]."
     )
-    share_prompt_prefix: bool = setting(
+    share_prompt_prefix: bool | str = setting(
         True,
         "sampling",
         "Run each prompt once per group, not once per response, when sampling "
-        "(hf backend) and scoring (without gradient checkpointing).",
+        "(hf backend) and scoring (without gradient checkpointing); auto samples as "
+        "true does and shares a scored microbatch only when that skips enough "
+        "prompt positions to pay for its second pass (grpo_lab.prefix_sharing).",
+        (False, True, "auto"),
     )
     # --- sampler mismatch ------------------------------------------------------
     mismatch: str = setting(

@@ -16,6 +16,7 @@ from grpo_lab.logprobs import check_temperature
 from grpo_lab.losses import (
     REWEIGHTING_METHODS,
 )
+from grpo_lab.prefix_sharing import check_share_prompt_prefix
 from grpo_lab.rollouts.base import SAMPLER_LOG_PROB_BACKENDS, check_sampling_settings
 from grpo_lab.rollouts.mismatch import check_mismatch_settings
 from grpo_lab.sampler_correction import (
@@ -42,6 +43,7 @@ def validate_config(config: TrainFields) -> None:
     the core also takes from direct callers are checked by the core's own
     validators, so both doors say the same thing.
     """
+    check_share_prompt_prefix(config.share_prompt_prefix)  # 1 == True passes choices
     _check_choices(config)
     _check_counts(config)
     _check_batches(config)
