@@ -28,7 +28,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -38,9 +38,6 @@ from grpo_lab.losses import effective_cliprange_high
 from grpo_lab.tasks import get_task
 from grpo_lab.training.config import TrainConfig, inert_settings
 from grpo_lab.training.parsers import parse_report_to
-
-if TYPE_CHECKING:
-    pass
 
 TESTED_TRL_VERSION = "1.16.0"
 TRL_ADVANTAGE_EPS = 1e-4  # TRL divides by std + 1e-4, a constant
