@@ -607,25 +607,36 @@ OWN_MICROBATCH_LOSS = (
     "    per_token_loss = -advantages[rows].unsqueeze(-1) * log_probs  # (b, T)\n"
     "    return masked_mean(per_token_loss, batch['response_mask'][rows], dim=1).mean()\n"
 )
-TIS_SIGNATURE = "(trainer_log_probs, sampler_log_probs, response_mask, cap)"
-OWN_CORRECTION_WEIGHTS = (
-    "def correction_weights(trainer_log_probs, sampler_log_probs, cap):\n"
-    "    ratio = torch.exp(trainer_log_probs.detach() - sampler_log_probs.detach())\n"
-    "    return ratio.clamp(max=cap)  # (B, T)\n"
+CORRECTED_SIGNATURE = (
+    "(policy_log_probs, old_log_probs, sampler_log_probs, advantages, "
+    "response_mask, cliprange, low, high)"
 )
-TIS_RIGHT_BODY = (
-    "    weights = correction_weights(trainer_log_probs, sampler_log_probs, cap)\n"
-    "    return torch.where(response_mask.bool(), weights, 0.0)  # (B, T)\n"
+OWN_CORRECTION_WEIGHTS = (
+    "def correction_weights(old_log_probs, sampler_log_probs, response_mask, low, high):\n"
+    "    response = response_mask.bool()  # (B, T)\n"
+    "    log_gap = torch.where(response, old_log_probs - sampler_log_probs, 0.0)\n"
+    "    rho = torch.exp(log_gap.sum(dim=1, keepdim=True))  # (B, 1)\n"
+    "    return torch.where((rho >= low) & (rho <= high), rho, 0.0).detach()\n"
+)
+CORRECTED_RIGHT_BODY = (
+    "    weight = correction_weights(\n"
+    "        old_log_probs, sampler_log_probs, response_mask, low, high)  # (B, 1)\n"
+    "    ratio = torch.exp(policy_log_probs - old_log_probs)  # (B, T)\n"
+    "    advantages = advantages.unsqueeze(-1)  # (B, 1)\n"
+    "    clipped = torch.clamp(ratio, 1 - cliprange, 1 + cliprange)\n"
+    "    loss = -torch.minimum(ratio * advantages, clipped * advantages) * weight\n"
+    "    per_response = (loss * response_mask).sum(1) / response_mask.sum(1)  # (B,)\n"
+    "    return per_response.mean()\n"
 )
 # Exercises checked by other checks than notebook 03's: (check module, check,
 # signature, the course's solution body, the submitted answer).
 CHECKED_BY = {
     "by_private_clip": (
         "losses", "check_clipped_loss", CLIP_SIGNATURE, CLIP_RIGHT_BODY,
-        "from grpo_lab import losses\n"
+        "from grpo_lab import losses, objectives\n"
         f"def by_private_clip{CLIP_SIGNATURE}:\n"
         "    options = losses.ObjectiveOptions(cliprange=cliprange)\n"
-        "    return losses._grpo_clip_loss(advantages.unsqueeze(-1), policy_log_probs,\n"
+        "    return objectives._grpo_clip_loss(advantages.unsqueeze(-1), policy_log_probs,\n"
         "        old_log_probs, torch.ones_like(policy_log_probs, dtype=torch.bool),\n"
         "        options)[0]\n",
     ),
@@ -650,7 +661,7 @@ CHECKED_BY = {
         "    batch_size = advantages.shape[0]\n"
         "    optimizer.zero_grad(set_to_none=True)\n"
         "    active = steps._select_rows(\n"
-        "        batch, advantages, None, None, torch.arange(batch_size))\n"
+        "        batch, advantages, {}, torch.arange(batch_size))\n"
         "    size = -(-batch_size // gradient_accumulation_steps)\n"
         "    tokens = int(batch['response_mask'].sum())\n"
         "    steps._accumulate_gradients(model, active, size, (batch_size, tokens),\n"
@@ -666,9 +677,11 @@ CHECKED_BY = {
         + STEP_RIGHT_BODY,
     ),
     "own_correction_weights": (
-        "mismatch", "check_tis_weights", TIS_SIGNATURE, TIS_RIGHT_BODY,
-        OWN_CORRECTION_WEIGHTS + f"\n\ndef own_correction_weights{TIS_SIGNATURE}:\n"
-        + TIS_RIGHT_BODY,
+        "mismatch", "check_corrected_loss", CORRECTED_SIGNATURE,
+        CORRECTED_RIGHT_BODY,
+        OWN_CORRECTION_WEIGHTS
+        + f"\n\ndef own_correction_weights{CORRECTED_SIGNATURE}:\n"
+        + CORRECTED_RIGHT_BODY,
     ),
 }  # fmt: skip
 ATTACKS.update({name: entry[-1] for name, entry in CHECKED_BY.items()})
@@ -1032,7 +1045,11 @@ def test_each_disguised_call_passes_a_check_that_does_not_hide_the_package(
         framework, "refuse_package_function", grading_refusal.refuse_package_object
     )
     names: dict = {}
-    exec(ATTACK_CONTEXT + ATTACKS[attack], names)
+    cells = ATTACKS[attack]  # one cell, or several (the last answer counts)
+    exec(
+        ATTACK_CONTEXT + "\n".join(cells if isinstance(cells, tuple) else [cells]),
+        names,
+    )
     module, check_name = CHECKED_BY.get(
         attack, ("advantages", "check_group_normalized_advantages")
     )[:2]

@@ -58,19 +58,24 @@ from grpo_lab.teaching.grading_kernel import (
     RESULT_FD_VARIABLE,
     check_names_in,
 )
+from grpo_lab.teaching.grading_plan import (  # noqa: F401 (read from here too)
+    ExercisePlan,
+    course_sources,
+    grade_id,
+    notebook_checks,
+    plan_submission,
+    solution_index,
+    student_solution,
+)
 from grpo_lab.teaching.grading_refusal import pasted_counterpart
 from grpo_lab.teaching.rubric import (
-    FUNCTION_NAME,
-    SKIPPED_TAGS,
     Exercise,
     Rubric,
     find_exercises,
-    is_solution_cell,
     load_rubric,
     notebook_number,
 )
 from grpo_lab.teaching.shipped_notebooks import PACKAGE_DIR, course_notebooks_dir
-from grpo_lab.teaching.student import STUB, strip_solutions
 
 # What the kernel reports for an exercise; "manual" is a written question's.
 KERNEL_OUTCOMES = ("pass", "fail", "not attempted", "error")
@@ -190,147 +195,6 @@ def course_notebooks(notebooks_dir: str | Path | None = None) -> dict[str, Path]
     return {
         notebook_number(p.name): p for p in sorted(folder.glob("[0-9][0-9]_*.ipynb"))
     }
-
-
-def solution_index(submission: nbformat.NotebookNode, exercise_id: str) -> int | None:
-    """The index of the submission's solution cell for ``exercise_id``, or None.
-
-    The cell whose ``nbgrader.grade_id`` is the id; else the first code cell that
-    defines the exercise's function.
-    """
-    cells = submission.cells
-    for index, cell in enumerate(cells):
-        if cell.cell_type == "code" and _grade_id(cell) == exercise_id:
-            return index
-    function = exercise_id.split("-", 1)[1]
-    for index, cell in enumerate(cells):
-        if cell.cell_type == "code" and function in FUNCTION_NAME.findall(cell.source):
-            return index
-    return None
-
-
-def student_solution(submission: nbformat.NotebookNode, exercise_id: str) -> str | None:
-    """The source of the submission's solution cell for ``exercise_id``, or None."""
-    index = solution_index(submission, exercise_id)
-    return None if index is None else submission.cells[index].source
-
-
-def _grade_id(cell: nbformat.NotebookNode) -> str | None:
-    return cell.metadata.get("nbgrader", {}).get("grade_id")
-
-
-@dataclass(frozen=True)
-class ExercisePlan:
-    """What a kernel runs for one exercise of one submission."""
-
-    exercise: Exercise
-    # The cells the student wrote above the exercise's check: (index, source).
-    cells: tuple[tuple[int, str], ...]
-    # The last of them that defines the exercise's function ("" when none).
-    solution: str
-
-
-def plan_submission(
-    course: nbformat.NotebookNode,
-    exercises: list[Exercise],
-    submission: nbformat.NotebookNode,
-) -> list[ExercisePlan]:
-    """For each exercise, the cells the student wrote above its check."""
-    known = course_sources(course)
-    checks = _notebook_checks(course, exercises)
-    calls_a_check = re.compile(
-        r"\b(?:" + "|".join(map(re.escape, checks)) + r")\s*\(" if checks else r"$^"
-    )
-    written = [
-        (index, cell.source)
-        for index, cell in enumerate(submission.cells)
-        if cell.cell_type == "code"
-        and cell.source.strip()
-        and cell.source.strip() not in known
-        and not SKIPPED_TAGS & set(cell.metadata.get("tags", []))
-        and not calls_a_check.search(cell.source)
-    ]
-    plans = []
-    for exercise, position in zip(
-        exercises, check_positions(course, exercises, submission)
-    ):
-        cells = tuple((i, source) for i, source in written if i < position)
-        function = exercise.exercise_id.split("-", 1)[1]
-        defining = [s for _, s in cells if function in FUNCTION_NAME.findall(s)]
-        plans.append(ExercisePlan(exercise, cells, defining[-1] if defining else ""))
-    return plans
-
-
-def course_sources(course: nbformat.NotebookNode) -> set[str]:
-    """The stripped sources of the course's own code cells as a student copy
-    shows them: every code cell but a solution, and each solution's stub (as
-    ``grpo-lab student-notebooks`` and as nbgrader write it)."""
-    known = set()
-    for cell in course.cells:
-        if cell.cell_type != "code":
-            continue
-        if not is_solution_cell(cell):
-            known.add(cell.source.strip())
-            continue
-        stubbed = strip_solutions(cell.source)
-        known.add(stubbed.strip())
-        lines = [
-            f"{line[: len(line) - len(line.lstrip())]}# YOUR CODE HERE\n{line}"
-            if line.strip() == STUB
-            else line
-            for line in stubbed.split("\n")
-        ]
-        known.add("\n".join(lines).strip())
-    return known
-
-
-def check_positions(
-    course: nbformat.NotebookNode,
-    exercises: list[Exercise],
-    submission: nbformat.NotebookNode,
-) -> list[int]:
-    """The index in the submission of each exercise's check cell; where it was
-    deleted, that of the next exercise's solution or check cell (or the end)."""
-    checks = [_check_cell(course, e, submission.cells) for e in exercises]
-    solutions = [solution_index(submission, e.exercise_id) for e in exercises]
-    positions = []
-    for number, found in enumerate(checks):
-        if found is None:
-            after = -1 if solutions[number] is None else solutions[number]
-            later = [
-                index
-                for index in checks[number + 1 :] + solutions[number + 1 :]
-                if index is not None and index > after
-            ]
-            found = min(later, default=len(submission.cells))
-        positions.append(found)
-    return positions
-
-
-def _check_cell(
-    course: nbformat.NotebookNode, exercise: Exercise, cells: list
-) -> int | None:
-    """The submission's check cell: by grade_id, else by source, else the first
-    cell that calls the exercise's check."""
-    source = course.cells[exercise.check_index].source
-    calls = [re.compile(rf"\b{name}\s*\(") for name in check_names_in(source)]
-    tests = (
-        lambda cell: _grade_id(cell) == f"{exercise.exercise_id}-check",
-        lambda cell: cell.source.strip() == source.strip(),
-        lambda cell: any(call.search(cell.source) for call in calls),
-    )
-    for test in tests:
-        for index, cell in enumerate(cells):
-            if cell.cell_type == "code" and test(cell):
-                return index
-    return None
-
-
-def _notebook_checks(
-    course: nbformat.NotebookNode, exercises: list[Exercise]
-) -> tuple[str, ...]:
-    names = [check_names_in(course.cells[e.check_index].source) for e in exercises]
-    return tuple(dict.fromkeys(name for found in names for name in found))
 
 
 # --- grading -----------------------------------------------------------------------
@@ -470,7 +334,7 @@ def question_grades(
     grades = []
     for question in rubric.questions_of(notebook_number(course_path.name)):
         answers = [
-            c.source.strip() for c in cells if _grade_id(c) == question.question_id
+            c.source.strip() for c in cells if grade_id(c) == question.question_id
         ]
         text = answers[0] if answers else ""
         words = len(text.split())
@@ -581,7 +445,7 @@ class _Kernel:
         # An earlier exercise's function, defined by the course's own solution:
         # a later exercise that calls it is graded on its own code alone.
         self.solution_of_check = {e.check_index: e.solution_index for e in exercises}
-        self.notebook_checks = _notebook_checks(course, exercises)
+        self.notebook_checks = notebook_checks(course, exercises)
         self.workdir = workdir
         self.limits = limits
         self.cpu_seconds = int(CONTEXT_TIMEOUT + limits.timeout * (len(exercises) + 1))
