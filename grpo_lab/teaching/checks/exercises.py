@@ -21,7 +21,10 @@ PACKAGE_COUNTERPARTS: dict[str, tuple[str, ...]] = {
     "check_group_normalized_advantages": (
         "grpo_lab.advantages.compute_group_normalized_rewards",
     ),
-    "check_clipped_loss": ("grpo_lab.losses.compute_policy_gradient_loss",),
+    "check_clipped_loss": (
+        "grpo_lab.losses.compute_policy_gradient_loss",
+        "grpo_lab.objectives._grpo_clip_loss",  # also OBJECTIVES["grpo"]
+    ),
     "check_sequence_ratio": (
         "grpo_lab.losses.compute_policy_gradient_loss",
         "grpo_lab.teaching.checks.gspo.reference_sequence_ratio",
