@@ -37,7 +37,7 @@ FLOOR_2 = {
     "math_verify_workers",
 }
 FLOOR_3 = {"teaching", "integrations"}
-FLOOR_4 = {"cli", "cli_config_file", "cli_flags", "hub", "__init__"}
+FLOOR_4 = {"cli", "cli_config_file", "cli_course", "cli_flags", "hub", "__init__"}
 # Packages inside a floor-2 or floor-3 folder whose modules the README names.
 DRAWN_PACKAGES = (PACKAGE / "training" / "config",)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from grpo_lab import cli
-from grpo_lab.training import config as config_module
+from grpo_lab.training.config import validation as config_module
 from grpo_lab.training.dynamic_sampling import DynamicSamplingWarning
 
 SMOKE = ["train", "--profile", "smoke", "--steps", "2", "--no-progress"]

@@ -21,13 +21,14 @@ import pytest
 import torch
 
 from grpo_lab.advantages import compute_group_normalized_rewards
-from grpo_lab.integrations.trl import _naive_scorer, trl_reward_function
+from grpo_lab.integrations.trl_parity import _naive_scorer
 from grpo_lab.integrations.trl_tools import (
     make_rollout_func,
     rollout_func_output,
     tool_trainer_keywords,
     trainer_episode_sampler,
 )
+from grpo_lab.integrations.trl_trainer import trl_reward_function
 from grpo_lab.logprobs import get_response_log_probs
 from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2
 from grpo_lab.rollouts.multiturn import replayed_rollouts
