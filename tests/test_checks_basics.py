@@ -15,8 +15,8 @@ from grpo_lab.teaching.checks import ExerciseFailed
 from grpo_lab.teaching.checks.advantages import check_group_normalized_advantages
 from grpo_lab.teaching.checks.gspo import check_sequence_ratio, reference_sequence_ratio
 from grpo_lab.teaching.checks.logprobs import (
+    check_response_log_probs,
     check_token_entropy,
-    check_token_log_probs,
     reference_token_log_probs,
 )
 from grpo_lab.teaching.checks.losses import check_clipped_loss
@@ -135,41 +135,88 @@ def log_probs_reference(logits, labels):
     return gathered - torch.logsumexp(logits, dim=-1)
 
 
-def log_probs_unnormalized(logits, labels):
-    return logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # forgot logsumexp
+def response_reference(logits, labels, mask):
+    token = log_probs_reference(logits.float(), labels)  # (B, T)
+    return (token * mask).sum(dim=-1)  # (B,)
 
 
-def log_probs_via_exp(logits, labels):
+def response_by_take_and_where(logits, labels, mask):
+    # Written another way: take_along_dim, the normalizer subtracted per position,
+    # torch.where over the response, an einsum-free masked sum.
+    wide = logits.to(torch.float32)
+    picked = torch.take_along_dim(wide, labels[..., None], dim=-1)[..., 0]  # (B, T)
+    normalizer = wide.logsumexp(-1)  # (B, T)
+    return torch.where(mask.bool(), picked - normalizer, torch.zeros(())).sum(1)
+
+
+def response_with_log_softmax(logits, labels, mask):
+    # Right values, but a (B, T, V) log_softmax output is kept for backward.
+    token = torch.log_softmax(logits.float(), -1).gather(-1, labels[..., None])[..., 0]
+    return (token * mask).sum(-1)
+
+
+def response_via_exp(logits, labels, mask):
     # log(softmax) by hand, without the max shift: overflows for logits ~1000.
-    probabilities = logits.exp() / logits.exp().sum(-1, keepdim=True)
-    return probabilities.log().gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    wide = logits.float()
+    probabilities = wide.exp() / wide.exp().sum(-1, keepdim=True)
+    token = probabilities.log().gather(-1, labels[..., None])[..., 0]
+    return (token * mask).sum(-1)
 
 
-def log_probs_off_by_one(logits, labels):
-    return log_probs_reference(logits, labels.roll(1, dims=1))
+def response_in_bfloat16(logits, labels, mask):
+    # No upcast: the logsumexp is taken in the logits' own dtype.
+    return (log_probs_reference(logits, labels) * mask).sum(-1).float()
 
 
-def log_probs_detached(logits, labels):
-    return log_probs_reference(logits.detach(), labels)
+def response_mean(logits, labels, mask):
+    return response_reference(logits, labels, mask) / mask.sum(-1)
 
 
-def log_probs_half_gradient(logits, labels):
-    # The right value, half the gradient: only a gradient check sees it.
-    value = log_probs_reference(logits, labels)
+def response_unmasked(logits, labels, mask):
+    return response_reference(logits, labels, torch.ones_like(mask))
+
+
+def response_shifted_again(logits, labels, mask):
+    # Shifts the labels once more, as if they were the input ids.
+    return response_reference(logits, labels.roll(-1, dims=1), mask)
+
+
+def response_half_gradient(logits, labels, mask):
+    value = response_reference(logits, labels, mask)
     return 0.5 * value + 0.5 * value.detach()
 
 
-def test_log_prob_check(capsys):
-    assert_accepts(check_token_log_probs, log_probs_reference, capsys)
-    for wrong in (
-        log_probs_unnormalized,
-        log_probs_via_exp,
-        log_probs_off_by_one,
-        log_probs_detached,
-        log_probs_half_gradient,
-    ):
-        assert_rejects(check_token_log_probs, wrong)
-    assert_not_attempted(check_token_log_probs, capsys)
+def test_response_log_prob_check_accepts_two_ways_of_writing_it(capsys):
+    assert_accepts(check_response_log_probs, response_reference, capsys)
+    assert_accepts(check_response_log_probs, response_by_take_and_where, capsys)
+    assert_not_attempted(check_response_log_probs, capsys)
+
+
+@pytest.mark.parametrize(
+    ("wrong", "message"),
+    [
+        (response_with_log_softmax, "keeps .* bytes for backward beyond the logits"),
+        (response_via_exp, "For logits around 1000"),
+        (response_in_bfloat16, "logsumexp is taken in bfloat16"),
+        (response_mean, "the mean over the response's tokens"),
+        (response_unmasked, "response_mask is not applied"),
+        (response_shifted_again, "For random logits"),
+        (response_half_gradient, "gradient w.r.t. logits"),
+    ],
+    ids=["log_softmax", "exp", "bfloat16", "mean", "unmasked", "shifted", "half_grad"],
+)
+def test_response_log_prob_check_names_the_mistakes(wrong, message):
+    with pytest.raises(ExerciseFailed, match=message) as failure:
+        check_response_log_probs(wrong)
+    assert failure.value.cases_run == 4
+
+
+def test_a_bfloat16_result_is_refused_by_its_dtype():
+    def half(logits, labels, mask):
+        return (log_probs_reference(logits, labels) * mask).sum(-1)
+
+    with pytest.raises(ExerciseFailed, match=r"must be float32, got torch\.bfloat16"):
+        check_response_log_probs(half)
 
 
 def test_reference_log_probs_match_log_softmax():

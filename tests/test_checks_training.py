@@ -21,7 +21,7 @@ from grpo_lab.teaching.checks.loop import (
 from grpo_lab.teaching.checks.scaling import check_device_token_loss
 from grpo_lab.teaching.checks.train_step import (
     check_active_rows,
-    check_microbatch_loss_scale,
+    check_microbatch_losses,
     check_microbatch_train_step,
 )
 from grpo_lab.teaching.explorer import config_cache_key
@@ -36,7 +36,7 @@ ALL_CHECKS = [
     check_aggregate_loss,
     check_grpo_loss,
     check_microbatch_train_step,
-    check_microbatch_loss_scale,
+    check_microbatch_losses,
     check_active_rows,
     check_rollout_batch_update,
     check_train_batch_slices,
@@ -305,30 +305,98 @@ def test_train_step_refuses_the_package_step():
         check_microbatch_train_step(wrapper)
 
 
-# --- 07: microbatch scale and active rows --------------------------------------------
+# --- 07a: the losses of gradient accumulation --------------------------------------
 
 
-def reference_scale(rows, batch_size, normalization):
-    return rows / batch_size if normalization == "sequence" else 1.0
+def make_microbatch_losses(
+    split="ceil", scale="share", token_scale="tokens", constant_scale="one"
+):
+    def microbatch_losses(per_token_loss, mask, steps, normalization, constant=None):
+        batch_size = per_token_loss.shape[0]
+        size = -(-batch_size // steps) if split == "ceil" else batch_size // steps
+        microbatches = torch.arange(batch_size).split(size)
+        losses = []
+        for rows in microbatches:
+            loss, m = per_token_loss[rows], mask[rows]
+            if normalization == "sequence":
+                mean = masked_mean(loss, m, dim=1).mean()
+                factor = {"share": len(rows) / batch_size, "none": 1.0}.get(
+                    scale, 1 / len(microbatches)
+                )
+            elif normalization == "token":
+                mean = masked_mean(loss, m)
+                factor = {
+                    "tokens": m.sum() / mask.sum(),
+                    "rows": len(rows) / batch_size,
+                }[token_scale]
+            else:
+                mean = masked_normalize(loss, m, constant)
+                factor = 1.0 if constant_scale == "one" else len(rows) / batch_size
+            losses.append(mean * factor)
+        return losses
+
+    return microbatch_losses
 
 
-def test_scale_accepts_the_reference():
-    assert check_microbatch_loss_scale(reference_scale) is True
+def microbatch_losses_by_weights(per_token_loss, mask, steps, normalization, c=None):
+    # Written another way: notebook 06's effective weight of every token in the
+    # full-batch loss, then each microbatch sums its own rows' weighted losses.
+    mask = mask.float()  # (B, T)
+    if normalization == "sequence":
+        weight = mask / (mask.sum(dim=1, keepdim=True) * mask.shape[0])  # (B, T)
+    elif normalization == "token":
+        weight = mask / mask.sum()
+    else:
+        weight = mask / c
+    size = (mask.shape[0] + steps - 1) // steps
+    return [
+        (per_token_loss[start : start + size] * weight[start : start + size]).sum()
+        for start in range(0, mask.shape[0], size)
+    ]
+
+
+def test_microbatch_losses_accepts_two_ways_of_writing_it(capsys):
+    assert check_microbatch_losses(make_microbatch_losses()) is True
+    assert "correct ✔ (6 of 6 cases passed)" in capsys.readouterr().out
+    assert check_microbatch_losses(microbatch_losses_by_weights) is True
 
 
 @pytest.mark.parametrize(
-    "wrong",
+    ("options", "message"),
     [
-        lambda rows, b, n: 1 / -(-b // rows),  # 1 / number of microbatches
-        lambda rows, b, n: rows / b,  # also scales the constant normalization
-        lambda rows, b, n: 1.0,  # no scale: sums microbatch means
-        lambda rows, b, n: b / rows if n == "sequence" else 1.0,  # inverted
+        ({"scale": "one_over_k"}, "scaled by 1/K = 1/2 instead of each microbatch"),
+        ({"scale": "none"}, "no scale: each microbatch's own loss"),
+        ({"token_scale": "rows"}, "under the token mean a microbatch counts for"),
+        ({"constant_scale": "rows"}, "under the constant normalization each"),
+        ({"split": "floor"}, "expected 2 losses, one per microbatch of ceil"),
     ],
-    ids=["one_over_k", "scales_constant", "no_scale", "inverted"],
+    ids=["one_over_k", "no_scale", "token_by_rows", "constant_by_rows", "floor"],
 )
-def test_scale_rejects_plausible_mistakes(wrong):
-    with pytest.raises(ExerciseFailed, match="microbatch_rows="):
-        check_microbatch_loss_scale(wrong)
+def test_microbatch_losses_names_the_classic_mistakes(options, message):
+    with pytest.raises(ExerciseFailed, match=message) as failure:
+        check_microbatch_losses(make_microbatch_losses(**options))
+    assert failure.value.cases_run == 6
+
+
+def test_microbatch_losses_refuses_a_gradient_from_other_rows():
+    # Right values, but every microbatch's loss is the full batch's loss times
+    # its share: backward would need the whole batch in memory at once.
+    def from_the_whole_batch(per_token_loss, mask, steps, normalization, c=None):
+        right = make_microbatch_losses()(per_token_loss, mask, steps, normalization, c)
+        total = sum(right)
+        return [total * (x.detach() / total.detach()) for x in right]
+
+    with pytest.raises(ExerciseFailed, match=r"gradient w\.r\.t\. per_token_loss"):
+        check_microbatch_losses(from_the_whole_batch)
+
+
+def test_microbatch_losses_refuses_detached_losses():
+    def detached(per_token_loss, mask, steps, normalization, c=None):
+        losses = make_microbatch_losses()(per_token_loss, mask, steps, normalization, c)
+        return [loss.detach() for loss in losses]
+
+    with pytest.raises(ExerciseFailed, match="carries no gradient"):
+        check_microbatch_losses(detached)
 
 
 def test_active_rows_accepts_the_reference():

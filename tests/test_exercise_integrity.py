@@ -30,7 +30,7 @@ NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
 
 # Checks whose answer is trained through: a detached answer must fail.
 DIFFERENTIABLE = {
-    "check_token_log_probs",
+    "check_response_log_probs",
     "check_token_entropy",
     "check_clipped_loss",
     "check_sequence_ratio",
@@ -118,14 +118,14 @@ def _check(exercise: Exercise):
     module = {
         "check_greedy_next_token": "setup",
         "check_response_mask": "masks",
-        "check_token_log_probs": "logprobs",
+        "check_response_log_probs": "logprobs",
         "check_token_entropy": "logprobs",
         "check_group_normalized_advantages": "advantages",
         "check_clipped_loss": "losses",
         "check_sequence_ratio": "gspo",
         "check_aggregate_loss": "aggregation",
         "check_grpo_loss": "aggregation",
-        "check_microbatch_loss_scale": "train_step",
+        "check_microbatch_losses": "train_step",
         "check_active_rows": "train_step",
         "check_microbatch_train_step": "train_step",
         "check_train_batch_slices": "loop",

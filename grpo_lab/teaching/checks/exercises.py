@@ -13,9 +13,10 @@ from __future__ import annotations
 PACKAGE_COUNTERPARTS: dict[str, tuple[str, ...]] = {
     "check_greedy_next_token": ("transformers.GenerationMixin.generate",),
     "check_response_mask": ("grpo_lab.masks.pad_prompt_and_response_ids",),
-    "check_token_log_probs": (
+    "check_response_log_probs": (
         "grpo_lab.logprobs.get_response_log_probs",
         "grpo_lab.teaching.checks.logprobs.reference_token_log_probs",
+        "grpo_lab.teaching.checks.logprobs.reference_response_log_probs",
     ),
     "check_token_entropy": ("grpo_lab.logprobs.compute_entropy",),
     "check_group_normalized_advantages": (
@@ -36,7 +37,11 @@ PACKAGE_COUNTERPARTS: dict[str, tuple[str, ...]] = {
         "grpo_lab.losses.aggregate_loss_across_microbatch",
         "grpo_lab.teaching.checks.aggregation.reference_grpo_loss",
     ),
-    "check_microbatch_loss_scale": ("grpo_lab.losses.microbatch_loss_scale",),
+    "check_microbatch_losses": (
+        "grpo_lab.losses.microbatch_loss_scale",
+        "grpo_lab.losses.aggregate_loss_across_microbatch",
+        "grpo_lab.teaching.checks.train_step.reference_microbatch_losses",
+    ),
     "check_active_rows": ("grpo_lab.train_step.policy_gradient_update",),
     "check_microbatch_train_step": (
         "grpo_lab.train_step.policy_gradient_update",

@@ -1,10 +1,14 @@
 """Checks for ``notebooks/02_logprobs_and_entropy.ipynb``.
 
-Exercises: per-token log-probabilities from logits (gather minus logsumexp) and
-per-token entropy. The references are the package functions
-:func:`grpo_lab.logprobs.get_response_log_probs` (run on fixed logits) and
+Exercises: the log-probability of each whole response from logits, labels and
+the response mask (02a), and per-token entropy (02b). The references are the
+package functions :func:`grpo_lab.logprobs.get_response_log_probs` (run on fixed
+logits, its token log-probs summed over the response) and
 :func:`grpo_lab.logprobs.compute_entropy`; values and gradients with respect to
-the logits are compared (both quantities are trained through).
+the logits are compared (both quantities are trained through). 02a also takes
+bfloat16 logits (the answer must be float32 and as exact as a float32
+logsumexp) and measures what the answer keeps for backward: nothing the size
+of the logits.
 """
 
 from __future__ import annotations
@@ -17,9 +21,12 @@ import torch
 from grpo_lab.logprobs import compute_entropy, get_response_log_probs
 from grpo_lab.teaching.checks.framework import (
     CaseCount,
+    ExerciseFailed,
+    assert_close,
     assert_value_and_gradient,
     exercise_check,
 )
+from grpo_lab.teaching.memory import saved_for_backward_bytes
 
 
 class _FixedLogits(torch.nn.Module):
@@ -43,44 +50,131 @@ def reference_token_log_probs(
     ]
 
 
-def _logit_cases() -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+def reference_response_log_probs(
+    logits: torch.Tensor, labels: torch.Tensor, response_mask: torch.Tensor
+) -> torch.Tensor:
+    """log p(response) per row (B,): the package's float32 token log-probs of
+    the labels, summed over the response positions."""
+    token_log_probs = reference_token_log_probs(logits, labels)  # (B, T), float32
+    return torch.where(response_mask.bool(), token_log_probs, 0.0).sum(dim=-1)
+
+
+# Saved-for-backward bytes beyond the logits above which an answer is taken to
+# keep a (B, T, V)-sized tensor: the memory case's logits are 2 x 8 x 512
+# float32 (32 KiB), while gather - logsumexp keeps only (B, T)-sized tensors.
+_SAVED_BYTES_LIMIT = 4096
+
+
+def _response_cases() -> list[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor]]:
     generator = torch.Generator().manual_seed(0)
-    random_logits = torch.randn(2, 3, 5, generator=generator)  # (B, T, V)
-    random_labels = torch.randint(0, 5, (2, 3), generator=generator)  # (B, T)
+    random_logits = torch.randn(2, 4, 6, generator=generator)  # (B, T, V)
+    random_labels = torch.randint(0, 6, (2, 4), generator=generator)  # (B, T)
+    # Row 0: one prompt label, a 3-token response; row 1: a 2-token response, padded.
+    random_mask = torch.tensor([[0, 1, 1, 1], [0, 1, 1, 0]])
     # Logits in the thousands: exp() overflows, a stable logsumexp does not.
     large_logits = torch.tensor([[[1000.0, 999.0, 990.0], [-5.0, 0.0, 2000.0]]])
-    large_labels = torch.tensor([[1, 0]])
-    uniform_logits = torch.zeros(1, 2, 4)  # log p = -log 4 everywhere
-    uniform_labels = torch.tensor([[0, 3]])
+    large_labels, large_mask = torch.tensor([[1, 0]]), torch.tensor([[1, 1]])
+    # bfloat16 logits near 12: bfloat16's spacing there is 2**-4, so a logsumexp
+    # taken in bfloat16 is off by up to 0.03 a token.
+    half_logits = (12 + 3 * torch.randn(2, 3, 40, generator=generator)).bfloat16()
+    half_labels = torch.randint(0, 40, (2, 3), generator=generator)
+    half_mask = torch.tensor([[1, 1, 1], [0, 1, 1]])
     return [
-        ("random logits of shape (2, 3, 5)", random_logits, random_labels),
-        ("logits around 1000 (overflow test)", large_logits, large_labels),
-        ("uniform logits over 4 tokens", uniform_logits, uniform_labels),
+        ("random logits (2, 4, 6)", random_logits, random_labels, random_mask),
+        ("logits around 1000 (overflow test)", large_logits, large_labels, large_mask),
+        ("bfloat16 logits (2, 3, 40) near 12", half_logits, half_labels, half_mask),
     ]
 
 
-@exercise_check("Per-token log-probabilities")
-def check_token_log_probs(
-    student_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+def _named_slip(
+    received: torch.Tensor,
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    mask: torch.Tensor,
+) -> str:
+    """The classic mistake a wrong ``received`` matches, or "" when none does."""
+    if not isinstance(received, torch.Tensor) or received.shape != mask.shape[:1]:
+        return ""
+    token = reference_token_log_probs(logits.detach(), labels)  # (B, T)
+    response = torch.where(mask.bool(), token, 0.0)  # (B, T)
+    if _close(received, response.sum(-1)):
+        return ""
+    slips = {
+        "the mean over the response's tokens is taken: a response's probability "
+        "is the product of its tokens' probabilities": response.sum(-1) / mask.sum(-1),
+        "response_mask is not applied: prompt and padding labels are summed "
+        "too": token.sum(-1),
+    }
+    found = next((slip for slip, value in slips.items() if _close(received, value)), "")
+    if logits.dtype == torch.bfloat16 and not found:
+        labelled = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # (B, T)
+        in_half = labelled - torch.logsumexp(logits, dim=-1)  # (B, T), bfloat16
+        summed = [(in_half * mask).sum(-1).float(), (in_half.float() * mask).sum(-1)]
+        if any(_close(received, value) for value in summed):  # (B,) each
+            found = "logsumexp is taken in bfloat16: upcast the logits to float32 first"
+    return found
+
+
+def _close(received: torch.Tensor, value: torch.Tensor) -> bool:
+    return torch.allclose(received.detach().double(), value.double(), atol=1e-3)
+
+
+def _one_response_case(student_fn, name, logits, labels, mask) -> None:
+    inputs = f"{name}, labels={labels.tolist()}, response_mask={mask.tolist()}"
+    received = student_fn(logits.clone(), labels.clone(), mask.clone())
+    if isinstance(received, torch.Tensor) and received.dtype != torch.float32:
+        raise ExerciseFailed(
+            f"For {inputs}: the log-probs must be float32, got {received.dtype} "
+            "(upcast the logits before the logsumexp)"
+        )
+    slip = _named_slip(received, logits, labels, mask)
+    if slip:
+        raise ExerciseFailed(f"{slip}. For {inputs}")
+    if logits.dtype == torch.bfloat16:  # the value only: bfloat16 has no useful grad
+        expected = reference_response_log_probs(logits, labels, mask)
+        assert_close(received, expected, inputs, atol=1e-4)
+        return
+    reference_logits = logits.clone().requires_grad_(True)
+    expected = reference_response_log_probs(reference_logits, labels, mask)
+    student_logits = logits.clone().requires_grad_(True)
+    received = student_fn(student_logits, labels.clone(), mask.clone())
+    assert_value_and_gradient(
+        received, expected, student_logits, reference_logits, inputs, "logits", 1e-4
+    )
+
+
+def _memory_case(student_fn: Callable[..., torch.Tensor]) -> None:
+    generator = torch.Generator().manual_seed(2)
+    logits = torch.randn(2, 8, 512, generator=generator, requires_grad=True)
+    labels = torch.randint(0, 512, (2, 8), generator=generator)  # (B, T)
+    mask = torch.ones(2, 8, dtype=torch.long)  # (B, T)
+    saved, received = saved_for_backward_bytes(
+        lambda: student_fn(logits, labels, mask), (logits,)
+    )
+    if saved > _SAVED_BYTES_LIMIT:
+        raise ExerciseFailed(
+            f"the answer keeps {saved:,} bytes for backward beyond the logits' "
+            f"{logits.numel() * 4:,}: a (B, T, V) tensor, such as log_softmax's "
+            "output. For logits (2, 8, 512): gather the label's logit and subtract "
+            "a logsumexp instead"
+        )
+    expected = reference_response_log_probs(logits.detach(), labels, mask)
+    assert_close(received, expected, "logits (2, 8, 512), every label a response")
+
+
+@exercise_check("Exercise 02a (the log-probability of a response)")
+def check_response_log_probs(
+    student_fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
     cases: CaseCount,
 ) -> None:
-    """``student_fn(logits (B, T, V), labels (B, T))`` -> log-probs (B, T)."""
-    for name, logits, labels in _logit_cases():
+    """``student_fn(logits (B, T, V), labels (B, T), response_mask (B, T))`` ->
+    log p(response) (B,) in float32, trained through (value and gradient), with
+    nothing of the logits' size kept for backward."""
+    for name, logits, labels, mask in _response_cases():
         with cases.case():
-            reference_logits = logits.clone().requires_grad_(True)
-            expected = reference_token_log_probs(reference_logits, labels)
-            student_logits = logits.clone().requires_grad_(True)
-            received = student_fn(student_logits, labels.clone())
-            inputs = f"{name}, logits={logits.tolist()}, labels={labels.tolist()}"
-            assert_value_and_gradient(
-                received,
-                expected,
-                student_logits,
-                reference_logits,
-                inputs,
-                "logits",
-                1e-4,
-            )
+            _one_response_case(student_fn, name, logits, labels, mask)
+    with cases.case():
+        _memory_case(student_fn)
 
 
 @exercise_check("Per-token entropy")

@@ -1,8 +1,10 @@
 """Checks for ``notebooks/07_training_step.ipynb``.
 
-Exercise 1: the factor that scales one microbatch's loss so that the gradients
-accumulated over all microbatches equal the gradient of the whole batch, as
-:func:`grpo_lab.train_step.policy_gradient_update` does it.
+Exercise 1: the losses gradient accumulation backpropagates: the batch split
+into microbatches, each reduced (sequence, token or constant normalization) and
+scaled so that their gradients add up to the whole batch's, as
+:func:`grpo_lab.train_step.policy_gradient_update` does it (compared value and
+gradient, microbatch by microbatch).
 
 Exercise 2: which responses need a forward and backward pass at all (the ones
 whose advantage is not exactly zero).
@@ -24,6 +26,7 @@ from grpo_lab.logprobs import get_response_log_probs
 from grpo_lab.losses import (
     aggregate_loss_across_microbatch,
     compute_policy_gradient_loss,
+    microbatch_loss_scale,
 )
 from grpo_lab.masks import tokenize_prompt_and_output
 from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2
@@ -36,35 +39,168 @@ from grpo_lab.teaching.checks.framework import (
 from grpo_lab.teaching.gradient_recorder import GradientRecorder
 from grpo_lab.train_step import policy_gradient_update
 
-
-def _reference_scale(
-    microbatch_rows: int, batch_size: int, loss_normalization: str
-) -> float:
-    # sequence: each microbatch returns a mean over its own rows, so weight it by
-    # its share of the batch. constant: each returns sum / c already.
-    return microbatch_rows / batch_size if loss_normalization == "sequence" else 1.0
+MicrobatchLosses = Callable[..., Any]
 
 
-@exercise_check("Exercise 07a (microbatch loss scale)")
-def check_microbatch_loss_scale(
-    student_fn: Callable[[int, int, str], float], cases: CaseCount
+def reference_microbatch_losses(
+    per_token_loss: torch.Tensor,
+    response_mask: torch.Tensor,
+    gradient_accumulation_steps: int,
+    loss_normalization: str,
+    normalization_constant: float | None = None,
+) -> list[torch.Tensor]:
+    """The scaled loss of each microbatch of ceil(B / K) consecutive rows, as
+    :func:`grpo_lab.train_step.policy_gradient_update` backpropagates them."""
+    batch_rows = per_token_loss.shape[0]
+    batch_tokens = int(response_mask.sum())
+    size = -(-batch_rows // gradient_accumulation_steps)
+    losses = []
+    for rows in torch.arange(batch_rows).split(size):
+        mask = response_mask[rows]  # (b, T)
+        loss = aggregate_loss_across_microbatch(
+            per_token_loss[rows], mask, loss_normalization, normalization_constant
+        )
+        scale = microbatch_loss_scale(
+            loss_normalization,
+            len(rows),
+            batch_rows,
+            microbatch_tokens=int(mask.sum()),
+            batch_tokens=batch_tokens,
+        )
+        losses.append(loss * scale)
+    return losses
+
+
+# (per-response lengths over T = 4, K, normalization, constant). B = 5 in K = 2
+# gives microbatches of 3 and 2 rows (shares 3/5 and 2/5, not 1/K); K = 3 gives
+# 2, 2 and 1 (ceil, not floor); the token cases split the tokens unevenly
+# (7 of 10 in the first half), so a share of rows is not a share of tokens.
+_LOSS_CASES = (
+    ((4, 1, 3, 2, 4), 2, "sequence", None),
+    ((2, 3, 1, 4, 1), 3, "sequence", None),
+    ((4, 3, 1, 2), 2, "token", None),
+    ((1, 4, 2, 4, 3), 2, "token", None),
+    ((4, 1, 3, 2, 4), 2, "constant", 8.0),
+    ((3, 2, 4), 1, "sequence", None),
+)
+
+
+def _loss_case(lengths: tuple[int, ...], seed: int) -> tuple[torch.Tensor, Any]:
+    generator = torch.Generator().manual_seed(seed)
+    per_token_loss = torch.randn(len(lengths), 4, generator=generator)  # (B, T)
+    mask = (torch.arange(4) < torch.tensor(lengths).unsqueeze(1)).long()  # (B, T)
+    return per_token_loss, mask
+
+
+def _loss_slips(
+    per_token_loss: torch.Tensor,
+    mask: torch.Tensor,
+    steps: int,
+    normalization: str,
+    constant: float | None,
+) -> dict[str, list[float]]:
+    """What the classic mistakes return on one case (values only)."""
+    size = -(-per_token_loss.shape[0] // steps)
+    parts = list(zip(per_token_loss.split(size), mask.split(size), strict=True))
+    means = [
+        aggregate_loss_across_microbatch(loss, m, normalization, constant).item()
+        for loss, m in parts
+    ]
+    share = [len(m) / len(mask) for _, m in parts]
+    scaled = [value * w for value, w in zip(means, share, strict=True)]
+    # The most specific first: an even split makes a share of rows equal 1/K.
+    by_rows = "scaled by its share of the rows: "
+    slips = {}
+    if normalization == "token":
+        slip = "under the token mean a microbatch counts for its share of the tokens"
+        slips[by_rows + slip] = scaled
+    if normalization == "constant":
+        slip = "under the constant normalization each microbatch divides by it"
+        slips[by_rows + slip] = scaled
+    slips["no scale: each microbatch's own loss, so the accumulated loss is a sum"] = (
+        means
+    )
+    slips[f"scaled by 1/K = 1/{len(parts)} instead of each microbatch's share"] = [
+        value / len(parts) for value in means
+    ]
+    return slips
+
+
+def _same_values(received: list[Any], values: list[float]) -> bool:
+    return len(received) == len(values) and all(
+        abs(a.detach().item() - b) <= 1e-5 + 1e-4 * abs(b)
+        for a, b in zip(received, values, strict=True)
+    )
+
+
+def _check_losses_case(
+    student_fn: MicrobatchLosses, case: tuple[Any, ...], seed: int
 ) -> None:
-    """``student_fn(microbatch_rows, batch_size, loss_normalization) -> float``."""
-    # A batch of 5 split into microbatches of 3 and 2: the shares are 3/5 and 2/5,
-    # not 1/2 each (1/2 would weight the two rows of the short microbatch more).
-    settings = [(3, 5, "sequence"), (2, 5, "sequence"), (4, 4, "sequence")]
-    settings += [(2, 8, "sequence"), (3, 5, "constant"), (1, 4, "constant")]
-    for rows, batch_size, normalization in settings:
+    lengths, steps, normalization, constant = case
+    per_token_loss, mask = _loss_case(lengths, seed)
+    inputs = (
+        f"B={len(lengths)} responses of lengths {list(lengths)}, "
+        f"gradient_accumulation_steps={steps}, "
+        f"loss_normalization={normalization!r}, normalization_constant={constant}"
+    )
+    student_loss = per_token_loss.clone().requires_grad_(True)
+    received = student_fn(student_loss, mask.clone(), steps, normalization, constant)
+    reference_loss = per_token_loss.clone().requires_grad_(True)
+    expected = reference_microbatch_losses(
+        reference_loss, mask, steps, normalization, constant
+    )
+    if not isinstance(received, list | tuple) or len(received) != len(expected):
+        count = len(received) if isinstance(received, list | tuple) else "no list"
+        raise ExerciseFailed(
+            f"expected {len(expected)} losses, one per microbatch of "
+            f"ceil(B / K) = {-(-len(lengths) // steps)} rows, got {count}. "
+            f"For {inputs}"
+        )
+    scalars = all(isinstance(x, torch.Tensor) and x.numel() == 1 for x in received)
+    if scalars and not _same_values(received, [x.item() for x in expected]):
+        slips = _loss_slips(per_token_loss, mask, steps, normalization, constant)
+        for slip, wrong in slips.items():
+            if _same_values(received, wrong):
+                raise ExerciseFailed(f"{slip}. For {inputs}")
+    for index, (loss, wanted) in enumerate(zip(received, expected, strict=True)):
+        where = f"{inputs}, microbatch {index}"
+        _check_one_microbatch_loss(loss, wanted, student_loss, reference_loss, where)
+
+
+def _check_one_microbatch_loss(
+    loss: Any,
+    wanted: torch.Tensor,
+    student_loss: torch.Tensor,
+    reference_loss: torch.Tensor,
+    where: str,
+) -> None:
+    """One microbatch: its value, and its gradient w.r.t. the per-token loss
+    (zero outside its own rows)."""
+    assert_close(loss, wanted.detach(), where)
+    if not loss.requires_grad:
+        raise ExerciseFailed(
+            f"For {where}: the loss carries no gradient to per_token_loss (was "
+            "something detached, or computed under torch.no_grad()?)"
+        )
+    (expected,) = torch.autograd.grad(wanted, reference_loss, retain_graph=True)
+    (received,) = torch.autograd.grad(
+        loss, student_loss, retain_graph=True, allow_unused=True
+    )
+    if received is None:
+        received = torch.zeros_like(expected)
+    assert_close(received, expected, f"{where} (gradient w.r.t. per_token_loss)")
+
+
+@exercise_check("Exercise 07a (the losses of gradient accumulation)")
+def check_microbatch_losses(student_fn: MicrobatchLosses, cases: CaseCount) -> None:
+    """``student_fn(per_token_loss (B, T), response_mask (B, T),
+    gradient_accumulation_steps, loss_normalization, normalization_constant)``
+    -> the list of scaled microbatch losses whose backward passes add up to
+    the full batch's gradient. Values and gradients are compared microbatch by
+    microbatch, under the sequence, token and constant normalizations."""
+    for seed, case in enumerate(_LOSS_CASES):
         with cases.case():
-            received = student_fn(rows, batch_size, normalization)
-            if isinstance(received, torch.Tensor):
-                received = received.item()
-            assert_close(
-                received,
-                _reference_scale(rows, batch_size, normalization),
-                f"microbatch_rows={rows}, batch_size={batch_size}, "
-                f"loss_normalization={normalization!r}",
-            )
+            _check_losses_case(student_fn, case, seed)
 
 
 @exercise_check("Exercise 07b (responses that need a backward pass)")
