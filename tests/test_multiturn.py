@@ -466,6 +466,20 @@ def test_author_table_colours_each_author():
         author_table(["a"], ["user"], [1])
 
 
+def test_an_episode_table_colours_each_label_by_the_author_of_its_token():
+    import re
+
+    from grpo_lab.teaching.plots import AUTHOR_COLOURS, episode_author_table
+
+    segments = [Segment(MODEL, (7, 8), ""), Segment(TOOL, (10,), "")]
+    table = episode_author_table(["6", "7", "8", "10"], 2, segments, [0, 1, 1, 0])
+    label_row = table.split("</tr>")[0]
+    colours = re.findall(r"background:(#[0-9a-f]{6})", label_row)
+    # The labels hold tokens 1..4: the prompt's second, the model's two, the tool's.
+    authors = ["prompt", "model", "model", "tool"]
+    assert colours == [AUTHOR_COLOURS[a] for a in authors]
+
+
 def test_a_turn_is_cut_at_max_turn_tokens(char_tokenizer):
     backend = ScriptedBackend(char_tokenizer, ["1234567890"])
     multi = MultiTurnRolloutBackend(backend, CalculatorTool(), max_turn_tokens=4)

@@ -2,7 +2,7 @@
 
 Every function takes explicit numbers and returns a matplotlib ``Figure`` (or an
 HTML string) without showing it, so a test can call it and a widget can redraw
-it. Notebooks 00-05 and 08 use them.
+it. Notebooks 00-05, 08 and 14 use them.
 
 By default a figure is made through pyplot, so that ``plt.show()`` in a notebook
 cell shows it. ``standalone=True`` makes a ``Figure`` that pyplot never sees:
@@ -146,6 +146,21 @@ def author_table(
         f"<tr><th style='padding:2px 6px'>mask</th>{mask_cells}</tr>"
         f"</table><div style='margin-top:4px'>{legend}</div>"
     )
+
+
+def episode_author_table(
+    labels: Sequence[str],
+    prompt_length: int,
+    segments: Sequence,
+    response_mask: Sequence[int],
+) -> str:
+    """:func:`author_table` of one multi-turn episode: the prompt's
+    ``prompt_length`` tokens, then its ``segments`` (each with a ``role`` and its
+    ``token_ids``); each label is coloured by the author of the token it holds.
+    """
+    written = ["prompt"] * prompt_length
+    written += [segment.role for segment in segments for _ in segment.token_ids]
+    return author_table(labels, written[1 : len(labels) + 1], response_mask)
 
 
 def plot_advantages(
