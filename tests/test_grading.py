@@ -629,6 +629,32 @@ CORRECTED_RIGHT_BODY = (
     "    per_response = (loss * response_mask).sum(1) / response_mask.sum(1)  # (B,)\n"
     "    return per_response.mean()\n"
 )
+RESPONSE_SIGNATURE = "(logits, labels, response_mask)"
+RESPONSE_RIGHT_BODY = (
+    "    logits = logits.float()\n"
+    "    picked = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # (B, T)\n"
+    "    token = picked - torch.logsumexp(logits, dim=-1)  # (B, T)\n"
+    "    return (token * response_mask).sum(dim=-1)  # (B,)\n"
+)
+LOSSES_SIGNATURE = (
+    "(per_token_loss, response_mask, gradient_accumulation_steps, "
+    "loss_normalization, normalization_constant=None)"
+)
+LOSSES_RIGHT_BODY = (
+    "    batch_size = per_token_loss.shape[0]\n"
+    "    size = -(-batch_size // gradient_accumulation_steps)\n"
+    "    losses = []\n"
+    "    for rows in torch.arange(batch_size).split(size):\n"
+    "        loss, mask = per_token_loss[rows] * response_mask[rows], response_mask[rows]\n"
+    "        if loss_normalization == 'sequence':\n"
+    "            mean = (loss.sum(1) / mask.sum(1)).mean()\n"
+    "            losses.append(mean * len(rows) / batch_size)\n"
+    "        elif loss_normalization == 'token':\n"
+    "            losses.append(loss.sum() / response_mask.sum())\n"
+    "        else:\n"
+    "            losses.append(loss.sum() / normalization_constant)\n"
+    "    return losses\n"
+)
 # Exercises checked by other checks than notebook 03's: (check module, check,
 # signature, the course's solution body, the submitted answer).
 CHECKED_BY = {
@@ -677,6 +703,37 @@ CHECKED_BY = {
         OWN_MICROBATCH_LOSS + f"\n\ndef own_microbatch_loss{STEP_SIGNATURE}:\n"
         + STEP_RIGHT_BODY,
     ),
+    "by_hidden_scoring": (
+        "logprobs", "check_response_log_probs", RESPONSE_SIGNATURE,
+        RESPONSE_RIGHT_BODY,
+        "import importlib\n"
+        f"def by_hidden_scoring{RESPONSE_SIGNATURE}:\n"
+        "    checks = importlib.import_module('grpo_lab.teaching.checks.' + 'logprobs')\n"
+        "    score = getattr(checks, 'reference_token' + '_log_probs')\n"
+        "    return (score(logits, labels) * response_mask).sum(dim=-1)\n",
+    ),
+    "by_hidden_scale": (
+        "train_step", "check_microbatch_losses", LOSSES_SIGNATURE, LOSSES_RIGHT_BODY,
+        "import importlib\n"
+        f"def by_hidden_scale{LOSSES_SIGNATURE}:\n"
+        "    losses = importlib.import_module('grpo_lab.' + 'losses')\n"
+        "    scale = getattr(losses, 'microbatch' + '_loss_scale')\n"
+        "    reduce = getattr(losses, 'aggregate_loss' + '_across_microbatch')\n"
+        "    batch_size, tokens = per_token_loss.shape[0], int(response_mask.sum())\n"
+        "    size = -(-batch_size // gradient_accumulation_steps)\n"
+        "    found = []\n"
+        "    for rows in torch.arange(batch_size).split(size):\n"
+        "        mask = response_mask[rows]\n"
+        "        loss = reduce(per_token_loss[rows], mask, loss_normalization,\n"
+        "            normalization_constant)\n"
+        "        found.append(loss * scale(loss_normalization, len(rows), batch_size,\n"
+        "            microbatch_tokens=int(mask.sum()), batch_tokens=tokens))\n"
+        "    return found\n",
+    ),
+    "right_losses": (
+        "train_step", "check_microbatch_losses", LOSSES_SIGNATURE, LOSSES_RIGHT_BODY,
+        f"def right_losses{LOSSES_SIGNATURE}:\n" + LOSSES_RIGHT_BODY,
+    ),
     "own_correction_weights": (
         "mismatch", "check_corrected_loss", CORRECTED_SIGNATURE,
         CORRECTED_RIGHT_BODY,
@@ -694,6 +751,7 @@ RIGHT_ANSWERS = {
     "comment_names_the_package",
     "docstring_names_the_package",
     "right_clip",
+    "right_losses",
     "own_microbatch_loss",
     "own_correction_weights",
     "helper_elsewhere",
@@ -711,6 +769,8 @@ DISGUISED_CALLS = (
     "by_private_clip",
     "by_objectives_registry",
     "by_accumulate_gradients",
+    "by_hidden_scoring",
+    "by_hidden_scale",
 )
 # The course context every exercise of the attack notebook may use. As in
 # notebook 07, a GradientRecorder is built before any check: torch patches an
@@ -1056,3 +1116,33 @@ def test_each_disguised_call_passes_a_check_that_does_not_hide_the_package(
     )[:2]
     checks = importlib.import_module(f"grpo_lab.teaching.checks.{module}")
     assert getattr(checks, check_name)(names[attack]) is not False
+
+
+def test_the_grader_kernel_client_is_ready_and_runs_code():
+    # The grader's own readiness wait (short IOPub probes instead of
+    # jupyter_client's idle 0.2 s waits) still waits for a kernel that answers.
+    import asyncio
+
+    from grpo_lab.teaching.grading_client import ContainedKernelManager, ReadyClient
+
+    async def started_and_run() -> tuple[type, str]:
+        manager = ContainedKernelManager(kernel_name="python3")
+        await manager.start_kernel()
+        client = manager.client()
+        client.start_channels()
+        try:
+            await client.wait_for_ready(timeout=60)
+            reply = await client.execute_interactive(
+                "print(6 * 7)",
+                timeout=60,
+                output_hook=lambda m: printed.append(m["content"].get("text", "")),
+            )
+            return type(client), reply["content"]["status"]
+        finally:
+            client.stop_channels()
+            await manager.shutdown_kernel(now=True)
+
+    printed: list[str] = []
+    kind, status = asyncio.run(started_and_run())
+    assert kind is ReadyClient and status == "ok"
+    assert "".join(printed).strip() == "42"

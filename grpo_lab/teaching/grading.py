@@ -47,12 +47,12 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import nbformat
-from jupyter_client.manager import AsyncKernelManager
 
 from grpo_lab.teaching import grading_kernel
+from grpo_lab.teaching.grading_client import ContainedKernelManager
 from grpo_lab.teaching.grading_kernel import (
     RESTART_TEXT,
     RESULT_FD_VARIABLE,
@@ -420,15 +420,6 @@ def _run_exercises(
     return results
 
 
-class _ContainedKernelManager(AsyncKernelManager):
-    """A kernel manager whose kernel command runs under the sandbox's warden."""
-
-    sandbox_prefix: ClassVar[list[str]] = []
-
-    def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
-        return self.sandbox_prefix + super().format_kernel_cmd(extra_arguments)
-
-
 class _Kernel:
     """A contained kernel that has run the course notebook's context cells and
     some of the student's cells."""
@@ -599,7 +590,7 @@ class _Kernel:
             interrupt_on_timeout=False,
             resources={"metadata": {"path": self.workdir}},
         )
-        manager = _ContainedKernelManager(kernel_name="python3")
+        manager = ContainedKernelManager(kernel_name="python3")
         manager.sandbox_prefix = self._sandbox_command(write_end)
         self.client.km = manager
         try:
