@@ -165,9 +165,11 @@ def test_float16_autocast_needs_float32_master_weights():
 
 
 def test_lora_settings_without_adapters_are_named_inert():
-    config = TrainConfig.for_profile("cpu", lora_alpha=8.0, lora_lr=1e-3)
+    config = TrainConfig.for_profile(
+        "cpu", lora_alpha=8.0, lora_lr=1e-3, lora_train_norms=False
+    )
     notes = config_module.inert_settings(config)
-    assert set(notes) == {"lora_alpha", "lora_lr"}
+    assert set(notes) == {"lora_alpha", "lora_lr", "lora_train_norms"}
     assert "lora_rank is 0" in notes["lora_alpha"]
     assert config_module.inert_settings(dataclasses.replace(config, lora_rank=2)) == {}
 
@@ -464,7 +466,10 @@ def test_vllm_receives_merged_weights_under_the_base_names(tmp_path):
 def test_a_run_saves_an_adapter_peft_opens_and_merge_reproduces_its_logits(tmp_path):
     from peft import PeftModel
 
-    config = tiny_config(tmp_path, sft_max_steps=2, sft_eval_every=1, sft_eval_size=4)
+    # An entropy bonus: every step has a gradient, so the norm copies move.
+    config = tiny_config(
+        tmp_path, sft_max_steps=2, sft_eval_every=1, sft_eval_size=4, entropy_coef=0.01
+    )
     run_dir = loop.train(config, progress=False).run_dir
     final = run_dir / loop.FINAL_MODEL_DIR
     assert (final / "adapter_config.json").exists()
@@ -482,6 +487,9 @@ def test_a_run_saves_an_adapter_peft_opens_and_merge_reproduces_its_logits(tmp_p
     payload = torch.load(run_dir / "checkpoints" / "step_000002.pt", weights_only=True)
     policy.model.load_state_dict(payload["model"])
     policy.model.eval()
+    for name in norm_copy_names(policy.model):  # trained: not the base's gains
+        original = name.replace(".modules_to_save.default.", ".original_module.")
+        assert not torch.equal(payload["model"][name], payload["model"][original])
     ids = fixed_batch(policy.tokenizer)["input_ids"]
     expected = policy.model(ids).logits
     for folder in (final, checkpoint_folder):
