@@ -385,9 +385,8 @@ def _task(config: TrainConfig, num_processes: int) -> dict[str, Any]:
     stops = get_task(config.task, **config.task_options).stop_strings
     if not stops:
         return {}
-    if (
-        config.backend == "hf"
-    ):  # transformers' generate (train.py hands it the tokenizer)
+    # hf: transformers' generate, to which train.py hands the tokenizer.
+    if config.backend == "hf":
         return {"generation_kwargs": {"stop_strings": list(stops)}}
     # vLLM's SamplingParams: stop there, and keep the stop string, as grpo_lab does.
     return {

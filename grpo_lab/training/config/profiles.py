@@ -81,11 +81,10 @@ SMOKE_CHANGES: dict[str, Any] = {
 # an L4: rank-1 LoRA on every linear layer at lr 5e-5 (TRL's "LoRA Without
 # Regret" GRPO recipe, which trains no norm gains), so only the adapters carry
 # gradients and AdamW moments; float16 autocast with a dynamic loss scale over
-# float32 weights; hf rollouts
-# on the policy itself (no vLLM copy), its chat template, gradient checkpointing
-# and a chunked head; 8 prompts x 8 responses, two optimizer steps per rollout
-# batch. Its memory is estimated by training_memory_bytes (about 3 GiB); its
-# speed on a T4 has not been measured.
+# float32 weights; hf rollouts on the policy itself (no vLLM copy), its chat
+# template, gradient checkpointing and a chunked head; 8 prompts x 8 responses,
+# two optimizer steps per rollout batch. Its memory is estimated by
+# training_memory_bytes (about 3 GiB); its speed on a T4 has not been measured.
 SMALL_GPU_CHANGES: dict[str, Any] = {
     **{k: v for k, v in GPU_CHANGES.items() if k not in ("backend", "autocast_dtype")},
     "model": "Qwen/Qwen2.5-0.5B-Instruct",
