@@ -150,7 +150,6 @@ def test_the_gpu_profile_maps_to_grpo_config_arguments_that_load():
         ({"kl_coef": 0.1, "kl_estimator": "k1"}, "kl_estimator 'k1'"),
         ({"entropy_coef": 0.01}, "entropy_coef 0.01"),
         ({"sft_max_steps": 5}, "sft_max_steps 5"),
-        ({"backend": "hf"}, "task 'gsm8k'"),  # no stop strings in TRL's generate
         ({"backend": "hf", "rollout_max_batch_size": 8, "task": "reverse"},
          "rollout_max_batch_size 8"),
         ({"group_size": 1, "baseline": "none", "advantage_normalizer": "none"},
@@ -269,6 +268,47 @@ def test_a_grpo_trainer_built_from_the_translation_trains_two_steps(
     scheduler = trainer.lr_scheduler
     rates = [config.lr * scheduler.lr_lambdas[0](step) for step in range(3)]
     assert rates == [learning_rate_at(config, s) for s in (1, 2, 3)]
+
+
+def test_hf_rollouts_stop_at_strings_once_generate_has_the_tokenizer(
+    tiny_model_dir, tmp_path
+):
+    """small-gpu samples with transformers: the task's stop strings become
+    generation_kwargs' stop_strings. TRL's own generation path then fails for
+    want of a tokenizer, and stops at the strings once it is handed one."""
+    small_gpu = grpo_trl.to_trl_config(TrainConfig.for_profile("small-gpu"))
+    assert small_gpu["generation_kwargs"] == {"stop_strings": ["</answer>"]}
+    assert not small_gpu["use_vllm"]
+    config = TrainConfig.for_profile(
+        "smoke", task_options={"n_digits": 3}, sft_max_steps=0, eval_every=0
+    )
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    # Every printable one-character token: each completion stops after one.
+    stops = [t for t in map(tokenizer.decode, range(len(tokenizer))) if len(t) == 1]
+    arguments = grpo_trl.to_trl_config(config)
+    assert arguments["max_completion_length"] >= 4 and len(stops) > 10
+    arguments["generation_kwargs"] = {"stop_strings": stops}
+    task = get_task(config.task, **config.task_options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = GRPOTrainer(
+            model=str(tiny_model_dir),
+            reward_funcs=grpo_trl_trainer.trl_reward_function(task),
+            args=GRPOConfig(output_dir=str(tmp_path), **arguments),
+            train_dataset=grpo_trl_trainer.task_dataset(task, "train", 8, 0),
+            processing_class=tokenizer,
+        )
+    prompt_ids = [tokenizer.encode("123>", add_special_tokens=False)] * 4
+    with pytest.raises(ValueError, match="could not locate a tokenizer"):
+        trainer._generate_single_turn(prompt_ids, None, {}, 4)
+    grpo_trl_trainer.hand_generate_the_tokenizer(trainer)
+    torch.manual_seed(0)
+    completions, _ = trainer._generate_single_turn(prompt_ids, None, {}, 4)
+    assert [len(ids) for ids in completions] == [1, 1, 1, 1]
+    trainer.args.generation_kwargs = None  # without stop strings: no wrapper
+    generate = trainer.model.generate
+    grpo_trl_trainer.hand_generate_the_tokenizer(trainer)
+    assert trainer.model.generate is generate
 
 
 # --- first-step parity through the translation ---------------------------------------

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
+import subprocess
+import threading
+import time
 
 import pytest
 import torch
 from test_checkpoint import (
-    TINY_RUN_FLAGS,
     comparable,
-    kill_after_second_checkpoint_and_resume,
     run_cli,
 )
 from transformers import AutoModelForCausalLM
@@ -70,13 +72,16 @@ ADVANTAGES = torch.tensor([1.0, -1.0, 0.5, -0.5])
 
 
 def randomize_adapters(model: torch.nn.Module, seed: int = 1) -> None:
-    """Give every B a random value (B starts at 0, which hides A's gradient)."""
+    """Give every B a random value (B starts at 0, which hides A's gradient) and
+    every trained norm copy a gain away from its frozen original."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
+            noise = torch.randn(parameter.shape, generator=generator)
             if ".lora_B." in name:
-                noise = torch.randn(parameter.shape, generator=generator)
                 parameter.copy_(0.3 * noise.to(parameter.dtype))
+            elif ".modules_to_save." in name:
+                parameter.mul_(1 + 0.3 * noise.to(parameter.dtype))
 
 
 def load_merged(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
@@ -106,6 +111,15 @@ def lora_names(model: torch.nn.Module) -> set[str]:
     return {name for name, _ in model.named_parameters() if ".lora_" in name}
 
 
+def norm_copy_names(model: torch.nn.Module) -> set[str]:
+    return {n for n, _ in model.named_parameters() if ".modules_to_save." in n}
+
+
+def optimized_names(policy) -> set[str]:
+    by_id = {id(p): n for n, p in policy.model.named_parameters()}
+    return {by_id[id(p)] for g in policy.optimizer.param_groups for p in g["params"]}
+
+
 # --- settings ----------------------------------------------------------------------
 
 
@@ -121,6 +135,8 @@ def lora_names(model: torch.nn.Module) -> set[str]:
         ("lora_target_modules", [], r"^lora_target_modules must be"),
         ("lora_target_modules", ["q_proj", ""], r"^lora_target_modules must be"),
         ("lora_lr", 0.0, r"^lora_lr must be a finite number in \(0.0, inf\)"),
+        ("lora_train_norms", "yes", r"^lora_train_norms must be True or False"),
+        ("lora_train_norms", 1, r"^lora_train_norms must be True or False, got 1"),
     ],
 )
 def test_bad_lora_settings_are_refused_when_the_config_is_built(field, value, message):
@@ -149,9 +165,11 @@ def test_float16_autocast_needs_float32_master_weights():
 
 
 def test_lora_settings_without_adapters_are_named_inert():
-    config = TrainConfig.for_profile("cpu", lora_alpha=8.0, lora_lr=1e-3)
+    config = TrainConfig.for_profile(
+        "cpu", lora_alpha=8.0, lora_lr=1e-3, lora_train_norms=False
+    )
     notes = config_module.inert_settings(config)
-    assert set(notes) == {"lora_alpha", "lora_lr"}
+    assert set(notes) == {"lora_alpha", "lora_lr", "lora_train_norms"}
     assert "lora_rank is 0" in notes["lora_alpha"]
     assert config_module.inert_settings(dataclasses.replace(config, lora_rank=2)) == {}
 
@@ -167,10 +185,22 @@ def test_full_fine_tuning_is_untouched_and_lora_trains_only_the_adapters(tmp_pat
     assert full.optimizer.param_groups[0]["lr"] == 3e-4
 
     adapted = loop.build_policy(tiny_config(tmp_path, lora_rank=4))
-    optimized = {id(p) for g in adapted.optimizer.param_groups for p in g["params"]}
-    by_id = dict((id(p), n) for n, p in adapted.model.named_parameters())
-    assert {by_id[i] for i in optimized} == lora_names(adapted.model)
-    assert adapted.optimizer.param_groups[0]["lr"] == 3e-3  # lora_lr
+    norm_copies = {
+        f"{prefix}.modules_to_save.default.weight"
+        for prefix in ("model.layers.0.input_layernorm", "model.norm",
+                       "model.layers.0.post_attention_layernorm")
+    }  # fmt: skip
+    assert norm_copy_names(adapted.model) == norm_copies
+    assert optimized_names(adapted) == lora_names(adapted.model) | norm_copies
+    assert lora.trainable_parameter_count(adapted.model) == (
+        4 * ((32 + 32) * 2 + (32 + 16) * 2 + (32 + 64) * 2 + (64 + 32)) + 3 * 32
+    )
+    assert adapted.optimizer.param_groups[0]["lr"] == 2e-3  # lora_lr
+    adapted = loop.build_policy(
+        tiny_config(tmp_path, lora_rank=4, lora_train_norms=False)
+    )
+    assert norm_copy_names(adapted.model) == set()
+    assert optimized_names(adapted) == lora_names(adapted.model)
     # r (in + out) per linear layer: one Qwen2 layer of hidden 32, MLP 64.
     shapes = lora.qwen2_linear_shapes(32, 64, 1, 4, 2)
     assert lora.trainable_parameter_count(adapted.model) == lora.lora_parameter_count(
@@ -217,7 +247,8 @@ def test_an_update_moves_the_adapters_and_leaves_the_base_weights(tmp_path):
     )
     for name, parameter in policy.model.named_parameters():
         moved = not torch.equal(parameter, before[name])
-        assert moved == (".lora_B." in name), name  # A's gradient is 0 while B = 0
+        trained = ".lora_B." in name or ".modules_to_save." in name
+        assert moved == trained, name  # A's gradient is 0 while B = 0
 
 
 def test_adapter_gradients_are_the_chain_rule_of_the_full_weight_gradient():
@@ -281,6 +312,59 @@ def test_the_kl_reference_is_the_base_model_with_adapters_off(tmp_path, monkeypa
     assert policy.reference_model is None
 
 
+def test_with_trained_norms_the_reference_keeps_the_base_gains(tmp_path):
+    """Only the norm copies moved: the policy differs from the base, and the
+    reference (adapters off) is still the base bit for bit."""
+    config = tiny_config(tmp_path, kl_coef=0.1)
+    policy = loop.build_policy(config)
+    base = loop.build_policy(tiny_config(tmp_path, lora_rank=0))
+    with torch.no_grad():
+        for name, parameter in policy.model.named_parameters():
+            if ".modules_to_save." in name:
+                parameter.mul_(1.5)
+    batch = fixed_batch(policy.tokenizer)
+    expected = loop.score_old_log_probs(config, base.model, batch)
+    assert not torch.equal(
+        loop.score_old_log_probs(config, policy.model, batch), expected
+    )
+    assert torch.equal(loop.score_reference_log_probs(config, policy, batch), expected)
+    base_weights = dict(base.model.named_parameters())
+    with lora.adapters_disabled(policy.adapters):  # merged weights: the base's
+        weights = dict(lora.merged_named_parameters(policy.model))
+    assert set(weights) == set(base_weights)
+    assert all(torch.equal(weights[n], p) for n, p in base_weights.items())
+    merged = dict(lora.merged_named_parameters(policy.model))  # adapters on
+    assert torch.equal(
+        merged["model.norm.weight"], 1.5 * base_weights["model.norm.weight"]
+    )
+    state = lora.base_state_dict(policy.model)
+    assert all(torch.equal(state[n], p) for n, p in base_weights.items())
+
+
+def test_the_warm_up_trains_the_base_norms_and_the_copies_start_from_them(tmp_path):
+    """Inside training_base_weights the frozen originals train (the full model
+    warms up); after it the trained copies hold the warmed-up gains and only the
+    adapters and copies require grad again."""
+    policy = loop.build_policy(tiny_config(tmp_path))
+    trainable = {n for n, p in policy.model.named_parameters() if p.requires_grad}
+    with lora.training_base_weights(policy.adapters):
+        warming = {n for n, p in policy.model.named_parameters() if p.requires_grad}
+        assert warming.isdisjoint(trainable)
+        assert "model.norm.original_module.weight" in warming
+        with torch.no_grad():
+            for name, parameter in policy.model.named_parameters():
+                if name in warming:
+                    parameter.add_(0.25)
+    assert trainable == {
+        n for n, p in policy.model.named_parameters() if p.requires_grad
+    }
+    state = policy.model.state_dict()
+    for name in norm_copy_names(policy.model):
+        original = name.replace(".modules_to_save.default.", ".original_module.")
+        assert torch.equal(state[name], state[original]), name
+        assert torch.all(state[name] == 1.25)  # RMSNorm gains start at 1
+
+
 def update_with_sgd(config: TrainConfig, rollouts_seed: int = 0):
     """One grpo_update of a LoRA policy with random B, by plain SGD (lr 1): the
     adapters afterwards are (before - gradient), easy to compare across options."""
@@ -311,7 +395,8 @@ def test_lora_gives_the_same_update_through_each_memory_option(tmp_path, option)
     assert record["train/optimizer_steps"] == 1
     moved = 0
     for name, value in plain.items():
-        if "kl_coef" in option and ".lora_" in name:
+        trained = ".lora_" in name or ".modules_to_save." in name
+        if "kl_coef" in option and trained:
             moved += not torch.allclose(value, adapters[name], atol=1e-7)
             continue
         torch.testing.assert_close(adapters[name], value, rtol=1e-5, atol=1e-6)
@@ -381,7 +466,10 @@ def test_vllm_receives_merged_weights_under_the_base_names(tmp_path):
 def test_a_run_saves_an_adapter_peft_opens_and_merge_reproduces_its_logits(tmp_path):
     from peft import PeftModel
 
-    config = tiny_config(tmp_path, sft_max_steps=2, sft_eval_every=1, sft_eval_size=4)
+    # An entropy bonus: every step has a gradient, so the norm copies move.
+    config = tiny_config(
+        tmp_path, sft_max_steps=2, sft_eval_every=1, sft_eval_size=4, entropy_coef=0.01
+    )
     run_dir = loop.train(config, progress=False).run_dir
     final = run_dir / loop.FINAL_MODEL_DIR
     assert (final / "adapter_config.json").exists()
@@ -399,6 +487,9 @@ def test_a_run_saves_an_adapter_peft_opens_and_merge_reproduces_its_logits(tmp_p
     payload = torch.load(run_dir / "checkpoints" / "step_000002.pt", weights_only=True)
     policy.model.load_state_dict(payload["model"])
     policy.model.eval()
+    for name in norm_copy_names(policy.model):  # trained: not the base's gains
+        original = name.replace(".modules_to_save.default.", ".original_module.")
+        assert not torch.equal(payload["model"][name], payload["model"][original])
     ids = fixed_batch(policy.tokenizer)["input_ids"]
     expected = policy.model(ids).logits
     for folder in (final, checkpoint_folder):
@@ -443,20 +534,82 @@ def test_the_first_step_loss_equals_full_fine_tuning_after_the_same_warm_up(tmp_
     assert full_steps[1]["train/reward_mean"] == lora_steps[1]["train/reward_mean"]
 
 
+# The smallest run that warms up, checkpoints every step and evaluates: 4 steps.
+LORA_KILL_FLAGS = [
+    "--profile", "cpu",
+    "--tiny-hidden-size", "16",
+    "--tiny-num-layers", "1",
+    "--tiny-intermediate-size", "32",
+    "--task-options", '{"n_digits": 3}',
+    "--rollout-batch-size", "16",
+    "--group-size", "4",
+    "--train-batch-size", "16",
+    "--max-new-tokens", "5",
+    "--eval-every", "2",
+    "--eval-size", "8",
+    "--checkpoint-every", "1",
+    "--sft-max-steps", "2",
+    "--sft-eval-every", "2",
+    "--sft-eval-size", "4",
+    "--sft-batch-size", "8",
+    "--entropy-coef", "0.01",  # a gradient even in a step without signal
+    "--lora-rank", "4",
+    "--no-progress",
+]  # fmt: skip
+
+
+def adapter_tensors(run_dir) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(run_dir / "final_model" / "adapter_model.safetensors")
+
+
+def kill_once_written(process: subprocess.Popen, path) -> threading.Thread:
+    """A thread that SIGKILLs ``process`` as soon as ``path`` exists."""
+
+    def watch() -> None:
+        deadline = time.monotonic() + 300
+        while not path.exists() and process.poll() is None:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        process.send_signal(signal.SIGKILL)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
 @pytest.mark.slow
 def test_a_lora_run_killed_with_sigkill_resumes_to_the_same_metrics(tmp_path):
-    flags = [*TINY_RUN_FLAGS, "--lora-rank", "4"]
-    reference = tmp_path / "reference"
-    finished = run_cli([*flags, "--run-dir", str(reference)], tmp_path)
-    output, _ = finished.communicate(timeout=300)
-    assert finished.returncode == 0, output
-    assert json.loads((reference / "config.json").read_text())["lora_rank"] == 4
-
+    """A real SIGKILL of a `grpo-lab train` process after step 2's checkpoint,
+    then a resume to step 4. The uninterrupted reference and the resume run in
+    this process (one thread, as the tiny model's runs always use), the
+    reference while the other is being killed. Metrics and the final adapter
+    (A, B and the trained norm copies) equal bit for bit."""
     killed = tmp_path / "killed"
-    lines_at_kill = kill_after_second_checkpoint_and_resume(flags, killed, tmp_path)
+    process = run_cli(
+        [*LORA_KILL_FLAGS, "--steps", "400", "--run-dir", str(killed)], tmp_path
+    )
+    watcher = kill_once_written(process, killed / "checkpoints" / "step_000002.pt")
+    reference = tmp_path / "reference"
+    flags = [*LORA_KILL_FLAGS, "--steps", "4", "--run-dir", str(reference)]
+    assert cli.main(["train", *flags]) == 0
+    watcher.join()
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == -signal.SIGKILL, output
+    lines_at_kill = len(read_metrics(killed))
+    resume = ["train", "--resume", str(killed), "--steps", "4", "--no-progress"]
+    assert cli.main(resume) == 0
+    assert json.loads((reference / "config.json").read_text())["lora_rank"] == 4
     assert 1 <= lines_at_kill < len(read_metrics(killed))
+    assert len(step_records(read_metrics(killed))) == 5  # steps 0..4
     assert comparable(killed) == comparable(reference)
-    assert (killed / "final_model" / "adapter_config.json").exists()
+    expected, resumed = adapter_tensors(reference), adapter_tensors(killed)
+    assert expected.keys() == resumed.keys()
+    assert any("layernorm" in name for name in expected)
+    assert all(torch.equal(expected[n], resumed[n]) for n in expected)
+    assert any(".lora_B." in n and expected[n].abs().max() > 0 for n in expected)
 
 
 # --- float16: a dynamic loss scale -------------------------------------------------------
@@ -582,9 +735,9 @@ def set_adapters(named_parameters, seed: int = 5) -> None:
 
 @pytest.mark.slow
 def test_the_first_lora_step_equals_trls_with_the_same_peft_config(tmp_path):
-    """float64, loss_type grpo off-policy: TRL wraps the model with peft itself;
-    both sides then get the same adapter values, and the loss and every
-    adapter gradient agree."""
+    """float64, loss_type grpo off-policy: TRL wraps the model with peft itself
+    (adapters and the trained norm copies, modules_to_save); both sides then get
+    the same adapter values, and the loss and every trainable gradient agree."""
     from test_trl_parity import (
         COMPLETIONS,
         GROUP_SIZE,
@@ -634,10 +787,11 @@ def test_the_first_lora_step_equals_trls_with_the_same_peft_config(tmp_path):
         adapted, recorder, 1, None, batch, inputs["advantages"],
         importance_reweighting_method="grpo", old_log_probs=old, cliprange=0.2,
     )  # fmt: skip
+    trained = [n for n in trl_names if ".lora_" in n or ".modules_to_save." in n]
     trl_gradients = [
-        g for n, g in zip(trl_names, trl_run.parameter_gradients) if ".lora_" in n
+        g for n, g in zip(trl_names, trl_run.parameter_gradients) if n in trained
     ]
-    assert len(trl_gradients) == len(recorder.gradients) == 14  # 7 layers x (A, B)
+    assert len(trained) == len(recorder.gradients) == 17  # 7 x (A, B), 3 norms
     assert all(p.dtype == torch.float64 for p in lora.trainable_parameters(adapted))
     assert abs(loss.double() - sum(trl_run.losses)).item() <= 1e-12
     for ours, theirs in zip(recorder.gradients, trl_gradients, strict=True):
@@ -669,6 +823,13 @@ def test_export_maps_lora_to_trl_peft_config_and_verl_settings():
     peft_config = grpo_trl.peft_config_for(config)
     assert (peft_config.r, peft_config.lora_alpha) == (8, 32.0)
     assert peft_config.target_modules == {"q_proj"}
+    norms = ["input_layernorm", "post_attention_layernorm", "model.norm"]
+    assert peft_config.modules_to_save == norms
+    plain = dataclasses.replace(config, lora_train_norms=False)
+    assert grpo_trl.peft_config_for(plain).modules_to_save is None
+    with pytest.raises(ValueError, match=r"^lora_train_norms must be false .* verl"):
+        verl.lora_overrides(config)
+    config = plain  # verl's own LoRA settings
     assert grpo_trl.peft_config_for(TrainConfig.for_profile("cpu")) is None
     assert grpo_trl.to_trl_config(config)["learning_rate"] == config.lora_lr
     full = TrainConfig.for_profile("cpu", sft_max_steps=0)
@@ -677,7 +838,7 @@ def test_export_maps_lora_to_trl_peft_config_and_verl_settings():
         "actor_rollout_ref.model.lora_rank": 8,
         "actor_rollout_ref.model.lora_alpha": 32.0,
         "actor_rollout_ref.model.target_modules": ["q_proj"],
-        "actor_rollout_ref.actor.optim.lr": 3e-3,
+        "actor_rollout_ref.actor.optim.lr": 2e-3,
     }
     assert verl.lora_overrides(full) == {}
     with pytest.raises(ValueError, match=r"^lora_dropout must be 0"):

@@ -385,13 +385,9 @@ def _task(config: TrainConfig, num_processes: int) -> dict[str, Any]:
     stops = get_task(config.task, **config.task_options).stop_strings
     if not stops:
         return {}
+    # hf: transformers' generate, to which train.py hands the tokenizer.
     if config.backend == "hf":
-        raise _refuse(
-            "task",
-            config.task,
-            f"it stops sampling at {list(stops)}, and TRL's transformers "
-            "generation cannot stop at a string; use backend vllm",
-        )
+        return {"generation_kwargs": {"stop_strings": list(stops)}}
     # vLLM's SamplingParams: stop there, and keep the stop string, as grpo_lab does.
     return {
         "generation_kwargs": {"stop": list(stops), "include_stop_str_in_output": True}
@@ -403,12 +399,13 @@ def _vllm_memory(config: TrainConfig, num_processes: int) -> dict[str, Any]:
 
 
 def _rollout_chunk(config: TrainConfig, num_processes: int) -> dict[str, Any]:
-    if config.backend == "hf" and config.rollout_max_batch_size is not None:
+    chunk, share = config.rollout_max_batch_size, config.rollout_batch_size
+    if config.backend == "hf" and chunk is not None and chunk * num_processes < share:
         raise _refuse(
             "rollout_max_batch_size",
             config.rollout_max_batch_size,
             "TRL generates each process's share of generation_batch_size at once; "
-            "use none",
+            "use none (or at least that share)",
         )
     return {}
 
@@ -584,12 +581,14 @@ TRANSLATIONS: dict[str, Translation] = {
     "task": T(
         ("generation_kwargs",),
         _task,
-        "its stop strings -> vLLM's stop (train.py builds the task's data)",
+        "its stop strings -> vLLM's stop, or (hf) transformers' stop_strings",
     ),
     "vllm_gpu_memory_utilization": T(
         ("vllm_gpu_memory_utilization",), _vllm_memory, "exact"
     ),
-    "rollout_max_batch_size": T((), _rollout_chunk, "none only (hf)"),
+    "rollout_max_batch_size": T(
+        (), _rollout_chunk, "none or >= a process's share (hf)"
+    ),
     "mismatch": T((), _mismatch, "none only (a CPU simulator)"),
     "mismatch_scale": T((), lambda c, n: {}, "read only by the mismatch backend"),
     "mismatch_sync_every": T((), lambda c, n: {}, "read only by the mismatch backend"),
@@ -762,6 +761,7 @@ LAUNCH_SETTINGS.update(
         "lora_alpha": "peft_config's lora_alpha",
         "lora_dropout": "peft_config's lora_dropout",
         "lora_target_modules": "peft_config's target_modules",
+        "lora_train_norms": "peft_config's modules_to_save (the RMSNorm modules)",
     }
 )
 

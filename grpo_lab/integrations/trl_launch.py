@@ -72,6 +72,7 @@ from trl import GRPOConfig, GRPOTrainer
 from grpo_lab.integrations.cluster import resolve_task_options
 from grpo_lab.integrations.trl import data_parallel_batch
 from grpo_lab.integrations.trl_trainer import (
+    hand_generate_the_tokenizer,
     peft_config_for,
     task_dataset,
     trainer_class_for,
@@ -85,7 +86,6 @@ from grpo_lab.training.config import TrainConfig
 HERE = Path(__file__).resolve().parent
 # A CPU dry run: no vLLM engine (nor its stop strings), no autocast, float32.
 CPU_ARGUMENTS = {{
-    "generation_kwargs": None,
     "use_cpu": True,
     "use_vllm": False,
     "bf16": False,
@@ -123,6 +123,8 @@ def main() -> None:
     if options.max_steps is not None:
         arguments["max_steps"] = options.max_steps
     if options.use_cpu:
+        if arguments.get("use_vllm"):
+            arguments["generation_kwargs"] = None  # vLLM's stop settings
         arguments.update(CPU_ARGUMENTS)
     grpo_config = GRPOConfig(output_dir=options.output_dir, **arguments)
 
@@ -147,6 +149,7 @@ def main() -> None:
         **extra,
         **tool_trainer_keywords(config),  # a tool-using task's multi-turn rollout
     )
+    hand_generate_the_tokenizer(trainer)  # transformers' stop_strings need it
     trainer.train(resume_from_checkpoint=True if config.resume else None)
     trainer.save_model(str(Path(options.output_dir) / "final_model"))
 

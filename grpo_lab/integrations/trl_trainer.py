@@ -181,3 +181,24 @@ def peft_config_for(config: TrainConfig) -> Any:
 
     settings = config.lora_settings()
     return None if settings is None else peft_lora_config(settings)
+
+
+def hand_generate_the_tokenizer(trainer: GRPOTrainer) -> None:
+    """Make the model's ``generate`` receive the trainer's tokenizer.
+
+    transformers stops at a string (``generation_kwargs`` ``stop_strings``, the
+    hf backend's export) only when ``generate`` gets ``tokenizer=``, and
+    GRPOTrainer calls ``generate(**inputs, generation_config=...)`` without it.
+    The wrapper adds it; nothing changes when no stop string is asked for.
+    """
+    kwargs = trainer.args.generation_kwargs or {}
+    if trainer.use_vllm or not kwargs.get("stop_strings"):
+        return
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    generate = model.generate
+
+    def generate_with_tokenizer(*args: Any, **keywords: Any) -> Any:
+        keywords.setdefault("tokenizer", trainer.processing_class)
+        return generate(*args, **keywords)
+
+    model.generate = generate_with_tokenizer

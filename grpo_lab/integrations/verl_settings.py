@@ -273,6 +273,19 @@ def _lora_dropout(config: Any, target: Target) -> dict[str, Any]:
     return {}
 
 
+def _lora_train_norms(config: Any, target: Target) -> dict[str, Any]:
+    # verl's FSDP workers build peft's LoraConfig from lora_rank, lora_alpha,
+    # target_modules and exclude_modules alone (verl/workers/fsdp_workers.py):
+    # no modules_to_save, so trained norm gains have no verl setting.
+    if config.lora_rank > 0 and config.lora_train_norms:
+        raise _refuse(
+            "lora_train_norms",
+            "false (verl's LoRA has no modules_to_save)",
+            config.lora_train_norms,
+        )
+    return {}
+
+
 # --- the table ------------------------------------------------------------------------
 
 
@@ -526,6 +539,9 @@ EXPORTS: dict[str, Export] = {
         "actor_rollout_ref.model.target_modules",
     ),
     "lora_dropout": E(_lora_dropout, "refused unless 0 (not exported)"),
+    "lora_train_norms": E(
+        _lora_train_norms, "refused unless false (verl's LoRA has no modules_to_save)"
+    ),
     "lora_lr": E(
         _with_adapters(f"{ACTOR}.optim.lr", lambda c: c.lora_lr),
         "actor.optim.lr when lora_rank > 0",

@@ -17,6 +17,12 @@ prefix sharing and ``generate`` see an ordinary causal LM. The ``PeftModel``
 wrapper is kept beside it for what only it does: ``save_pretrained`` of the
 adapter and switching the adapters off.
 
+``lora_train_norms`` also trains a copy of each RMSNorm gain (peft's
+``modules_to_save``): 2 L + 1 vectors of the hidden size. The originals stay
+frozen, so the reference (adapters off) is still the base model. A tiny model
+needs them: its frozen gains and small tied head cap what low-rank updates can
+reach.
+
 ``lora_rank = 0`` (the default) is full fine-tuning, untouched. Taught in
 ``notebooks/13_lora_for_rl.ipynb``; :func:`lora_linear` is the adapter forward
 written out, the oracle of peft's layer.
@@ -33,6 +39,9 @@ import torch
 
 # peft's name for "every nn.Linear except the output head".
 ALL_LINEAR = "all-linear"
+# peft's modules_to_save names (suffixes) of a Qwen2 / Llama decoder's RMSNorm
+# modules: two per layer and the final one.
+NORM_MODULES = ("input_layernorm", "post_attention_layernorm", "model.norm")
 # Bytes per adapter parameter while training with AdamW in float32: the weight,
 # its gradient and two moments.
 ADAPTER_TRAINING_BYTES = 16
@@ -50,6 +59,8 @@ class LoraSettings:
     dropout: float
     # Module names (suffixes) to adapt, or "all-linear".
     target_modules: str | tuple[str, ...]
+    # Also train a copy of every RMSNorm gain (NORM_MODULES), the base's frozen.
+    train_norms: bool = False
 
     @property
     def scale(self) -> float:
@@ -83,13 +94,17 @@ def check_lora_settings(
     alpha: float,
     dropout: float,
     target_modules: str | list[str] | tuple[str, ...],
+    *,
+    train_norms: bool = False,
 ) -> None:
     """Refuse a LoRA shape that cannot train, naming the setting.
 
     rank: an int >= 0 (0: full fine-tuning); alpha: a finite number > 0;
     dropout: in [0, 1); target_modules: "all-linear" or a non-empty list of
-    module names.
+    module names; train_norms: True or False.
     """
+    if not isinstance(train_norms, bool):
+        raise ValueError(f"lora_train_norms must be True or False, got {train_norms!r}")
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
         raise ValueError(
             f"lora_rank must be an int >= 0 (0: full fine-tuning), got {rank!r}"
@@ -136,6 +151,7 @@ def peft_lora_config(settings: LoraSettings):
         lora_alpha=settings.alpha,
         lora_dropout=settings.dropout,
         target_modules=targets if isinstance(targets, str) else list(targets),
+        modules_to_save=list(NORM_MODULES) if settings.train_norms else None,
         task_type="CAUSAL_LM",
     )
 
@@ -147,13 +163,19 @@ def add_adapters(
 
     A is drawn from a generator seeded by ``seed`` (the global RNG is left as it
     was, so the rest of the run draws what a full fine-tuning run draws), B is
-    zero. Every base weight is frozen; only A and B require grad.
+    zero. Every base weight is frozen; only A and B require grad, and with
+    ``train_norms`` the copies of the RMSNorm gains (equal to the base's).
     """
     import peft
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         adapted = peft.get_peft_model(model, peft_lora_config(settings))
+    if settings.train_norms and not dict(_norm_copies(adapted)):
+        raise ValueError(
+            f"lora_train_norms found none of the modules {NORM_MODULES} in "
+            f"{type(model).__name__}; set lora_train_norms false for this model"
+        )
     if getattr(model, "is_gradient_checkpointing", False):
         model.enable_input_require_grads()  # frozen embeddings: keep a grad path
     return adapted
@@ -214,7 +236,8 @@ def adapters_disabled(adapted: torch.nn.Module | None) -> Iterator[None]:
 def training_base_weights(adapted: torch.nn.Module | None) -> Iterator[None]:
     """Inside: adapters off and the base weights trainable (the supervised
     warm-up trains the base model exactly as a full fine-tuning run would);
-    afterwards the base is frozen again. ``None``: nothing changes."""
+    afterwards the base is frozen again, and trained norm copies restart from
+    the warmed-up gains (:func:`copy_base_norms`). ``None``: nothing changes."""
     if adapted is None:
         yield
         return
@@ -227,6 +250,42 @@ def training_base_weights(adapted: torch.nn.Module | None) -> Iterator[None]:
         finally:
             for parameter, trains in adapter_flags.items():
                 parameter.requires_grad_(trains)
+    copy_base_norms(adapted)
+
+
+def _norm_copies(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module]]:
+    """(name, peft ``ModulesToSaveWrapper``): each module trained as a copy."""
+    from peft.utils.other import ModulesToSaveWrapper
+
+    for name, module in model.named_modules():
+        if isinstance(module, ModulesToSaveWrapper):
+            yield name, module
+
+
+def copy_base_norms(model: torch.nn.Module) -> None:
+    """Set each trained copy (``modules_to_save``) to its frozen original, in
+    place (the optimizer keeps the same tensors): the warm-up trained the
+    originals, and the adapted policy must start as the warmed-up base."""
+    with torch.no_grad():
+        for _, wrapper in _norm_copies(model):
+            for copy in wrapper.modules_to_save.values():
+                for name, tensor in wrapper.original_module.state_dict().items():
+                    copy.get_parameter(name).copy_(tensor)
+
+
+def _base_name(name: str, copies: dict[str, torch.nn.Module]) -> str | None:
+    """The base model's name of parameter ``name`` of an adapted model, or None
+    when the forward does not use it now: a wrapped module's frozen original
+    while its trained copy is active, or the copy while adapters are off."""
+    for prefix, wrapper in copies.items():
+        if not name.startswith(prefix + "."):
+            continue
+        rest = name.removeprefix(prefix + ".")
+        active = wrapper.active_adapters and not wrapper.disable_adapters
+        used = f"modules_to_save.{wrapper.active_adapters[0]}." if active else None
+        used = used or "original_module."
+        return f"{prefix}.{rest.removeprefix(used)}" if rest.startswith(used) else None
+    return name.replace(".base_layer.", ".")
 
 
 def _lora_layers(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module]]:
@@ -245,31 +304,35 @@ def merged_named_parameters(
     ``model`` is the transformers model with LoRA layers in place; names come
     out as the base model spells them (``...q_proj.weight``, no ``base_layer``,
     no adapter tensors), so a loader of the base checkpoint (vLLM, a fresh
-    model's ``load_state_dict``) takes them. Nothing is modified; one merged
-    tensor exists at a time.
+    model's ``load_state_dict``) takes them. A norm trained as a copy comes
+    out as the copy (the original while the adapters are off). Nothing is
+    modified; one merged tensor exists at a time.
     """
     deltas = {
         f"{name}.base_layer.weight": module
         for name, module in _lora_layers(model)
         if not module.disable_adapters
     }
+    copies = dict(_norm_copies(model))
     for name, parameter in model.named_parameters():
-        if ".lora_" in name:
+        base_name = _base_name(name, copies)
+        if ".lora_" in name or base_name is None:
             continue
         weight = parameter.detach()
         module = deltas.get(name)
         if module is not None:
             delta = sum(module.get_delta_weight(a) for a in module.active_adapters)
             weight = weight + delta.to(weight.dtype)  # (out, in)
-        yield name.replace(".base_layer.", "."), weight
+        yield base_name, weight
 
 
 def base_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The frozen base weights of an adapted model, under the base model's names."""
+    """The frozen base weights of an adapted model, under the base model's names
+    (a norm trained as a copy: its frozen original)."""
     return {
-        name.replace(".base_layer.", "."): tensor
+        name.replace(".base_layer.", ".").replace(".original_module.", "."): tensor
         for name, tensor in model.state_dict().items()
-        if ".lora_" not in name
+        if ".lora_" not in name and ".modules_to_save." not in name
     }
 
 

@@ -40,6 +40,7 @@ def _inert_lora_settings(config: TrainFields) -> dict[str, str]:
     """The LoRA options a full fine-tuning run (lora_rank 0) does not read."""
     defaults = {f.name: f.default for f in dataclasses.fields(TrainFields)}
     names = ("lora_alpha", "lora_dropout", "lora_target_modules", "lora_lr")
+    names += ("lora_train_norms",)
     if config.lora_rank > 0:
         return {}
     return {

@@ -104,7 +104,8 @@ def _check_sharding(sharded: tuple[str, ...], gpus: int) -> None:
 
 def lora_parameter_count_of(config: TrainConfig) -> int:
     """Adapter parameters of ``config`` on a known hub model (every linear layer
-    but the output head, or the named ones): r x (in + out) per layer."""
+    but the output head, or the named ones): r x (in + out) per layer, and with
+    ``lora_train_norms`` the copies of the 2 L + 1 RMSNorm gains."""
     hidden, mlp, layers, heads, kv_heads, _ = KNOWN_ARCHITECTURES[config.model]
     shapes = qwen2_linear_shapes(hidden, mlp, layers, heads, kv_heads)
     targets = config.lora_settings().target_modules
@@ -112,7 +113,8 @@ def lora_parameter_count_of(config: TrainConfig) -> int:
         names = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj")
         names += ("down_proj",)
         shapes = [s for s, n in zip(shapes, names * layers) if n in targets]
-    return lora_parameter_count(shapes, config.lora_rank)
+    norms = hidden * (2 * layers + 1) if config.lora_train_norms else 0
+    return lora_parameter_count(shapes, config.lora_rank) + norms
 
 
 def activation_bytes(config: TrainConfig) -> float:

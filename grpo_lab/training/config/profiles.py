@@ -79,12 +79,12 @@ SMOKE_CHANGES: dict[str, Any] = {
 
 # A 0.5B instruct model on GSM8K on one 16 GB GPU without bfloat16 (a T4) or
 # an L4: rank-1 LoRA on every linear layer at lr 5e-5 (TRL's "LoRA Without
-# Regret" GRPO recipe), so only the adapters carry gradients and AdamW moments;
-# float16 autocast with a dynamic loss scale over float32 weights; hf rollouts
-# on the policy itself (no vLLM copy), its chat template, gradient checkpointing
-# and a chunked head; 8 prompts x 8 responses, two optimizer steps per rollout
-# batch. Its memory is estimated by training_memory_bytes (about 3 GiB); its
-# speed on a T4 has not been measured.
+# Regret" GRPO recipe, which trains no norm gains), so only the adapters carry
+# gradients and AdamW moments; float16 autocast with a dynamic loss scale over
+# float32 weights; hf rollouts on the policy itself (no vLLM copy), its chat
+# template, gradient checkpointing and a chunked head; 8 prompts x 8 responses,
+# two optimizer steps per rollout batch. Its memory is estimated by
+# training_memory_bytes (about 3 GiB); its speed on a T4 has not been measured.
 SMALL_GPU_CHANGES: dict[str, Any] = {
     **{k: v for k, v in GPU_CHANGES.items() if k not in ("backend", "autocast_dtype")},
     "model": "Qwen/Qwen2.5-0.5B-Instruct",
@@ -97,6 +97,7 @@ SMALL_GPU_CHANGES: dict[str, Any] = {
     "rollout_max_batch_size": 64,
     "lora_rank": 1,
     "lora_lr": 5e-5,
+    "lora_train_norms": False,
     "autocast_dtype": "float16",
 }
 

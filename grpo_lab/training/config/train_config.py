@@ -66,6 +66,7 @@ class TrainConfig(TrainFields):
             alpha=self.lora_alpha,
             dropout=self.lora_dropout,
             target_modules=target_names(self.lora_target_modules),
+            train_norms=self.lora_train_norms,
         )
 
     @property

@@ -296,6 +296,7 @@ def _check_lora_and_precision(config: TrainFields) -> None:
         config.lora_alpha,
         config.lora_dropout,
         config.lora_target_modules,
+        train_norms=config.lora_train_norms,
     )
     _check_range("lora_lr", config.lora_lr, low=0.0, low_open=True)
     if config.autocast_dtype == "float16" and config.dtype != "float32":
