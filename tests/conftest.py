@@ -6,6 +6,8 @@ a batch of 8 short sequences takes milliseconds on a CPU.
 
 from __future__ import annotations
 
+import importlib
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -45,3 +47,36 @@ def make_tiny_qwen2(
 def tiny_qwen2(make_tiny_qwen2: Callable[..., PreTrainedModel]) -> PreTrainedModel:
     """A fresh tiny Qwen2 (hidden size 32) for tests that change its weights."""
     return make_tiny_qwen2(seed=0)
+
+
+# The update's per-token settings: each one's check, by the module that calls it.
+PER_TOKEN_CHECKS = (
+    ("grpo_lab.kl", "check_kl_estimator"),
+    ("grpo_lab.losses", "check_entropy_settings"),
+    ("grpo_lab.sampler_correction", "check_sampler_correction"),
+    ("grpo_lab.prefix_sharing", "check_share_prompt_prefix"),
+)
+
+
+@pytest.fixture
+def count_checks(monkeypatch: pytest.MonkeyPatch) -> Callable[..., dict[str, int]]:
+    """``count_checks(*extra)``: each of PER_TOKEN_CHECKS and of ``extra``
+    ((module, name) pairs) still checks, and the returned dict counts its calls
+    by name from then on, under every grpo_lab module that imported it."""
+
+    def count(*extra: tuple[str, str]) -> dict[str, int]:
+        checks = (*PER_TOKEN_CHECKS, *extra)
+        counts = dict.fromkeys((name for _, name in checks), 0)
+        for module_name, name in checks:
+            check = getattr(importlib.import_module(module_name), name)
+
+            def counted(*args, _check=check, _name=name, **kwargs):
+                counts[_name] += 1
+                return _check(*args, **kwargs)
+
+            for loaded, module in list(sys.modules.items()):
+                if loaded.startswith("grpo_lab") and vars(module).get(name) is check:
+                    monkeypatch.setattr(module, name, counted)
+        return counts
+
+    return count

@@ -387,3 +387,24 @@ def test_keep_checkpoints_keeps_that_many_of_the_newest(tmp_path):
     assert [name for name in folders if not name.endswith(".pt")] == [
         "step_000002", "step_000003", "step_000004",
     ]  # fmt: skip
+
+
+def test_a_step_checks_the_update_settings_once(tmp_path, count_checks):
+    config = tiny_config(
+        tmp_path, epochs_per_rollout_batch=2, gradient_accumulation_steps=4,
+        importance_reweighting_method="grpo", cliprange=0.2, kl_coef=0.1,
+        top_entropy_quantile=0.5, sampler_correction="token_truncate",
+        share_prompt_prefix=True,
+    )  # fmt: skip
+    policy = loop.build_policy(config)
+    task = EvenFirstCharacter()
+    examples = get_task("reverse", n_digits=3).train(8, seed=0)
+    rollouts = policy.backend.generate(
+        [e.prompt for e in examples], 4, loop.sampling_settings(config, task, seed=1)
+    )
+    counts = count_checks(("grpo_lab.objectives", "check_objective_settings"))
+    record = loop.grpo_update(config, task, policy, rollouts, examples)
+    assert record["train/optimizer_steps"] == 2.0 and "loss/kl_mean" in record
+    assert "rollout/is_ratio_mean" in record  # the correction ran
+    # Old and reference log-probs, 2 updates of 4 microbatches: one check each.
+    assert counts == dict.fromkeys(counts, 1)
