@@ -14,6 +14,7 @@ import pytest
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2
+from grpo_lab.rollouts.base import Rollouts
 
 TINY_SIZES = {
     "hidden_size": 32,
@@ -80,3 +81,66 @@ def count_checks(monkeypatch: pytest.MonkeyPatch) -> Callable[..., dict[str, int
         return counts
 
     return count
+
+
+class EvenFirstDigit:
+    """A stand-in task: reward 1 when the response starts with an even digit
+    (a random model earns it about half the time, so groups disagree).
+
+    ``prompts_of``: a task whose prompts, name and lengths it takes (only the
+    reward is its own); without one it has no prompts of its own, named "even".
+    """
+
+    def __init__(self, max_new_tokens: int = 5, *, prompts_of: object = None):
+        self.prompts_of = prompts_of
+        if prompts_of is None:
+            self.name, self.stop_strings = "even", ()
+            self.max_new_tokens = max_new_tokens
+
+    def reward_fn(self, response: str, ground_truth: str) -> dict[str, float]:
+        value = float(response[:1] in set("02468"))
+        return {"reward": value, "format_reward": value, "answer_reward": value}
+
+    def __getattr__(self, name: str) -> object:
+        prompts_of = self.__dict__.get("prompts_of")
+        if prompts_of is None:
+            raise AttributeError(name)
+        return getattr(prompts_of, name)
+
+
+@pytest.fixture
+def even_digit_task() -> type[EvenFirstDigit]:
+    """The class of the stand-in task: ``even_digit_task()``, or
+    ``even_digit_task(3)`` for 3 new tokens, or ``prompts_of=task``."""
+    return EvenFirstDigit
+
+
+class AlternatingBackend:
+    """A stand-in rollout backend: sample j of every group is the reversal of
+    its prompt (the reverse task's answer) when j is even, else ``wrong``;
+    ``sampling`` holds the settings of the last call."""
+
+    def __init__(self, wrong: str = "x") -> None:
+        self.wrong = wrong
+        self.sampling = None
+
+    def generate(self, prompts, group_size, sampling):
+        self.sampling = sampling
+        responses = [
+            prompt[:-1][::-1] if j % 2 == 0 else self.wrong
+            for prompt in prompts
+            for j in range(group_size)
+        ]
+        return Rollouts(
+            prompts=[p for p in prompts for _ in range(group_size)],
+            responses=responses,
+        )
+
+    def sync(self, policy):
+        pass
+
+
+@pytest.fixture
+def alternating_backend() -> type[AlternatingBackend]:
+    """The class of the stand-in backend: ``alternating_backend(wrong="9|9")``."""
+    return AlternatingBackend
