@@ -38,6 +38,17 @@ def compute_kl_penalty(
     the response mask.
     """
     check_kl_estimator(estimator, argument="compute_kl_penalty's estimator")
+    return kl_estimate(policy_log_probs, reference_log_probs, estimator)
+
+
+def kl_estimate(
+    policy_log_probs: torch.Tensor,
+    reference_log_probs: torch.Tensor,
+    estimator: str,
+) -> torch.Tensor:
+    """:func:`compute_kl_penalty` with the estimator already checked (by
+    ``UpdateSettings``, once; the train step's per-microbatch call): the tensors
+    are checked, the estimator is read as it is. (B, T)"""
     for name, value in (
         ("policy_log_probs", policy_log_probs),
         ("reference_log_probs", reference_log_probs),

@@ -224,6 +224,15 @@ def high_entropy_mask(
     anyway, which the train step refuses.
     """
     check_entropy_settings(0.0, quantile, quantile_name="quantile")
+    return top_entropy_mask(token_entropy, response_mask, quantile)
+
+
+def top_entropy_mask(
+    token_entropy: torch.Tensor, response_mask: torch.Tensor, quantile: float
+) -> torch.Tensor:
+    """:func:`high_entropy_mask` with ``quantile`` already checked (by
+    ``UpdateSettings``, once; the train step's per-microbatch call): the tensors
+    are checked, the quantile is read as it is. (B, T)"""
     if not isinstance(token_entropy, torch.Tensor) or not isinstance(
         response_mask, torch.Tensor
     ):

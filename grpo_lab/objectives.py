@@ -67,14 +67,12 @@ class ObjectiveOptions:
     sapo_temperature_neg: float = 1.05
 
     def __post_init__(self) -> None:
-        check_objective_settings(
-            self.importance_reweighting_method,
-            self.cliprange,
-            cliprange_high=self.cliprange_high,
-            ratio_cap=self.ratio_cap,
-            sapo_temperature_pos=self.sapo_temperature_pos,
-            sapo_temperature_neg=self.sapo_temperature_neg,
-        )
+        # Every option by its own name: a new option is one field and its check.
+        options = {
+            f.name: getattr(self, f.name) for f in dataclasses.fields(ObjectiveOptions)
+        }
+        method = options.pop("importance_reweighting_method")
+        check_objective_settings(method, **options)
 
     @classmethod
     def from_keywords(cls, **fields: Any) -> Self:

@@ -206,6 +206,17 @@ def shared_prefix_length(
     and for "auto" the former when :func:`worth_sharing` on ``input_ids`` and
     ``labels`` (B, T), else 0."""
     check_share_prompt_prefix(share_prompt_prefix)
+    return prefix_to_share(response_mask, share_prompt_prefix, input_ids, labels)
+
+
+def prefix_to_share(
+    response_mask: torch.Tensor,
+    share_prompt_prefix: bool | str,
+    input_ids: torch.Tensor | None = None,
+    labels: torch.Tensor | None = None,
+) -> int:
+    """:func:`shared_prefix_length` with ``share_prompt_prefix`` already checked
+    (by ``UpdateSettings``, once; the train step's per-microbatch call)."""
     if share_prompt_prefix is False:
         return 0
     prefix_length = prompt_only_columns(response_mask)

@@ -150,14 +150,25 @@ def sampler_correction_weights(
     outside [low, high]); ``is_sequence_corrected_fraction``: responses with at
     least one such token, among responses with a response token.
     """
-    weights, corrected = correction_weights(
-        trainer_log_probs,
-        sampler_log_probs,
-        response_mask,
-        mode=mode,
-        cap=cap,
-        low=low,
-        high=high,
+    check_sampler_correction(mode, cap, low, high, caller="correction_weights")
+    return sampler_weights_and_metrics(
+        trainer_log_probs, sampler_log_probs, response_mask, mode, cap, low, high
+    )
+
+
+def sampler_weights_and_metrics(
+    trainer_log_probs: torch.Tensor,
+    sampler_log_probs: torch.Tensor,
+    response_mask: torch.Tensor,
+    mode: str,
+    cap: float,
+    low: float,
+    high: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """:func:`sampler_correction_weights` with the mode and bounds already
+    checked (by ``UpdateSettings``, once; the train step's call per update)."""
+    weights, corrected = sampler_weights(
+        trainer_log_probs, sampler_log_probs, response_mask, mode, cap, low, high
     )  # (B, T) each
     metrics = sampler_log_prob_gap(trainer_log_probs, sampler_log_probs, response_mask)
     if mode != "none":
@@ -182,6 +193,23 @@ def correction_weights(
     microbatch.
     """
     check_sampler_correction(mode, cap, low, high, caller="correction_weights")
+    return sampler_weights(
+        trainer_log_probs, sampler_log_probs, response_mask, mode, cap, low, high
+    )
+
+
+def sampler_weights(
+    trainer_log_probs: torch.Tensor,
+    sampler_log_probs: torch.Tensor,
+    response_mask: torch.Tensor,
+    mode: str,
+    cap: float,
+    low: float,
+    high: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`correction_weights` with the mode and bounds already checked (by
+    ``UpdateSettings``, once; the train step's per-microbatch call): the tensors
+    are checked, the settings are read as they are."""
     _check_shapes(trainer_log_probs, sampler_log_probs, response_mask)
     mask = response_mask.bool()  # (B, T)
     if mode == "none":

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from grpo_lab.advantages import check_rollout_lists, rollout_advantages
-from grpo_lab.kl import check_kl_settings, compute_kl_penalty, kl_importance_weights
+from grpo_lab.kl import check_kl_settings, kl_estimate, kl_importance_weights
 from grpo_lab.logprobs import (
     check_logits_chunk_size,
     check_temperature,
@@ -26,20 +26,20 @@ from grpo_lab.losses import (
     ObjectiveOptions,
     check_entropy_settings,
     check_loss_normalization,
-    high_entropy_mask,
     microbatch_loss_scale,
     objective_loss,
     reduce_masked_loss,
+    top_entropy_mask,
 )
 from grpo_lab.masks import tokenize_prompt_and_output
-from grpo_lab.prefix_sharing import check_share_prompt_prefix, shared_prefix_length
+from grpo_lab.prefix_sharing import check_share_prompt_prefix, prefix_to_share
 from grpo_lab.sampler_correction import (
     DEFAULT_CAP,
     DEFAULT_HIGH,
     DEFAULT_LOW,
     check_sampler_correction,
-    correction_weights,
-    sampler_correction_weights,
+    sampler_weights,
+    sampler_weights_and_metrics,
 )
 
 if TYPE_CHECKING:
@@ -328,14 +328,9 @@ def _update(
     active = _select_rows(batch, advantages, log_probs, active_indices)
     batch_tokens = int(batch["response_mask"].sum())  # skipped rows count too
     accumulator = _accumulate_gradients(
-        model,
-        active,
-        microbatch_size,
-        (batch_size, batch_tokens),
-        settings,
-        device,
-        grad_scaler,
-    )
+        model, active, microbatch_size, (batch_size, batch_tokens), settings,
+        device, grad_scaler,
+    )  # fmt: skip
     gradient_norm, stepped = _optimizer_step(
         model, optimizer, max_grad_norm, grad_scaler, device
     )
@@ -384,15 +379,12 @@ def _sampler_metrics(
     once on all of them (min and max do not add up across microbatches)."""
     trainer_log_probs = torch.cat(accumulator.trainer_log_probs)  # (A, T)
     device = trainer_log_probs.device
-    _, metrics = sampler_correction_weights(
+    _, metrics = sampler_weights_and_metrics(
         trainer_log_probs,
         active["sampler_log_probs"].to(device),
         active["response_mask"].to(device),
-        mode=settings.sampler_correction,
-        cap=settings.sampler_correction_cap,
-        low=settings.sampler_correction_low,
-        high=settings.sampler_correction_high,
-    )
+        *_correction_settings(settings),
+    )  # settings checked once, in UpdateSettings
     return metrics
 
 
@@ -419,7 +411,7 @@ def score_tokens(
         return_token_entropy,
         settings.logits_chunk_size,
         temperature=settings.temperature,
-        shared_prefix_length=shared_prefix_length(
+        shared_prefix_length=prefix_to_share(
             mask, settings.share_prompt_prefix, batch["input_ids"], batch["labels"]
         ),
         entropy_gradient=entropy_gradient,
@@ -463,7 +455,7 @@ def microbatch_loss(
         settings, microbatch["advantages"], log_probs, old_log_probs, mask
     )  # (b, T): the objective reads its options from settings, unchecked
     if settings.top_entropy_quantile < 1.0:
-        kept = high_entropy_mask(token_entropy, mask, settings.top_entropy_quantile)
+        kept = top_entropy_mask(token_entropy, mask, settings.top_entropy_quantile)
         per_token_loss = per_token_loss * kept  # (b, T)
         diagnostics["entropy_mask_mean"] = _masked_mean(kept.float(), mask)
     if settings.sampler_correction != "none":
@@ -471,7 +463,7 @@ def microbatch_loss(
             log_probs, microbatch, settings
         )  # (b, T)
     if settings.kl_coef > 0:
-        kl = compute_kl_penalty(
+        kl = kl_estimate(
             log_probs, microbatch["reference_log_probs"], settings.kl_estimator
         )  # (b, T)
         diagnostics["kl_mean"] = _masked_mean(kl, mask)
@@ -502,16 +494,24 @@ def _sampler_weights(
 ) -> torch.Tensor:
     """Detached weights (b, T) of pi_old / pi_sampler, truncated or masked."""
     old_log_probs = microbatch.get("old_log_probs")
-    weights, _ = correction_weights(
+    weights, _ = sampler_weights(
         log_probs.detach() if old_log_probs is None else old_log_probs,
         microbatch["sampler_log_probs"],
         microbatch["response_mask"],
-        mode=settings.sampler_correction,
-        cap=settings.sampler_correction_cap,
-        low=settings.sampler_correction_low,
-        high=settings.sampler_correction_high,
-    )
+        *_correction_settings(settings),
+    )  # (b, T) each
     return weights
+
+
+def _correction_settings(settings: UpdateSettings) -> tuple[str, float, float, float]:
+    """Mode, cap, low and high of the sampler correction (checked once, when
+    ``settings`` was built)."""
+    return (
+        settings.sampler_correction,
+        settings.sampler_correction_cap,
+        settings.sampler_correction_low,
+        settings.sampler_correction_high,
+    )
 
 
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

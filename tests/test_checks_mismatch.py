@@ -9,7 +9,12 @@ import functools
 import pytest
 import torch
 
-from grpo_lab.sampler_correction import correction_weights, sampler_correction_weights
+from grpo_lab.sampler_correction import (
+    correction_weights,
+    sampler_correction_weights,
+    sampler_weights,
+    sampler_weights_and_metrics,
+)
 from grpo_lab.teaching.checks import ExerciseFailed
 from grpo_lab.teaching.checks.mismatch import (
     check_corrected_loss,
@@ -161,6 +166,17 @@ def test_the_package_weights_are_refused(package):
     for student in (calls_it, functools.partial(calls_it)):
         with pytest.raises(ExerciseFailed, match="write it yourself"):
             check_corrected_loss(student)
+
+
+@pytest.mark.parametrize("package", [sampler_weights, sampler_weights_and_metrics])
+def test_the_unchecked_forms_of_the_weights_are_refused(package):
+    def calls_it(policy, old, sampler, advantages, mask, cliprange, low, high):
+        weights, _ = package(old, sampler, mask, "sequence_mask", 1.0, low, high)
+        terms = clipped_terms(policy, old, advantages, cliprange) * weights
+        return per_response_mean(terms, mask)
+
+    with pytest.raises(ExerciseFailed, match="write it yourself"):
+        check_corrected_loss(calls_it)
 
 
 def test_a_stub_is_not_attempted(capsys):

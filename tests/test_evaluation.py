@@ -127,26 +127,8 @@ def test_pass_at_k_curve_rises_from_the_mean_to_the_solved_share() -> None:
         pass_at_k_curve([], n=4)
 
 
-class AlternatingBackend:
-    """Answers the j-th sample of every group right when j is even."""
-
-    def generate(self, prompts, group_size, sampling):
-        responses = [
-            prompt[:-1][::-1] if j % 2 == 0 else "x"
-            for prompt in prompts
-            for j in range(group_size)
-        ]
-        return Rollouts(
-            prompts=[p for p in prompts for _ in range(group_size)],
-            responses=responses,
-        )
-
-    def sync(self, policy):
-        pass
-
-
-def test_correct_counts_counts_each_prompt_s_group() -> None:
+def test_correct_counts_counts_each_prompt_s_group(alternating_backend) -> None:
     task = get_task("reverse", n_digits=3)
     examples = task.eval(3, seed=0)
     sampling = SamplingSettings(temperature=1.0, max_new_tokens=5)
-    assert correct_counts(AlternatingBackend(), task, examples, 5, sampling) == [3] * 3
+    assert correct_counts(alternating_backend(), task, examples, 5, sampling) == [3] * 3

@@ -35,6 +35,7 @@ FLOOR_2 = {
     "models",
     "errors",
     "math_verify_workers",
+    "math_verify_template",
 }
 FLOOR_3 = {"teaching", "integrations"}
 FLOOR_4 = {"cli", "cli_config_file", "cli_course", "cli_flags", "hub", "__init__"}

@@ -37,18 +37,6 @@ def tiny_config(tmp_path, **overrides) -> TrainConfig:
     return TrainConfig.for_profile("cpu", **{**settings, **overrides})
 
 
-class EvenFirstCharacter:
-    """Reward 1 when the response starts with an even digit: easy to learn."""
-
-    name = "even"
-    stop_strings = ()
-    max_new_tokens = 5
-
-    def reward_fn(self, response, ground_truth):
-        value = float(response[:1] in set("02468"))
-        return {"reward": value, "format_reward": value, "answer_reward": value}
-
-
 def test_training_uses_the_sampled_ids_not_a_re_tokenization():
     tokenizer = build_char_tokenizer()
     rollouts = Rollouts(
@@ -129,11 +117,11 @@ def test_old_log_probs_are_scored_at_the_sampling_temperature(tmp_path):
     assert not torch.allclose(old_log_probs[mask], plain["log_probs"][mask])
 
 
-def test_one_update_moves_log_probs_along_the_advantages(tmp_path):
+def test_one_update_moves_log_probs_along_the_advantages(tmp_path, even_digit_task):
     config = tiny_config(tmp_path)
     policy = loop.build_policy(config)
     policy.optimizer = torch.optim.SGD(policy.model.parameters(), lr=0.5)
-    task = EvenFirstCharacter()
+    task = even_digit_task()
     examples = get_task("reverse", n_digits=3).train(8, seed=0)
     rollouts = policy.backend.generate(
         [e.prompt for e in examples], 4, loop.sampling_settings(config, task, seed=1)
@@ -193,22 +181,14 @@ def test_train_writes_the_run_folder_and_refuses_to_overwrite(tmp_path):
         loop.train(config, progress=False)
 
 
-class EvenFirstReverse:
-    """The 3-digit reverse task's prompts, rewarded by EvenFirstCharacter."""
-
-    reward_fn = EvenFirstCharacter.reward_fn
-
-    def __init__(self, **options):
-        self.task = get_task("reverse", **options)
-
-    def __getattr__(self, name):
-        return getattr(self.task, name)
-
-
-def test_off_policy_run_logs_clip_fraction(tmp_path, monkeypatch):
+def test_off_policy_run_logs_clip_fraction(tmp_path, monkeypatch, even_digit_task):
     # A reward a random model earns about half the time, so groups disagree.
     monkeypatch.setattr(
-        loop, "get_task", lambda name, **options: EvenFirstReverse(**options)
+        loop,
+        "get_task",
+        lambda name, **options: even_digit_task(
+            prompts_of=get_task("reverse", **options)
+        ),
     )
     config = tiny_config(
         tmp_path,
@@ -225,10 +205,14 @@ def test_off_policy_run_logs_clip_fraction(tmp_path, monkeypatch):
 
 
 def test_a_kl_run_keeps_a_frozen_step_0_reference_and_logs_its_kl(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, even_digit_task
 ):
     monkeypatch.setattr(
-        loop, "get_task", lambda name, **options: EvenFirstReverse(**options)
+        loop,
+        "get_task",
+        lambda name, **options: even_digit_task(
+            prompts_of=get_task("reverse", **options)
+        ),
     )
     config = tiny_config(tmp_path, steps=2, kl_coef=0.1, checkpoint_every=1)
     result = loop.train(config, progress=False)
@@ -387,3 +371,26 @@ def test_keep_checkpoints_keeps_that_many_of_the_newest(tmp_path):
     assert [name for name in folders if not name.endswith(".pt")] == [
         "step_000002", "step_000003", "step_000004",
     ]  # fmt: skip
+
+
+def test_a_step_checks_the_update_settings_once(
+    tmp_path, count_checks, even_digit_task
+):
+    config = tiny_config(
+        tmp_path, epochs_per_rollout_batch=2, gradient_accumulation_steps=4,
+        importance_reweighting_method="grpo", cliprange=0.2, kl_coef=0.1,
+        top_entropy_quantile=0.5, sampler_correction="token_truncate",
+        share_prompt_prefix=True,
+    )  # fmt: skip
+    policy = loop.build_policy(config)
+    task = even_digit_task()
+    examples = get_task("reverse", n_digits=3).train(8, seed=0)
+    rollouts = policy.backend.generate(
+        [e.prompt for e in examples], 4, loop.sampling_settings(config, task, seed=1)
+    )
+    counts = count_checks(("grpo_lab.objectives", "check_objective_settings"))
+    record = loop.grpo_update(config, task, policy, rollouts, examples)
+    assert record["train/optimizer_steps"] == 2.0 and "loss/kl_mean" in record
+    assert "rollout/is_ratio_mean" in record  # the correction ran
+    # Old and reference log-probs, 2 updates of 4 microbatches: one check each.
+    assert counts == dict.fromkeys(counts, 1)

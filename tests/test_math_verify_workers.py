@@ -165,6 +165,34 @@ def test_template_may_not_write_files_and_never_loads_torch(
     assert "libtorch" in Path(f"/proc/{os.getpid()}/maps").read_text()
 
 
+def test_the_template_script_imports_no_grpo_lab_module() -> None:
+    import ast
+
+    tree = ast.parse(math_verify_workers.TEMPLATE_SCRIPT.read_text(encoding="utf-8"))
+    top_level = set()
+    for node in ast.walk(tree):  # function-level imports too
+        if isinstance(node, ast.Import):
+            top_level |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            top_level.add((node.module or "").split(".")[0])
+    assert top_level, "no import found: the check reads the wrong file"
+    graders = {"math_verify", "sympy", "__future__"}  # imported by the workers
+    assert top_level <= set(sys.stdlib_module_names) | graders, top_level
+
+
+def test_a_lone_copy_of_the_template_script_grades(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Copied where no grpo_lab is beside it: the script stands on its own.
+    lone = tmp_path / "template.py"
+    lone.write_bytes(math_verify_workers.TEMPLATE_SCRIPT.read_bytes())
+    monkeypatch.setattr(math_verify_workers, "TEMPLATE_SCRIPT", lone)
+    with MathGrader(cpu_seconds=BUDGET, wall_seconds=WALL, max_workers=1) as grader:
+        right, wrong = grader.grade("0.5", "\\frac{1}{2}"), grader.grade("1", "2")
+    assert (right.equal, right.status) == (True, "graded")
+    assert (wrong.equal, wrong.status) == (False, "graded")
+
+
 @linux_only
 def test_wall_ceiling_stops_a_worker_that_stops_using_cpu() -> None:
     # A CPU budget as long as the wall ceiling (not BUDGET): even when this thread

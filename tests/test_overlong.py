@@ -104,18 +104,6 @@ def test_mask_truncated_zeroes_exactly_the_truncated_rows():
         mask_truncated(mask, torch.tensor([True]))
 
 
-class FirstDigitEven:
-    """Reward 1 when a response starts with an even digit."""
-
-    name = "even"
-    stop_strings = ()
-    max_new_tokens = 3
-
-    def reward_fn(self, response, ground_truth):
-        value = float(response[:1] in set("02468"))
-        return {"reward": value, "format_reward": value, "answer_reward": value}
-
-
 def crafted_rollouts(tokenizer) -> tuple[Rollouts, list[Example]]:
     """2 prompts x 4 responses; the responses without EOS at 3 tokens are cut."""
     texts = ["2", "13", "456", "789", "8", "135", "24", "97"]
@@ -136,7 +124,9 @@ def tiny_policy(config: TrainConfig) -> loop.Policy:
     return policy
 
 
-def test_masking_removes_exactly_the_truncated_rows_from_the_gradient(tmp_path):
+def test_masking_removes_exactly_the_truncated_rows_from_the_gradient(
+    tmp_path, even_digit_task
+):
     settings = {
         "run_dir": str(tmp_path / "run"),
         "tiny_hidden_size": 16,
@@ -153,7 +143,7 @@ def test_masking_removes_exactly_the_truncated_rows_from_the_gradient(tmp_path):
     policy = tiny_policy(config)
     start = copy.deepcopy(policy.model.state_dict())
     rollouts, examples = crafted_rollouts(policy.tokenizer)
-    record = loop.grpo_update(config, FirstDigitEven(), policy, rollouts, examples)
+    record = loop.grpo_update(config, even_digit_task(3), policy, rollouts, examples)
     masked_step = {k: v - start[k] for k, v in policy.model.state_dict().items()}
     assert record["rollout/clipped_fraction"] == 3 / 8
 
@@ -183,7 +173,7 @@ def test_masking_removes_exactly_the_truncated_rows_from_the_gradient(tmp_path):
         torch.testing.assert_close(masked_step[name], by_hand[name])
     # And masking did change the step: the unmasked update differs.
     policy.model.load_state_dict(start)
-    loop.grpo_update(unmasked, FirstDigitEven(), policy, rollouts, examples)
+    loop.grpo_update(unmasked, even_digit_task(3), policy, rollouts, examples)
     moved = {k: v - start[k] for k, v in policy.model.state_dict().items()}
     assert any(not torch.allclose(moved[k], masked_step[k]) for k in start)
 
@@ -226,13 +216,13 @@ def test_shaping_adds_the_scaled_punishment_to_the_reward_only():
     assert results[0] == {"reward": 1.0, "format_reward": 1.0, "answer_reward": 1.0}
 
 
-def test_the_loop_grades_once_and_trains_on_shaped_rewards(tmp_path):
+def test_the_loop_grades_once_and_trains_on_shaped_rewards(tmp_path, even_digit_task):
     config = TrainConfig.for_profile(
         "smoke", run_dir=str(tmp_path / "r"), max_new_tokens=3, overlong_buffer=2
     )
     policy = tiny_policy(config)
     rollouts, examples = crafted_rollouts(policy.tokenizer)
-    task = FirstDigitEven()
+    task = even_digit_task(3)
     calls = []
     original = task.reward_fn
     task.reward_fn = lambda r, t: calls.append(r) or original(r, t)

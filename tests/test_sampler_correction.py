@@ -593,64 +593,63 @@ def test_update_settings_refuse_bad_bounds():
 # --- In the loop ------------------------------------------------------------------
 
 
-class EvenFirstCharacter:
-    """Reward 1 when the response starts with an even digit."""
+@pytest.fixture
+def loop_rollouts(even_digit_task):
+    """``loop_rollouts(tmp_path, with_sampler=True, **overrides)``: a tiny
+    policy, hf rollouts of the even-first-digit task, and sampler log-probs."""
 
-    name = "even"
-    stop_strings = ()
-    max_new_tokens = 5
+    def build(tmp_path, with_sampler=True, **overrides):
+        """A tiny policy, hf rollouts, and (by hand) sampler log-probs: the policy's
+        own log-probs of the sampled tokens plus noise, one row per response.
 
-    def reward_fn(self, response, ground_truth):
-        value = float(response[:1] in set("02468"))
-        return {"reward": value, "format_reward": value, "answer_reward": value}
+        ``with_sampler=False`` drops the backend's own sampler log-probs, as a
+        backend that reports none would."""
+        from grpo_lab.logprobs import get_response_log_probs
+        from grpo_lab.tasks import get_task
+        from grpo_lab.training import loop
+        from grpo_lab.training.config import TrainConfig
 
+        config = TrainConfig.for_profile(
+            "cpu",
+            **{
+                "run_dir": str(tmp_path / "run"),
+                "tiny_hidden_size": 32,
+                "tiny_num_layers": 1,
+                "tiny_intermediate_size": 64,
+                "task_options": {"n_digits": 3},
+                "max_new_tokens": 5,
+                "rollout_batch_size": 32,
+                "group_size": 4,
+                "train_batch_size": 32,
+                "sft_max_steps": 0,
+                **overrides,
+            },
+        )
+        policy = loop.build_policy(config)
+        task = even_digit_task()
+        examples = get_task("reverse", n_digits=3).train(8, seed=0)
+        rollouts = policy.backend.generate(
+            [e.prompt for e in examples],
+            4,
+            loop.sampling_settings(config, task, seed=1),
+        )
+        if with_sampler:
+            batch = loop.rollout_token_batch(rollouts, policy.tokenizer)
+            with torch.no_grad():
+                scored = get_response_log_probs(
+                    policy.model, batch["input_ids"], batch["labels"]
+                )["log_probs"]  # (B, T)
+            generator = torch.Generator().manual_seed(0)
+            noisy = scored + 0.3 * torch.randn(scored.shape, generator=generator)
+            mask = batch["response_mask"].bool()
+            rollouts.sampler_log_probs = [
+                row[m].tolist() for row, m in zip(noisy, mask)
+            ]
+        else:  # a backend that reports no sampler log-probs (hf reports its own)
+            rollouts.sampler_log_probs = None
+        return config, task, policy, rollouts, examples
 
-def loop_rollouts(tmp_path, with_sampler=True, **overrides):
-    """A tiny policy, hf rollouts, and (by hand) sampler log-probs: the policy's
-    own log-probs of the sampled tokens plus noise, one row per response.
-
-    ``with_sampler=False`` drops the backend's own sampler log-probs, as a
-    backend that reports none would."""
-    from grpo_lab.logprobs import get_response_log_probs
-    from grpo_lab.tasks import get_task
-    from grpo_lab.training import loop
-    from grpo_lab.training.config import TrainConfig
-
-    config = TrainConfig.for_profile(
-        "cpu",
-        **{
-            "run_dir": str(tmp_path / "run"),
-            "tiny_hidden_size": 32,
-            "tiny_num_layers": 1,
-            "tiny_intermediate_size": 64,
-            "task_options": {"n_digits": 3},
-            "max_new_tokens": 5,
-            "rollout_batch_size": 32,
-            "group_size": 4,
-            "train_batch_size": 32,
-            "sft_max_steps": 0,
-            **overrides,
-        },
-    )
-    policy = loop.build_policy(config)
-    task = EvenFirstCharacter()
-    examples = get_task("reverse", n_digits=3).train(8, seed=0)
-    rollouts = policy.backend.generate(
-        [e.prompt for e in examples], 4, loop.sampling_settings(config, task, seed=1)
-    )
-    if with_sampler:
-        batch = loop.rollout_token_batch(rollouts, policy.tokenizer)
-        with torch.no_grad():
-            scored = get_response_log_probs(
-                policy.model, batch["input_ids"], batch["labels"]
-            )["log_probs"]  # (B, T)
-        generator = torch.Generator().manual_seed(0)
-        noisy = scored + 0.3 * torch.randn(scored.shape, generator=generator)
-        mask = batch["response_mask"].bool()
-        rollouts.sampler_log_probs = [row[m].tolist() for row, m in zip(noisy, mask)]
-    else:  # a backend that reports no sampler log-probs (hf reports its own)
-        rollouts.sampler_log_probs = None
-    return config, task, policy, rollouts, examples
+    return build
 
 
 IS_KEYS = [
@@ -671,7 +670,9 @@ GAP_METRICS = [
     [{}, {"train_batch_size": 16, "importance_reweighting_method": "grpo"}],
     ids=["on-policy", "off-policy"],
 )
-def test_grpo_update_logs_the_correction_under_rollout(tmp_path, schedule):
+def test_grpo_update_logs_the_correction_under_rollout(
+    tmp_path, schedule, loop_rollouts
+):
     from grpo_lab.training import loop
 
     if schedule:
@@ -695,7 +696,7 @@ def test_grpo_update_logs_the_correction_under_rollout(tmp_path, schedule):
     assert not any("is_" in key or "sampler" in key for key in record if "loss/" in key)
 
 
-def test_grpo_update_without_a_correction_logs_only_the_gap(tmp_path):
+def test_grpo_update_without_a_correction_logs_only_the_gap(tmp_path, loop_rollouts):
     from grpo_lab.training import loop
 
     config, task, policy, rollouts, examples = loop_rollouts(tmp_path)
@@ -710,7 +711,9 @@ def test_grpo_update_without_a_correction_logs_only_the_gap(tmp_path):
     assert set(plain) == set(record) - set(GAP_METRICS)
 
 
-def test_a_correction_with_a_backend_that_returned_none_is_refused(tmp_path):
+def test_a_correction_with_a_backend_that_returned_none_is_refused(
+    tmp_path, loop_rollouts
+):
     from grpo_lab.training import loop
 
     config, task, policy, rollouts, examples = loop_rollouts(

@@ -4,37 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from grpo_lab.rollouts.base import Rollouts
 from grpo_lab.tasks import get_task
 from grpo_lab.teaching.samples import SampleRow, sample_rows, samples_markdown
 
 
-class RightThenWrongBackend:
-    """Sample j of each group: the reversal when j is even, else "9|9"."""
-
-    def __init__(self) -> None:
-        self.sampling = None
-
-    def generate(self, prompts, group_size, sampling):
-        self.sampling = sampling
-        responses = [
-            prompt[:-1][::-1] if j % 2 == 0 else "9|9"
-            for prompt in prompts
-            for j in range(group_size)
-        ]
-        return Rollouts(
-            prompts=[p for p in prompts for _ in range(group_size)],
-            responses=responses,
-        )
-
-    def sync(self, policy):
-        pass
-
-
-def test_sample_rows_grades_each_response_of_each_prompt() -> None:
+def test_sample_rows_grades_each_response_of_each_prompt(
+    alternating_backend,
+) -> None:
     task = get_task("reverse", n_digits=5)
     examples = task.eval(2, seed=0)
-    backend = RightThenWrongBackend()
+    backend = alternating_backend(wrong="9|9")
     rows = sample_rows(backend, task, examples, samples_per_prompt=3, seed=4)
     assert [row.prompt for row in rows] == [e.prompt for e in examples]
     assert rows[0].responses[0] == examples[0].ground_truth
@@ -48,14 +27,17 @@ def test_sample_rows_grades_each_response_of_each_prompt() -> None:
     assert backend.sampling.seed == 4
 
 
-def test_sample_rows_refuses_bad_sizes() -> None:
+def test_sample_rows_refuses_bad_sizes(alternating_backend) -> None:
     task = get_task("reverse", n_digits=5)
     with pytest.raises(ValueError, match="samples_per_prompt"):
         sample_rows(
-            RightThenWrongBackend(), task, task.eval(1, 0), samples_per_prompt=0
+            alternating_backend(wrong="9|9"),
+            task,
+            task.eval(1, 0),
+            samples_per_prompt=0,
         )
     with pytest.raises(ValueError, match="examples"):
-        sample_rows(RightThenWrongBackend(), task, [])
+        sample_rows(alternating_backend(wrong="9|9"), task, [])
 
 
 def test_samples_markdown_puts_models_in_columns_and_escapes_cells() -> None:

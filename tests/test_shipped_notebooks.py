@@ -340,6 +340,7 @@ def test_the_wheel_ships_student_copies_and_grades_with_the_instructors_kit(tmp_
     assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names)
     assert "grpo_lab/cli_flags.json" in names  # the flags of a torch-free --help
     assert "grpo_lab/teaching/rubric.toml" in names  # points, read by grade
+    assert "grpo_lab/math_verify_template.py" in names  # run as a script
 
     site = tmp_path / "site"
     install = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps"]

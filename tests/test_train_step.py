@@ -253,15 +253,13 @@ def test_sharing_prompt_prefixes_gives_the_same_gradients(
     import grpo_lab.train_step as train_step_module
 
     prefix_lengths = []
-    shared_prefix_length = train_step_module.shared_prefix_length
+    prefix_to_share = train_step_module.prefix_to_share
 
-    def recording_shared_prefix_length(mask, share, *ids_and_labels):
-        prefix_lengths.append(shared_prefix_length(mask, share, *ids_and_labels))
+    def recording_prefix_to_share(mask, share, *ids_and_labels):
+        prefix_lengths.append(prefix_to_share(mask, share, *ids_and_labels))
         return prefix_lengths[-1]
 
-    monkeypatch.setattr(
-        train_step_module, "shared_prefix_length", recording_shared_prefix_length
-    )
+    monkeypatch.setattr(train_step_module, "prefix_to_share", recording_prefix_to_share)
     gradients, metadata = [], []
     for share in (False, True):
         _, step_metadata, optimizer = run_update(
@@ -846,3 +844,44 @@ def test_the_update_reads_settings_built_once(monkeypatch, tiny_qwen2, batch):
         policy_gradient_update(
             tiny_qwen2, optimizer, 1, 1.0, batch, ADVANTAGES, settings={"a": 1}
         )
+
+
+def test_the_microbatches_do_not_recheck_the_per_token_settings(
+    count_checks, tiny_qwen2, batch
+):
+    from grpo_lab.kl import compute_kl_penalty
+    from grpo_lab.losses import high_entropy_mask
+    from grpo_lab.prefix_sharing import shared_prefix_length
+    from grpo_lab.sampler_correction import correction_weights
+    from grpo_lab.train_step import UpdateSettings
+
+    settings = UpdateSettings(
+        kl_coef=0.1, kl_estimator="k2", top_entropy_quantile=0.5,
+        sampler_correction="token_truncate", share_prompt_prefix=True,
+    )  # fmt: skip
+    counts = count_checks()
+    zeros = torch.zeros(batch["labels"].shape)  # (B, T)
+    optimizer = GradientRecorder(tiny_qwen2.parameters(), lr=1.0)
+    _, metadata = policy_gradient_update(
+        tiny_qwen2, optimizer, 4, 1.0, batch, ADVANTAGES, reference_log_probs=zeros,
+        sampler_log_probs=zeros, settings=settings,
+    )  # fmt: skip
+    assert optimizer.steps == 1 and "kl_mean" in metadata  # every setting was used
+    assert "entropy_mask_mean" in metadata and "is_ratio_mean" in metadata
+    assert counts == dict.fromkeys(counts, 0)  # four microbatches, no re-check
+    # Direct callers still pass each door, and a bad setting is still refused.
+    mask = batch["response_mask"]
+    compute_kl_penalty(zeros, zeros, "k2")
+    high_entropy_mask(zeros, mask, 0.5)
+    correction_weights(zeros, zeros, mask, mode="token_truncate")
+    shared_prefix_length(mask, True)
+    assert counts == dict.fromkeys(counts, 1)
+    refused = [
+        (compute_kl_penalty, (zeros, zeros, "k4"), {}, "kl_estimator"),
+        (high_entropy_mask, (zeros, mask, 1.5), {}, "top_entropy_quantile"),
+        (correction_weights, (zeros, zeros, mask), {"mode": "x"}, "sampler_correction"),
+        (shared_prefix_length, (mask, "yes"), {}, "share_prompt_prefix"),
+    ]
+    for function, args, kwargs, setting in refused:
+        with pytest.raises(ValueError, match=f"{setting} must be"):
+            function(*args, **kwargs)

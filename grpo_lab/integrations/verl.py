@@ -91,7 +91,6 @@ from grpo_lab.losses import (
     SEQUENCE_METHODS,
     ObjectiveOptions,
     aggregate_loss_across_microbatch,
-    check_objective_settings,
     microbatch_loss_scale,
 )
 
@@ -138,22 +137,14 @@ def objective_options(method: str, config: Any) -> ObjectiveOptions:
     high = _get(config, "clip_ratio_high")
     cap = _get(config, "clip_ratio_c") if method in CAPPED_METHODS else None
     ratio_cap = None if cap is None or cap == math.inf else float(cap)
-    options = ObjectiveOptions(
+    return ObjectiveOptions(  # checked as it is built, for this method
+        importance_reweighting_method=method,
         cliprange=None if cliprange is None else float(cliprange),
         cliprange_high=None if high is None else float(high),
         ratio_cap=ratio_cap,
         sapo_temperature_pos=float(_get(config, "tau_pos", 1.0)),
         sapo_temperature_neg=float(_get(config, "tau_neg", 1.05)),
     )
-    check_objective_settings(
-        method,
-        options.cliprange,
-        cliprange_high=options.cliprange_high,
-        ratio_cap=options.ratio_cap,
-        sapo_temperature_pos=options.sapo_temperature_pos,
-        sapo_temperature_neg=options.sapo_temperature_neg,
-    )
-    return options
 
 
 def _get(config: Any, name: str, default: Any = None) -> Any:

@@ -85,6 +85,7 @@ from grpo_lab.tasks import get_task, uses_tools
 from grpo_lab.tasks.base import Example, Task
 from grpo_lab.tasks.chat import ChatPromptTask
 from grpo_lab.train_step import (
+    UpdateSettings,
     policy_gradient_update,
     rollout_advantages,
     score_tokens,
@@ -583,19 +584,19 @@ def grpo_update(
         nan_rewards=config.nan_rewards,
     )  # (B·G,) each
     batch = rollout_token_batch(rollouts, policy.tokenizer)
-    old_log_probs = (
-        score_old_log_probs(config, policy.model, batch) if config.off_policy else None
-    )
+    settings = config.update_settings()  # built and checked once per step
+    old_log_probs = None
+    if config.off_policy:
+        old_log_probs = score_old_log_probs(config, policy.model, batch, settings)
     reference_log_probs = None
     if config.kl_coef > 0:
-        reference_log_probs = score_reference_log_probs(config, policy, batch)
+        reference_log_probs = score_reference_log_probs(config, policy, batch, settings)
     sampler_log_probs = sampler_log_prob_batch(rollouts, batch["response_mask"])
     lengths = response_token_lengths(rollouts, policy.tokenizer)
     truncated = truncated_responses(config, task, policy, rollouts, lengths)  # (B·G,)
     if config.mask_truncated_completions:  # out of the loss, still in the divisor
         batch["response_mask"] = mask_truncated(batch["response_mask"], truncated)
         advantages = advantages.masked_fill(truncated, 0.0)  # (B·G,)
-    settings = config.update_settings()
     update_records = []
     for _epoch in range(config.epochs_per_rollout_batch):
         for rows in train_batch_rows(config):
@@ -636,16 +637,20 @@ def grpo_update(
 
 
 def score_old_log_probs(
-    config: TrainConfig, model: PreTrainedModel, batch: dict[str, torch.Tensor]
+    config: TrainConfig,
+    model: PreTrainedModel,
+    batch: dict[str, torch.Tensor],
+    settings: UpdateSettings | None = None,
 ) -> torch.Tensor:
     """log pi_old(token) of every sampled token, once, before any update. (B, T)
 
     Scored as the update scores (:func:`grpo_lab.train_step.score_tokens`), in
     microbatches of the update's size, without gradient. The reference model's
-    log-probs for a KL penalty are scored by this same call.
+    log-probs for a KL penalty are scored by this same call. ``settings``: the
+    step's ``config.update_settings()`` when the caller built it already.
     """
     device = next(model.parameters()).device
-    settings = config.update_settings()
+    settings = config.update_settings() if settings is None else settings
     microbatch_size = config.train_batch_size // config.gradient_accumulation_steps
     chunks = []
     with torch.no_grad(), autocast(config):
@@ -658,16 +663,19 @@ def score_old_log_probs(
 
 
 def score_reference_log_probs(
-    config: TrainConfig, policy: Policy, batch: dict[str, torch.Tensor]
+    config: TrainConfig,
+    policy: Policy,
+    batch: dict[str, torch.Tensor],
+    settings: UpdateSettings | None = None,
 ) -> torch.Tensor:
     """log pi_ref of every sampled token (B, T): the frozen step-0 copy, or under
     LoRA the same model with its adapters off (the frozen base: no copy)."""
     if policy.adapters is not None:
         with lora.adapters_disabled(policy.adapters):
-            return score_old_log_probs(config, policy.model, batch)
+            return score_old_log_probs(config, policy.model, batch, settings)
     if policy.reference_model is None:  # a direct caller: freeze it now
         policy.reference_model = frozen_copy(policy.model)
-    return score_old_log_probs(config, policy.reference_model, batch)
+    return score_old_log_probs(config, policy.reference_model, batch, settings)
 
 
 # --- evaluation, checkpoints, output -------------------------------------------

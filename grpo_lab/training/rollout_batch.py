@@ -28,7 +28,7 @@ from grpo_lab.rollouts.multiturn import (
 from grpo_lab.sampler_correction import (
     CORRECTION_KEYS,
     GAP_KEYS,
-    sampler_correction_weights,
+    sampler_weights_and_metrics,
 )
 from grpo_lab.tasks.base import Example, Task
 from grpo_lab.training.config import TrainConfig
@@ -190,15 +190,15 @@ def rollout_sampler_metrics(
         return {}
     if old_log_probs is None:
         return flatten_metrics("rollout", mean_metrics(per_update))
-    _, metrics = sampler_correction_weights(
+    _, metrics = sampler_weights_and_metrics(
         old_log_probs,
         sampler_log_probs.to(old_log_probs.device),
         batch["response_mask"].to(old_log_probs.device),
-        mode=config.sampler_correction,
-        cap=config.sampler_correction_cap,
-        low=config.sampler_correction_low,
-        high=config.sampler_correction_high,
-    )
+        config.sampler_correction,
+        config.sampler_correction_cap,
+        config.sampler_correction_low,
+        config.sampler_correction_high,
+    )  # the config checked these once
     return flatten_metrics("rollout", metrics)
 
 

@@ -75,6 +75,8 @@ PACKAGE_COUNTERPARTS: dict[str, tuple[str, ...]] = {
         "grpo_lab.train_step.microbatch_loss",
         "grpo_lab.sampler_correction.sampler_correction_weights",
         "grpo_lab.sampler_correction.correction_weights",
+        "grpo_lab.sampler_correction.sampler_weights",  # its unchecked form
+        "grpo_lab.sampler_correction.sampler_weights_and_metrics",
         "grpo_lab.teaching.checks.mismatch.reference_corrected_loss",
     ),
 }

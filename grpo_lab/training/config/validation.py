@@ -190,7 +190,8 @@ def _check_numbers(config: TrainFields) -> None:
 
 
 def _check_objective(config: TrainFields) -> None:
-    for name in ("cliprange", "cliprange_high", "normalization_constant"):
+    # cliprange_high: by check_objective_settings, through update_settings() below.
+    for name in ("cliprange", "normalization_constant"):
         value = getattr(config, name)
         if value is not None and not _is_positive(value):
             raise ValueError(f"{name} must be None or a positive number, got {value!r}")
