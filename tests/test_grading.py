@@ -871,7 +871,8 @@ EXPECTED_MESSAGES = {
     "patched_in_call": "torch.allclose",
     "patched_json": "json.dumps",
     "patched_code": "the code of grpo_lab.teaching.checks.framework.assert_close",
-    "channel_forged": grading.CHANNEL_TAMPERED,
+    # The solution's process holds no result channel to find: a plain fail.
+    "channel_forged": "0 of 4 cases passed; expected",
     "lying_tensor": "must be built of tensors",
     "function_mode": "a torch function mode",
     "memory_bomb": "MemoryError",

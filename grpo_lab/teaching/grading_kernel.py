@@ -359,7 +359,10 @@ def bootstrap() -> None:
 def prepare(import_source: str) -> None:
     """Import what the check cells import, then record the world; run once per
     kernel, after the course's context cells and before any student code."""
+    from grpo_lab.teaching.grading_child import warm_up
+
     exec(compile(import_source, "<check imports>", "exec"), {})
+    warm_up()
     _state["threads"] = threading.active_count()
     _state["record"] = _record()
 
@@ -374,23 +377,161 @@ def grade(
     earlier_solutions: str,
     namespace: dict[str, Any],
 ) -> None:
-    """Run the student's ``cells`` in ``namespace``, then grade one exercise in
-    a copy of it; write its line. ``earlier_solutions`` (the course's) define
-    the earlier exercises' functions, so this one is graded on its own code."""
+    """Run the student's ``cells`` in the child, then grade one exercise here,
+    the student's function called in the child; write its line.
+    ``earlier_solutions`` (the course's) define the earlier exercises'
+    functions, so this one is graded on its own code."""
+    from grpo_lab.teaching.grading_child import ChildLost
+
     _take_the_cells_input()
     try:
-        verdict = exercise_verdict(
+        verdict = forked_verdict(
             cells,
             check_source,
             namespace,
             function_name,
             check_names,
-            notebook_checks=notebook_checks,
-            earlier_solutions=earlier_solutions,
+            notebook_checks,
+            earlier_solutions,
         )
     except Tampered as error:
         verdict = ("error", str(error), None, None)
+    except ChildLost as error:
+        verdict = ("error", f"{error} {RESTART_TEXT}", None, None)
     _report(sequence, *verdict)
+
+
+def forked_verdict(
+    cells: list[tuple[int, str]],
+    check_source: str,
+    namespace: dict[str, Any],
+    function_name: str,
+    check_names: tuple[str, ...],
+    notebook_checks: tuple[str, ...],
+    earlier_solutions: str,
+) -> Verdict:
+    """The student's cells in the child, then the check here, on a
+    RemoteFunction. What the child says can make the verdict worse (a cell
+    that raised, a refused or missing function, a change its guard saw), never
+    a pass. Raises Tampered and ChildLost."""
+    from grpo_lab.teaching.grading_child import RemoteFunction
+
+    child = _child(namespace)
+    request = {
+        "cells": list(cells),
+        "function_name": function_name,
+        "check_names": tuple(check_names),
+        "notebook_checks": tuple(notebook_checks),
+        "earlier_solutions": earlier_solutions,
+    }
+    reply = child.ask("cells", request)
+    if reply.get("tampered"):
+        raise Tampered(_child_text(reply["tampered"]))
+    if reply.get("missing"):
+        outcome = "error" if reply.get("missing") == "error" else "not attempted"
+        return outcome, _child_text(reply.get("message")), None, None
+    if reply.get("refused"):
+        return "fail", _child_text(reply["refused"]), None, None
+    check_world("before the check")
+    raised: list[BaseException] = []
+    _state["raised"] = raised
+    names = dict(namespace)
+    names[function_name] = RemoteFunction(child, function_name, raised)
+    return run_check(check_source, names)
+
+
+def _child_text(value: Any) -> str:
+    return str(value)[:2000] if type(value) is str else "(no message)"
+
+
+def _child(namespace: dict[str, Any]) -> Any:
+    """The kernel's child, forked once, before the first exercise: the
+    student's code runs there, never here."""
+    from grpo_lab.teaching.grading_child import Child
+
+    if "child" not in _state:
+        _state["child"] = Child(
+            {"cells": lambda request: student_part(request, namespace)},
+            on_start=lambda: _in_the_child(namespace),
+        )
+        workdir = os.getcwd()
+        sys.path[:] = [p for p in sys.path if p not in ("", ".", workdir)]
+    return _state["child"]
+
+
+def _in_the_child(namespace: dict[str, Any]) -> None:
+    """The child keeps none of the parent's secrets, counts its own threads, and
+    notes what the course defined (the course's solutions of exercises that a
+    later one calls are not the student's answer)."""
+    for key in ("channel", "write", "fstat", "encode", "child"):
+        _state.pop(key, None)
+    _state["threads"] = threading.active_count()
+    _state["course_names"] = dict(namespace)
+
+
+def student_part(request: dict[str, Any], namespace: dict[str, Any]) -> dict[str, Any]:
+    """In the child: run the student's cells, then serve the exercise's
+    function (guarded, its counterparts hidden) for the calls to come."""
+    from grpo_lab.teaching.grading_child import serve_function
+
+    serve_function(None)
+    check_names = request["check_names"]
+    hide = [f for name in check_names for f in counterpart_functions(name)]
+    hide_in_cells = hide + [
+        f for name in request["notebook_checks"] for f in counterpart_functions(name)
+    ]
+    _state["raised"] = []
+    try:
+        check_world("before the student's cells")
+        cell_error, stubbed = run_student_cells(
+            request["cells"], namespace, hide_in_cells
+        )
+    except Tampered as error:
+        return {"tampered": str(error)}
+    if request["earlier_solutions"]:
+        run_cell(request["earlier_solutions"], namespace, "<earlier solutions>")
+    function = namespace.get(request["function_name"])
+    if function is _state["course_names"].get(request["function_name"], _MISSING):
+        function = None  # the course's own, from the context: not an answer
+    if not callable(function):
+        missing = missing_verdict(cell_error, stubbed, request["function_name"])
+        return {"missing": missing[0], "message": missing[1]}
+    refused = refusal(function, check_names)
+    if refused:
+        return {"refused": refused}
+    serve_function(guarded(function, hide))
+    return {}
+
+
+def refusal(function: Callable[..., Any], check_names: tuple[str, ...]) -> str:
+    """The check's refusal of ``function`` (the package function itself), or ""."""
+    from grpo_lab.teaching.checks import framework
+
+    for name in check_names:
+        try:
+            framework.refuse_package_function(function, name)
+        except framework.ExerciseFailed as error:
+            return str(error)
+    return ""
+
+
+def missing_verdict(cell_error: str, stubbed: bool, function_name: str) -> Verdict:
+    """The verdict when no cell defines the exercise's function."""
+    if cell_error:
+        return "error", cell_error, None, None
+    if stubbed:
+        return (
+            "not attempted",
+            "the solution cell raises NotImplementedError",
+            None,
+            None,
+        )
+    return (
+        "not attempted",
+        f"no cell above the check defines {function_name}",
+        None,
+        None,
+    )
 
 
 def _take_the_cells_input() -> None:
@@ -477,21 +618,7 @@ def exercise_verdict(
     if earlier_solutions:
         run_cell(earlier_solutions, namespace, "<earlier solutions>")
     if not callable(namespace.get(function_name)):
-        if cell_error:
-            return "error", cell_error, None, None
-        if stubbed:
-            return (
-                "not attempted",
-                "the solution cell raises NotImplementedError",
-                None,
-                None,
-            )
-        return (
-            "not attempted",
-            f"no cell above the check defines {function_name}",
-            None,
-            None,
-        )
+        return missing_verdict(cell_error, stubbed, function_name)
     names = dict(namespace)
     names[function_name] = guarded(names[function_name], hide)
     return run_check(check_source, names)
@@ -521,12 +648,13 @@ def run_student_cells(
 def run_check(check_source: str, names: dict[str, Any]) -> Verdict:
     """Run the course's check cell in ``names`` (the student's function guarded)."""
     from grpo_lab.teaching.checks.framework import ExerciseFailed
+    from grpo_lab.teaching.grading_child import ChildLost
 
     printed = io.StringIO()
     try:
         with contextlib.redirect_stdout(printed):
             value = run_cell(check_source, names, "<check cell>")
-    except Tampered:
+    except (Tampered, ChildLost):
         raise
     except ExerciseFailed as error:
         counts = case_counts(error)
@@ -553,9 +681,11 @@ def case_counts(error: BaseException) -> tuple[int | None, int | None]:
     ``(None, None)`` unless ``error`` is the check's ExerciseFailed or a
     built-in exception (a student's own class could fake its attributes)."""
     from grpo_lab.teaching.checks.framework import ExerciseFailed
+    from grpo_lab.teaching.grading_child import SolutionRaised
 
     kind = type(error)
-    if kind is not ExerciseFailed and kind.__module__ != "builtins":
+    made_here = kind in (ExerciseFailed, SolutionRaised)
+    if not made_here and kind.__module__ != "builtins":
         return None, None
     passed = vars(error).get("cases_passed")
     run = vars(error).get("cases_run")
@@ -607,4 +737,5 @@ def python_source(source: str) -> str:
 def one_line(error: BaseException) -> str:
     """``Type: message`` on one line."""
     text = " ".join(str(error).split())
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+    name = getattr(error, "type_name", None) or type(error).__name__
+    return f"{name}: {text}" if text else name
