@@ -49,12 +49,14 @@ PR_SET_DUMPABLE = 4
 # The most bytes one message may carry.
 MESSAGE_LIMIT = 1 << 30
 # The calls whose graphs the child keeps for a later backward pass.
-KEPT_GRAPHS = 16
+KEPT_GRAPHS = 256
 # How deep the state of an argument is followed (object -> attribute -> ...).
 STATE_DEPTH = 3
 # The longest text the parent takes from the child.
 TEXT_LIMIT = 2000
 _HEADER = struct.Struct("!Q")
+# Built-in types of a plain result that weights_only reads only when allowed.
+_SAFE_BUILTINS = (slice, range, complex)
 
 
 class ChildLost(RuntimeError):
@@ -109,7 +111,8 @@ def encode(value: Any) -> bytes:
 def decode(payload: bytes) -> Any:
     """What the child sent, read with weights_only (ChildLost if refused)."""
     try:
-        return torch.load(io.BytesIO(payload), weights_only=True)
+        with torch.serialization.safe_globals(list(_SAFE_BUILTINS)):
+            return torch.load(io.BytesIO(payload), weights_only=True)
     except Exception as error:
         raise ChildLost(
             f"the solution's process sent what the grader does not read "
@@ -275,7 +278,9 @@ def _attributes(value: Any, depth: int) -> dict[str, Any]:
     state, anything else when it is plain data."""
     found = {}
     for name, attribute in vars(value).items():
-        if name.startswith("_"):
+        if name.startswith("_") or (
+            isinstance(value, torch.optim.Optimizer) and name in _OPTIMIZER_OWN
+        ):
             continue
         if isinstance(
             attribute, (torch.Tensor, torch.nn.Module, torch.optim.Optimizer)
@@ -284,6 +289,10 @@ def _attributes(value: Any, depth: int) -> dict[str, Any]:
         elif _plain_data(attribute):
             found[name] = {"kind": "value", "value": _detached(attribute)}
     return found
+
+
+# An optimizer's own attributes, which its state dict carries.
+_OPTIMIZER_OWN = frozenset({"defaults", "state", "param_groups"})
 
 
 def _plain_data(value: Any, depth: int = 4) -> bool:
@@ -398,9 +407,9 @@ def _become_child(read_end: int, write_end: int) -> None:
     for descriptor in (0, 1, 2):
         os.dup2(null, descriptor)
     os.close(null)
-    sys.stdout = sys.__stdout__ = open(os.devnull, "w")  # noqa: SIM115
-    sys.stderr = sys.__stderr__ = open(os.devnull, "w")  # noqa: SIM115
-    sys.stdin = open(os.devnull)  # noqa: SIM115
+    sys.stdout = sys.__stdout__ = open(1, "w", closefd=False)  # noqa: SIM115
+    sys.stderr = sys.__stderr__ = open(2, "w", closefd=False)  # noqa: SIM115
+    sys.stdin = sys.__stdin__ = open(0, closefd=False)  # noqa: SIM115
     torch.set_num_threads(1)
 
 
@@ -444,7 +453,8 @@ def _call(payload: dict[str, Any]) -> dict[str, Any]:
     outputs = list(tensors_in(result))
     differentiable = [t.requires_grad for t in outputs]
     graphs = _served["graphs"]
-    graphs[payload["id"]] = (outputs, inputs)
+    if inputs and any(differentiable):
+        graphs[payload["id"]] = (outputs, inputs)
     for old in list(graphs)[:-KEPT_GRAPHS]:
         del graphs[old]
     reply["result"] = (
@@ -498,14 +508,14 @@ def _keep_last(parameter: torch.Tensor) -> None:
 
 
 def _vjp(payload: dict[str, Any]) -> dict[str, Any]:
-    outputs, inputs = _served["graphs"][payload["id"]]
+    outputs, inputs = _served["graphs"].get(payload["id"], ([], []))
     pairs = [
         (output, cotangent)
         for output, cotangent in zip(outputs, payload["cotangents"])
         if output.requires_grad and cotangent is not None
     ]
     if not pairs or not inputs:
-        return {"grads": [None] * len(inputs)}
+        return {"grads": [None] * len(payload["inputs"])}
     grads = torch.autograd.grad(
         [o for o, _ in pairs],
         inputs,
@@ -519,7 +529,8 @@ def _vjp(payload: dict[str, Any]) -> dict[str, Any]:
 def _dill(payload: Any) -> dict[str, Any]:
     import dill
 
-    data = dill.dumps(_served["function"], recurse=True)
+    function = _served["function"]
+    data = dill.dumps(getattr(function, "__wrapped__", function), recurse=True)
     return {"payload": torch.frombuffer(bytearray(data), dtype=torch.uint8)}
 
 
@@ -662,7 +673,12 @@ class _RemoteCall:
         return outputs
 
     def backward(self, cotangents: tuple) -> list[torch.Tensor | None]:
-        reply = self.child.ask("vjp", {"id": self.id, "cotangents": list(cotangents)})
+        request = {
+            "id": self.id,
+            "cotangents": list(cotangents),
+            "inputs": len(self.inputs),
+        }
+        reply = self.child.ask("vjp", request)
         grads = reply.get("grads")
         if not isinstance(grads, list) or len(grads) != len(self.inputs):
             raise ChildLost("the solution's process sent malformed gradients")

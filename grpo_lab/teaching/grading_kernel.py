@@ -1,4 +1,4 @@
-"""The grader's side of a grading kernel: the course and its libraries under guard.
+"""The grading kernel's side: the course's check out of the student's reach.
 
 The grader (:mod:`grpo_lab.teaching.grading`) runs :func:`bootstrap` in each fresh
 kernel before any student code. It takes the result channel (a file descriptor
@@ -10,36 +10,49 @@ Once the course's context cells have run (trusted, before any student code),
 :func:`prepare` imports what the notebook's check cells import and records the
 state of the modules a verdict depends on (``torch`` and the comparison
 functions, ``json``, ``builtins``, every ``grpo_lab`` module, their functions'
-code and their classes' attributes). :func:`grade` then runs one exercise:
-the student's own cells above its check (those not run yet, in the kernel's
-namespace, so a helper in one cell is there for the next), then the course's
-check cell with the student's function, in a copy of the namespace. The
-recorded state is compared, and put back, after each student cell, before and
-after each call of the student's function and after the check; any change (a
-patched check, ``torch.allclose``, ``json``, a code object), a torch function
-or dispatch mode left on, a trace function or a new thread makes the exercise
-an ``error`` whose message starts with ``TAMPERED_PREFIX`` (the grader then
-starts a fresh kernel). What the student's function returns must be built of
-plain types (tensors, numbers, strings, containers), so no object with its own
-``__eq__`` or ``__torch_function__`` reaches a comparison. An exception raised
-inside the student's function is a ``fail`` with its message; the cases the
-check counted come back with the verdict, for partial credit.
+code and their classes' attributes). The kernel is then the pristine parent:
+for the first exercise :func:`grade` forks a child
+(:class:`grpo_lab.teaching.grading_child.Child`) that holds none of the
+parent's descriptors, secrets or memory access, and every student cell runs
+there (:func:`student_part`: the cells not run yet, in the child's namespace,
+so a helper in one cell is there for the next; a later exercise reuses the
+child). The parent runs the course's check cell itself, in a copy of its own
+namespace, with the student's function replaced by a
+:class:`~grpo_lab.teaching.grading_child.RemoteFunction` that calls it in the
+child (values, arguments' state and gradients come back as plain data), so a
+patched check, torch comparison, ``json`` or private state of this module
+changes the child only. What the child says can only lower a verdict: a cell
+that raised, a missing or refused function, a change its guard saw.
+
+The guard still runs inside the child, where it names the trick it sees: the
+recorded state is compared, and put back, after each student cell and before
+and after each call of the student's function; any change (a patched check,
+``torch.allclose``, ``json``, a code object), a torch function or dispatch mode
+left on, a trace function or a new thread makes the exercise an ``error`` whose
+message starts with ``TAMPERED_PREFIX`` (the grader then starts a fresh kernel).
+What the student's function returns must be built of plain types (tensors,
+numbers, strings, containers). An exception raised inside the student's
+function is a ``fail`` with its message; the cases the check counted come back
+with the verdict, for partial credit. A child that died or sent what the parent
+does not read makes the exercise an ``error`` (and the kernel is replaced).
 
 While the student's cells run, the package counterparts of every check of the
 notebook, and while the student's function runs, the exercise's package
 counterparts (``PACKAGE_COUNTERPARTS``) and the functions of their own module
 they call (the private helpers, registries included) raise "not available while
 this exercise is graded", whatever path reaches them: their code objects are
-swapped, so getattr, importlib, sys.modules and a saved reference all meet the
-same stub.
+swapped in the child, so getattr, importlib, sys.modules and a saved reference
+all meet the same stub. This hiding is in-process defence (inside the child);
+the verdict is not.
 
-Exactly one line per exercise is written to the channel, ``[sequence, outcome,
-message, cases passed, cases run]``. The grader counts a verdict only when the
-line is the only one of its cell and carries the expected sequence number, and
-the cell itself ended cleanly; printed text and writes to file descriptors 1
-and 2 are not read. This is in-process defence: it stops the tricks named
-above and in tests/test_grading.py, not an adversary who rewrites the
-interpreter's memory (see the README's "For instructors").
+Exactly one line per exercise is written to the channel by the parent,
+``[sequence, outcome, message, cases passed, cases run]``. The grader counts a
+verdict only when the line is the only one of its cell and carries the expected
+sequence number, and the cell itself ended cleanly; printed text and writes to
+file descriptors 1 and 2 are not read. :func:`run_exercise` and
+:func:`exercise_verdict` grade in one process (no child), for tests and tools
+outside a grading kernel. See the README's "For instructors" for what this does
+not defend against.
 """
 
 from __future__ import annotations
@@ -137,8 +150,9 @@ def _internals(function: types.FunctionType) -> tuple[Any, ...]:
     return (function.__code__, function.__defaults__, function.__kwdefaults__)
 
 
-# Names the shell itself rebinds in builtins.
-_SHELL_NAMES = frozenset({"_", "__", "___"})
+# Names the shell itself rebinds in builtins, and the cache pickling keeps in
+# a class it pickles (a call's arguments are pickled for the child).
+_SHELL_NAMES = frozenset({"_", "__", "___", "__slotnames__"})
 _MISSING = object()
 
 
