@@ -379,7 +379,8 @@ def _apply_attributes(target: Any, attributes: Any) -> None:
         if type(name) is not str or name.startswith("_") or name not in own:
             continue
         if isinstance(state, dict) and state.get("kind") == "value":
-            setattr(target, name, state.get("value"))
+            with contextlib.suppress(AttributeError, TypeError):  # frozen
+                setattr(target, name, state.get("value"))
         else:
             apply_state(own[name], state)
 
