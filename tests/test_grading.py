@@ -512,6 +512,13 @@ ATTACKS = {
         "        recorded['grpo_lab.teaching.checks.advantages'].update(\n"
         "            vars(advantage_checks))",
     ),
+    # A cell that raises before its def leaves the course's own function, which
+    # the context defined for the exercises that call it: not an answer.
+    "raises_before_its_def": _answer(
+        "raises_before_its_def",
+        "raise RuntimeError('the answer is never defined')",
+        body=RIGHT_BODY,
+    ),
     "by_getattr": _answer(
         "by_getattr",
         "import importlib",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import subprocess
 import sys
 
 import pytest
@@ -209,3 +210,23 @@ def test_a_dead_child_is_lost_never_a_result(child):
         fn()
     with pytest.raises(ChildLost):
         fn()  # and stays lost
+
+
+def test_a_fresh_process_gets_a_copy_of_the_students_function(child):
+    """A check may call the student's function in a fresh Python process: the
+    stand-in pickles as a dill copy made in the child, which the parent never
+    loads."""
+    pytest.importorskip("dill")
+    fn, _ = _remote(child, "lambda x: x * 7")
+    finished = subprocess.run(
+        [sys.executable, "-c", FRESH],
+        input=pickle.dumps(fn),
+        capture_output=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+        check=True,
+        timeout=120,
+    )
+    assert finished.stdout.decode().strip() == "21"
+
+
+FRESH = "import pickle, sys; print(pickle.loads(sys.stdin.buffer.read())(3))"

@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 
+PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
 # The most bytes one message may carry.
 MESSAGE_LIMIT = 1 << 30
@@ -399,7 +400,10 @@ def serve_function(function: Callable[..., Any] | None) -> None:
 
 
 def _become_child(read_end: int, write_end: int) -> None:
-    """Drop every descriptor but the two pipes; 0-2 on /dev/null."""
+    """Drop every descriptor but the two pipes; 0-2 on /dev/null; die with
+    the parent (Linux)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
     keep = sorted((read_end, write_end))
     os.closerange(3, keep[0])
     os.closerange(keep[0] + 1, keep[1])
