@@ -468,9 +468,21 @@ def _child(namespace: dict[str, Any]) -> Any:
             {"cells": lambda request: student_part(request, namespace)},
             on_start=lambda: _in_the_child(namespace),
         )
-        workdir = os.getcwd()
-        sys.path[:] = [p for p in sys.path if p not in ("", ".", workdir)]
+        _drop_the_working_folder()
     return _state["child"]
+
+
+def _drop_the_working_folder() -> None:
+    """Nothing the child can write (the working folder) stays on the parent's
+    import path: a module it plants there is never imported here."""
+    workdir = os.path.realpath(os.getcwd())
+    sys.path[:] = [
+        entry
+        for entry in sys.path
+        if entry
+        and os.path.realpath(entry) != workdir
+        and not os.path.realpath(entry).startswith(workdir + os.sep)
+    ]
 
 
 def _in_the_child(namespace: dict[str, Any]) -> None:
