@@ -519,6 +519,9 @@ ATTACKS = {
         "raise RuntimeError('the answer is never defined')",
         body=RIGHT_BODY,
     ),
+    # The solution's process ends in the middle of a call: an error, never a
+    # pass (the next exercise gets a fresh kernel).
+    "child_exits": _answer("child_exits", "import os", "    os._exit(0)\n"),
     "by_getattr": _answer(
         "by_getattr",
         "import importlib",
@@ -883,6 +886,7 @@ EXPECTED_MESSAGES = {
     "lying_tensor": "must be built of tensors",
     "function_mode": "a torch function mode",
     "memory_bomb": "MemoryError",
+    "child_exits": "the solution's process was lost",
     "by_getattr": "not available while this exercise is graded",
     "by_sys_modules": "not available while this exercise is graded",
     "by_alias": "write it yourself",
