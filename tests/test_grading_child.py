@@ -212,6 +212,7 @@ def test_a_dead_child_is_lost_never_a_result(child):
         fn()  # and stays lost
 
 
+@pytest.mark.slow
 def test_a_fresh_process_gets_a_copy_of_the_students_function(child):
     """A check may call the student's function in a fresh Python process: the
     stand-in pickles as a dill copy made in the child, which the parent never
@@ -230,3 +231,39 @@ def test_a_fresh_process_gets_a_copy_of_the_students_function(child):
 
 
 FRESH = "import pickle, sys; print(pickle.loads(sys.stdin.buffer.read())(3))"
+
+
+def test_a_state_that_does_not_fit_its_argument_changes_nothing():
+    """What a child reports is applied only where it fits: the same kind, the
+    same shape, a public attribute the object already has."""
+    policy = Policy()
+    before = dict(vars(policy))
+    weights = policy.weights.detach().clone()
+    hostile = {
+        "kind": "object",
+        "attributes": {
+            "weights": {"kind": "tensor", "data": torch.ones(5), "grad": None},
+            "calls": {"kind": "module", "parameters": [], "buffers": []},
+            "__class__": {"kind": "value", "value": 1},
+            "_secret": {"kind": "value", "value": 1},
+            "planted": {"kind": "value", "value": 1},
+        },
+    }
+    grading_child.apply_state(policy.step, hostile)
+    grading_child.apply_state(policy, ["not", "a", "state"])
+    grading_child.apply_state(policy.weights, {"kind": "module"})
+    assert type(policy) is Policy and vars(policy) == before
+    assert torch.equal(policy.weights, weights) and policy.calls == 0
+
+
+def test_a_message_past_the_limit_is_refused_before_it_is_read():
+    read_end, write_end = os.pipe()
+    try:
+        os.write(write_end, (grading_child.MESSAGE_LIMIT + 1).to_bytes(8, "big"))
+        with pytest.raises(ChildLost, match="past"):
+            grading_child.receive(read_end)
+        os.close(write_end)
+        with pytest.raises(ChildLost, match="ended"):
+            grading_child.receive(read_end)
+    finally:
+        os.close(read_end)
