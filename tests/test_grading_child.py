@@ -19,6 +19,7 @@ from grpo_lab.teaching.grading_child import (
     SolutionRaised,
     serve_function,
 )
+from grpo_lab.teaching.grading_kernel import one_line
 
 pytestmark = pytest.mark.skipif(
     not hasattr(os, "fork"), reason="the grader's child is a forked process"
@@ -160,6 +161,7 @@ def test_the_students_exception_is_rebuilt_and_counted_as_its_own(child):
     with pytest.raises(SolutionRaised) as caught:
         fn(1)
     assert caught.value.type_name == "Odd" and raised == [caught.value]
+    assert one_line(caught.value) == "Odd: no"  # as the verdict names it
 
 
 def test_the_child_keeps_only_its_pipes_and_cannot_read_the_parent(child):
