@@ -473,6 +473,55 @@ ATTACKS = {
         "memory_bomb",
         body="    hog = bytearray(8 << 30)\n" + WRONG_BODY,
     ),
+    # The grading kernel's own secrets, reached from the solution's process:
+    # a fresh record after patching the check, so that nothing looks changed;
+    # a wrapped channel writer that turns "fail" into "pass"; the guard's
+    # comparison replaced, then torch's; the secrets found through the garbage
+    # collector, without naming the grader's module.
+    "record_rewritten": _answer(
+        "record_rewritten",
+        "import grpo_lab.teaching.grading_kernel as gk\n"
+        "import grpo_lab.teaching.checks.advantages as advantage_checks\n"
+        "advantage_checks.check_group_normalized_advantages = lambda fn: True\n"
+        "fresh = gk._record()  # the hidden counterparts as they were, stubs aside\n"
+        "fresh['functions'] = gk._state['record']['functions']\n"
+        "gk._state['record'] = fresh",
+    ),
+    "write_wrapped": _answer(
+        "write_wrapped",
+        "import grpo_lab.teaching.grading_kernel as gk\n"
+        "_write = gk._state['write']\n"
+        "gk._state['write'] = lambda fd, data: _write(\n"
+        "    fd, data.replace(b'\"fail\"', b'\"pass\"'))",
+    ),
+    "changes_code": _answer(
+        "changes_code",
+        "import torch\n"
+        "import grpo_lab.teaching.grading_kernel as gk\n"
+        "gk._changes.__code__ = (lambda record: []).__code__\n"
+        "torch.allclose = lambda *a, **k: True",
+    ),
+    "gc_secrets": _answer(
+        "gc_secrets",
+        "import gc\n"
+        "import grpo_lab.teaching.checks.advantages as advantage_checks\n"
+        "advantage_checks.check_group_normalized_advantages = lambda fn: True\n"
+        "for found in gc.get_objects():\n"
+        "    if type(found) is dict and 'record' in found and 'channel' in found:\n"
+        "        recorded = found['record']['namespaces']\n"
+        "        recorded['grpo_lab.teaching.checks.advantages'].update(\n"
+        "            vars(advantage_checks))",
+    ),
+    # A cell that raises before its def leaves the course's own function, which
+    # the context defined for the exercises that call it: not an answer.
+    "raises_before_its_def": _answer(
+        "raises_before_its_def",
+        "raise RuntimeError('the answer is never defined')",
+        body=RIGHT_BODY,
+    ),
+    # The solution's process ends in the middle of a call: an error, never a
+    # pass (the next exercise gets a fresh kernel).
+    "child_exits": _answer("child_exits", "import os", "    os._exit(0)\n"),
     "by_getattr": _answer(
         "by_getattr",
         "import importlib",
@@ -892,10 +941,12 @@ EXPECTED_MESSAGES = {
     "patched_in_call": "torch.allclose",
     "patched_json": "json.dumps",
     "patched_code": "the code of grpo_lab.teaching.checks.framework.assert_close",
-    "channel_forged": grading.CHANNEL_TAMPERED,
+    # The solution's process holds no result channel to find: a plain fail.
+    "channel_forged": "0 of 4 cases passed; expected",
     "lying_tensor": "must be built of tensors",
     "function_mode": "a torch function mode",
     "memory_bomb": "MemoryError",
+    "child_exits": "the solution's process was lost",
     "by_getattr": "not available while this exercise is graded",
     "by_sys_modules": "not available while this exercise is graded",
     "by_alias": "write it yourself",

@@ -13,10 +13,12 @@ a check cell or a cell tagged ``colab``, ``walk-through`` or ``grading-skip``
 is not). For each submitted notebook, one fresh kernel (``GRPO_LAB_PROFILE=
 smoke``, a temporary working folder) runs the *course* notebook's context
 cells (see :mod:`grpo_lab.teaching.rubric`) before any student code, then for
-each exercise the student's cells above its check (in the kernel's namespace,
-so a helper in another cell, or an answer in a new cell below the stub,
-counts), then the *course* check cell, in a copy of the namespace: edited or
-deleted check cells in the submission change nothing. Where a submission has
+each exercise the student's cells above its check (in a child process forked
+from the kernel, in its namespace, so a helper in another cell, or an answer
+in a new cell below the stub, counts), then the *course* check cell, in the
+kernel, in a copy of its namespace, calling the student's function in the
+child (see :mod:`grpo_lab.teaching.grading_kernel`): edited or deleted check
+cells in the submission change nothing. Where a submission has
 no check cell for an exercise, its check stands before the next exercise's
 cells. A notebook in which the student wrote nothing starts no kernel.
 

@@ -1,4 +1,4 @@
-"""The grader's side of a grading kernel: the course and its libraries under guard.
+"""The grading kernel's side: the course's check out of the student's reach.
 
 The grader (:mod:`grpo_lab.teaching.grading`) runs :func:`bootstrap` in each fresh
 kernel before any student code. It takes the result channel (a file descriptor
@@ -10,36 +10,49 @@ Once the course's context cells have run (trusted, before any student code),
 :func:`prepare` imports what the notebook's check cells import and records the
 state of the modules a verdict depends on (``torch`` and the comparison
 functions, ``json``, ``builtins``, every ``grpo_lab`` module, their functions'
-code and their classes' attributes). :func:`grade` then runs one exercise:
-the student's own cells above its check (those not run yet, in the kernel's
-namespace, so a helper in one cell is there for the next), then the course's
-check cell with the student's function, in a copy of the namespace. The
-recorded state is compared, and put back, after each student cell, before and
-after each call of the student's function and after the check; any change (a
-patched check, ``torch.allclose``, ``json``, a code object), a torch function
-or dispatch mode left on, a trace function or a new thread makes the exercise
-an ``error`` whose message starts with ``TAMPERED_PREFIX`` (the grader then
-starts a fresh kernel). What the student's function returns must be built of
-plain types (tensors, numbers, strings, containers), so no object with its own
-``__eq__`` or ``__torch_function__`` reaches a comparison. An exception raised
-inside the student's function is a ``fail`` with its message; the cases the
-check counted come back with the verdict, for partial credit.
+code and their classes' attributes). The kernel is then the pristine parent:
+for the first exercise :func:`grade` forks a child
+(:class:`grpo_lab.teaching.grading_child.Child`) that holds none of the
+parent's descriptors, secrets or memory access, and every student cell runs
+there (:func:`student_part`: the cells not run yet, in the child's namespace,
+so a helper in one cell is there for the next; a later exercise reuses the
+child). The parent runs the course's check cell itself, in a copy of its own
+namespace, with the student's function replaced by a
+:class:`~grpo_lab.teaching.grading_child.RemoteFunction` that calls it in the
+child (values, arguments' state and gradients come back as plain data), so a
+patched check, torch comparison, ``json`` or private state of this module
+changes the child only. What the child says can only lower a verdict: a cell
+that raised, a missing or refused function, a change its guard saw.
+
+The guard still runs inside the child, where it names the trick it sees: the
+recorded state is compared, and put back, after each student cell and before
+and after each call of the student's function; any change (a patched check,
+``torch.allclose``, ``json``, a code object), a torch function or dispatch mode
+left on, a trace function or a new thread makes the exercise an ``error`` whose
+message starts with ``TAMPERED_PREFIX`` (the grader then starts a fresh kernel).
+What the student's function returns must be built of plain types (tensors,
+numbers, strings, containers). An exception raised inside the student's
+function is a ``fail`` with its message; the cases the check counted come back
+with the verdict, for partial credit. A child that died or sent what the parent
+does not read makes the exercise an ``error`` (and the kernel is replaced).
 
 While the student's cells run, the package counterparts of every check of the
 notebook, and while the student's function runs, the exercise's package
 counterparts (``PACKAGE_COUNTERPARTS``) and the functions of their own module
 they call (the private helpers, registries included) raise "not available while
 this exercise is graded", whatever path reaches them: their code objects are
-swapped, so getattr, importlib, sys.modules and a saved reference all meet the
-same stub.
+swapped in the child, so getattr, importlib, sys.modules and a saved reference
+all meet the same stub. This hiding is in-process defence (inside the child);
+the verdict is not.
 
-Exactly one line per exercise is written to the channel, ``[sequence, outcome,
-message, cases passed, cases run]``. The grader counts a verdict only when the
-line is the only one of its cell and carries the expected sequence number, and
-the cell itself ended cleanly; printed text and writes to file descriptors 1
-and 2 are not read. This is in-process defence: it stops the tricks named
-above and in tests/test_grading.py, not an adversary who rewrites the
-interpreter's memory (see the README's "For instructors").
+Exactly one line per exercise is written to the channel by the parent,
+``[sequence, outcome, message, cases passed, cases run]``. The grader counts a
+verdict only when the line is the only one of its cell and carries the expected
+sequence number, and the cell itself ended cleanly; printed text and writes to
+file descriptors 1 and 2 are not read. :func:`run_exercise` and
+:func:`exercise_verdict` grade in one process (no child), for tests and tools
+outside a grading kernel. See the README's "For instructors" for what this does
+not defend against.
 """
 
 from __future__ import annotations
@@ -137,8 +150,9 @@ def _internals(function: types.FunctionType) -> tuple[Any, ...]:
     return (function.__code__, function.__defaults__, function.__kwdefaults__)
 
 
-# Names the shell itself rebinds in builtins.
-_SHELL_NAMES = frozenset({"_", "__", "___"})
+# Names the shell itself rebinds in builtins, and the cache pickling keeps in
+# a class it pickles (a call's arguments are pickled for the child).
+_SHELL_NAMES = frozenset({"_", "__", "___", "__slotnames__"})
 _MISSING = object()
 
 
@@ -359,7 +373,10 @@ def bootstrap() -> None:
 def prepare(import_source: str) -> None:
     """Import what the check cells import, then record the world; run once per
     kernel, after the course's context cells and before any student code."""
+    from grpo_lab.teaching.grading_child import warm_up
+
     exec(compile(import_source, "<check imports>", "exec"), {})
+    warm_up()
     _state["threads"] = threading.active_count()
     _state["record"] = _record()
 
@@ -374,23 +391,173 @@ def grade(
     earlier_solutions: str,
     namespace: dict[str, Any],
 ) -> None:
-    """Run the student's ``cells`` in ``namespace``, then grade one exercise in
-    a copy of it; write its line. ``earlier_solutions`` (the course's) define
-    the earlier exercises' functions, so this one is graded on its own code."""
+    """Run the student's ``cells`` in the child, then grade one exercise here,
+    the student's function called in the child; write its line.
+    ``earlier_solutions`` (the course's) define the earlier exercises'
+    functions, so this one is graded on its own code."""
+    from grpo_lab.teaching.grading_child import ChildLost
+
     _take_the_cells_input()
     try:
-        verdict = exercise_verdict(
+        verdict = forked_verdict(
             cells,
             check_source,
             namespace,
             function_name,
             check_names,
-            notebook_checks=notebook_checks,
-            earlier_solutions=earlier_solutions,
+            notebook_checks,
+            earlier_solutions,
         )
     except Tampered as error:
         verdict = ("error", str(error), None, None)
+    except ChildLost as error:
+        verdict = ("error", f"{error} {RESTART_TEXT}", None, None)
     _report(sequence, *verdict)
+
+
+def forked_verdict(
+    cells: list[tuple[int, str]],
+    check_source: str,
+    namespace: dict[str, Any],
+    function_name: str,
+    check_names: tuple[str, ...],
+    notebook_checks: tuple[str, ...],
+    earlier_solutions: str,
+) -> Verdict:
+    """The student's cells in the child, then the check here, on a
+    RemoteFunction. What the child says can make the verdict worse (a cell
+    that raised, a refused or missing function, a change its guard saw), never
+    a pass. Raises Tampered and ChildLost."""
+    from grpo_lab.teaching.grading_child import RemoteFunction
+
+    child = _child(namespace)
+    request = {
+        "cells": list(cells),
+        "function_name": function_name,
+        "check_names": tuple(check_names),
+        "notebook_checks": tuple(notebook_checks),
+        "earlier_solutions": earlier_solutions,
+    }
+    reply = child.ask("cells", request)
+    if reply.get("tampered"):
+        raise Tampered(_child_text(reply["tampered"]))
+    if reply.get("missing"):
+        outcome = "error" if reply.get("missing") == "error" else "not attempted"
+        return outcome, _child_text(reply.get("message")), None, None
+    if reply.get("refused"):
+        return "fail", _child_text(reply["refused"]), None, None
+    check_world("before the check")
+    raised: list[BaseException] = []
+    _state["raised"] = raised
+    names = dict(namespace)
+    names[function_name] = RemoteFunction(child, function_name, raised)
+    return run_check(check_source, names)
+
+
+def _child_text(value: Any) -> str:
+    return str(value)[:2000] if type(value) is str else "(no message)"
+
+
+def _child(namespace: dict[str, Any]) -> Any:
+    """The kernel's child, forked once, before the first exercise: the
+    student's code runs there, never here."""
+    from grpo_lab.teaching.grading_child import Child
+
+    if "child" not in _state:
+        _state["child"] = Child(
+            {"cells": lambda request: student_part(request, namespace)},
+            on_start=lambda: _in_the_child(namespace),
+        )
+        _drop_the_working_folder()
+    return _state["child"]
+
+
+def _drop_the_working_folder() -> None:
+    """Nothing the child can write (the working folder) stays on the parent's
+    import path: a module it plants there is never imported here."""
+    workdir = os.path.realpath(os.getcwd())
+    sys.path[:] = [
+        entry
+        for entry in sys.path
+        if entry
+        and os.path.realpath(entry) != workdir
+        and not os.path.realpath(entry).startswith(workdir + os.sep)
+    ]
+
+
+def _in_the_child(namespace: dict[str, Any]) -> None:
+    """The child keeps none of the parent's secrets, counts its own threads, and
+    notes what the course defined (the course's solutions of exercises that a
+    later one calls are not the student's answer)."""
+    for key in ("channel", "write", "fstat", "encode", "child"):
+        _state.pop(key, None)
+    _state["threads"] = threading.active_count()
+    _state["course_names"] = dict(namespace)
+
+
+def student_part(request: dict[str, Any], namespace: dict[str, Any]) -> dict[str, Any]:
+    """In the child: run the student's cells, then serve the exercise's
+    function (guarded, its counterparts hidden) for the calls to come."""
+    from grpo_lab.teaching.grading_child import serve_function
+
+    serve_function(None)
+    check_names = request["check_names"]
+    hide = [f for name in check_names for f in counterpart_functions(name)]
+    hide_in_cells = hide + [
+        f for name in request["notebook_checks"] for f in counterpart_functions(name)
+    ]
+    _state["raised"] = []
+    try:
+        check_world("before the student's cells")
+        cell_error, stubbed = run_student_cells(
+            request["cells"], namespace, hide_in_cells
+        )
+    except Tampered as error:
+        return {"tampered": str(error)}
+    if request["earlier_solutions"]:
+        run_cell(request["earlier_solutions"], namespace, "<earlier solutions>")
+    function = namespace.get(request["function_name"])
+    if function is _state["course_names"].get(request["function_name"], _MISSING):
+        function = None  # the course's own, from the context: not an answer
+    if not callable(function):
+        missing = missing_verdict(cell_error, stubbed, request["function_name"])
+        return {"missing": missing[0], "message": missing[1]}
+    refused = refusal(function, check_names)
+    if refused:
+        return {"refused": refused}
+    serve_function(guarded(function, hide))
+    return {}
+
+
+def refusal(function: Callable[..., Any], check_names: tuple[str, ...]) -> str:
+    """The check's refusal of ``function`` (the package function itself), or ""."""
+    from grpo_lab.teaching.checks import framework
+
+    for name in check_names:
+        try:
+            framework.refuse_package_function(function, name)
+        except framework.ExerciseFailed as error:
+            return str(error)
+    return ""
+
+
+def missing_verdict(cell_error: str, stubbed: bool, function_name: str) -> Verdict:
+    """The verdict when no cell defines the exercise's function."""
+    if cell_error:
+        return "error", cell_error, None, None
+    if stubbed:
+        return (
+            "not attempted",
+            "the solution cell raises NotImplementedError",
+            None,
+            None,
+        )
+    return (
+        "not attempted",
+        f"no cell above the check defines {function_name}",
+        None,
+        None,
+    )
 
 
 def _take_the_cells_input() -> None:
@@ -477,21 +644,7 @@ def exercise_verdict(
     if earlier_solutions:
         run_cell(earlier_solutions, namespace, "<earlier solutions>")
     if not callable(namespace.get(function_name)):
-        if cell_error:
-            return "error", cell_error, None, None
-        if stubbed:
-            return (
-                "not attempted",
-                "the solution cell raises NotImplementedError",
-                None,
-                None,
-            )
-        return (
-            "not attempted",
-            f"no cell above the check defines {function_name}",
-            None,
-            None,
-        )
+        return missing_verdict(cell_error, stubbed, function_name)
     names = dict(namespace)
     names[function_name] = guarded(names[function_name], hide)
     return run_check(check_source, names)
@@ -521,12 +674,13 @@ def run_student_cells(
 def run_check(check_source: str, names: dict[str, Any]) -> Verdict:
     """Run the course's check cell in ``names`` (the student's function guarded)."""
     from grpo_lab.teaching.checks.framework import ExerciseFailed
+    from grpo_lab.teaching.grading_child import ChildLost
 
     printed = io.StringIO()
     try:
         with contextlib.redirect_stdout(printed):
             value = run_cell(check_source, names, "<check cell>")
-    except Tampered:
+    except (Tampered, ChildLost):
         raise
     except ExerciseFailed as error:
         counts = case_counts(error)
@@ -553,9 +707,11 @@ def case_counts(error: BaseException) -> tuple[int | None, int | None]:
     ``(None, None)`` unless ``error`` is the check's ExerciseFailed or a
     built-in exception (a student's own class could fake its attributes)."""
     from grpo_lab.teaching.checks.framework import ExerciseFailed
+    from grpo_lab.teaching.grading_child import SolutionRaised
 
     kind = type(error)
-    if kind is not ExerciseFailed and kind.__module__ != "builtins":
+    made_here = kind in (ExerciseFailed, SolutionRaised)
+    if not made_here and kind.__module__ != "builtins":
         return None, None
     passed = vars(error).get("cases_passed")
     run = vars(error).get("cases_run")
@@ -607,4 +763,7 @@ def python_source(source: str) -> str:
 def one_line(error: BaseException) -> str:
     """``Type: message`` on one line."""
     text = " ".join(str(error).split())
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+    child = sys.modules.get("grpo_lab.teaching.grading_child")
+    made = child is not None and isinstance(error, child.SolutionRaised)
+    name = error.type_name if made else type(error).__name__  # type: ignore[attr-defined]
+    return f"{name}: {text}" if text else name
