@@ -109,7 +109,7 @@ lint: $(STAMP)
 format: $(STAMP)
 	$(VENV)/bin/ruff format grpo_lab tests benchmarks
 	$(VENV)/bin/ruff check --fix grpo_lab tests benchmarks notebooks
-	$(PY) -m grpo_lab.teaching.nbgrader_metadata  # ruff re-sorts notebook metadata keys
+	$(PY) -m grpo_lab.instructor.nbgrader_metadata  # ruff re-sorts notebook metadata keys
 
 bench: $(STAMP)
 	$(PIP_INSTALL) -e ".[$(EXTRAS),bench]"

@@ -113,10 +113,10 @@ def _add_instructor_command(commands: Any, common: argparse.ArgumentParser) -> N
 
 def run_student_notebooks(arguments: argparse.Namespace) -> int:
     """``grpo-lab student-notebooks OUT_DIR``: strip solutions into OUT_DIR."""
-    from grpo_lab.teaching.shipped_notebooks import shipped_notebooks_dir
+    from grpo_lab.instructor.shipped_notebooks import shipped_notebooks_dir
 
     try:
-        from grpo_lab.teaching.student import write_student_notebooks
+        from grpo_lab.instructor.student import write_student_notebooks
     except ModuleNotFoundError as error:
         if error.name != "nbformat":
             raise
@@ -142,7 +142,7 @@ def run_student_notebooks(arguments: argparse.Namespace) -> int:
 
 def run_notebooks(arguments: argparse.Namespace) -> int:
     """``grpo-lab notebooks DIR``: write the student copies into DIR."""
-    from grpo_lab.teaching.shipped_notebooks import copy_notebooks
+    from grpo_lab.instructor.shipped_notebooks import copy_notebooks
 
     try:
         copied = copy_notebooks(arguments.out_dir, overwrite=arguments.force)
@@ -157,7 +157,7 @@ def run_notebooks(arguments: argparse.Namespace) -> int:
 def run_grade(arguments: argparse.Namespace) -> int:
     """``grpo-lab grade SUBMISSIONS_DIR --out grades.csv``: one row per exercise."""
     try:
-        from grpo_lab.teaching import grading
+        from grpo_lab.instructor import grading
     except ModuleNotFoundError as error:
         raise UserError(
             f"grade needs {error.name}, which is not installed",
@@ -184,7 +184,7 @@ def run_grade(arguments: argparse.Namespace) -> int:
 
 def run_instructor(arguments: argparse.Namespace) -> int:
     """``grpo-lab instructor kit KIT``: solved notebooks, key and answers."""
-    from grpo_lab.teaching.instructor_kit import write_kit
+    from grpo_lab.instructor.instructor_kit import write_kit
 
     try:
         written = write_kit(arguments.out_dir, arguments.source, arguments.force)

@@ -421,11 +421,11 @@ def test_plot_writes_curves(tmp_path, capsys):
 
 def test_student_notebooks_calls_the_writer(tmp_path, monkeypatch, capsys):
     calls = []
-    fake = types.ModuleType("grpo_lab.teaching.student")
+    fake = types.ModuleType("grpo_lab.instructor.student")
     fake.write_student_notebooks = lambda source, out: (
         calls.append((source, out)) or [out]
     )
-    monkeypatch.setitem(sys.modules, "grpo_lab.teaching.student", fake)
+    monkeypatch.setitem(sys.modules, "grpo_lab.instructor.student", fake)
     source = tmp_path / "notebooks"
     source.mkdir()
     assert (

@@ -16,14 +16,14 @@ import pytest
 import torch
 from IPython.core.inputtransformer2 import TransformerManager
 
-from grpo_lab.teaching.checks import PACKAGE_COUNTERPARTS, ExerciseFailed
-from grpo_lab.teaching.checks.framework import resolve
-from grpo_lab.teaching.student import (
+from grpo_lab.instructor.student import (
     BEGIN_MARKER,
     is_walk_through,
     strip_solutions,
     student_notebook,
 )
+from grpo_lab.teaching.checks import PACKAGE_COUNTERPARTS, ExerciseFailed
+from grpo_lab.teaching.checks.framework import resolve
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))

@@ -1,4 +1,4 @@
-"""Tests for grpo_lab.teaching.grading and grpo_lab.teaching.rubric: `grpo-lab grade`."""
+"""Tests for grpo_lab.instructor.grading and grpo_lab.instructor.rubric: `grpo-lab grade`."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ import pytest
 
 from grpo_lab import cli
 from grpo_lab.advantages import compute_group_normalized_rewards
-from grpo_lab.teaching import grading
-from grpo_lab.teaching.rubric import find_exercises, load_rubric, notebook_number
-from grpo_lab.teaching.sandbox import fence_available
-from grpo_lab.teaching.shipped_notebooks import shipped_notebooks_dir
-from grpo_lab.teaching.student import student_notebook
+from grpo_lab.instructor import grading
+from grpo_lab.instructor.rubric import find_exercises, load_rubric, notebook_number
+from grpo_lab.instructor.sandbox import fence_available
+from grpo_lab.instructor.shipped_notebooks import shipped_notebooks_dir
+from grpo_lab.instructor.student import student_notebook
 
 NAME = "03_rewards_and_advantages.ipynb"
 EXERCISE = "03-group_normalized_advantages"
@@ -311,7 +311,7 @@ def test_bad_grade_invocations_print_one_line_and_exit_2(name, tmp_path, capsys)
 
 
 def test_the_solutions_key_is_generated_with_every_exercise_and_answer(tmp_path):
-    from grpo_lab.teaching import solutions_key
+    from grpo_lab.instructor import solutions_key
 
     out = tmp_path / "solutions.md"
     assert solutions_key.main([str(out)]) == 0
@@ -480,7 +480,7 @@ ATTACKS = {
     # collector, without naming the grader's module.
     "record_rewritten": _answer(
         "record_rewritten",
-        "import grpo_lab.teaching.grading_kernel as gk\n"
+        "import grpo_lab.instructor.grading_kernel as gk\n"
         "import grpo_lab.teaching.checks.advantages as advantage_checks\n"
         "advantage_checks.check_group_normalized_advantages = lambda fn: True\n"
         "fresh = gk._record()  # the hidden counterparts as they were, stubs aside\n"
@@ -489,7 +489,7 @@ ATTACKS = {
     ),
     "write_wrapped": _answer(
         "write_wrapped",
-        "import grpo_lab.teaching.grading_kernel as gk\n"
+        "import grpo_lab.instructor.grading_kernel as gk\n"
         "_write = gk._state['write']\n"
         "gk._state['write'] = lambda fd, data: _write(\n"
         "    fd, data.replace(b'\"fail\"', b'\"pass\"'))",
@@ -497,7 +497,7 @@ ATTACKS = {
     "changes_code": _answer(
         "changes_code",
         "import torch\n"
-        "import grpo_lab.teaching.grading_kernel as gk\n"
+        "import grpo_lab.instructor.grading_kernel as gk\n"
         "gk._changes.__code__ = (lambda record: []).__code__\n"
         "torch.allclose = lambda *a, **k: True",
     ),
@@ -839,7 +839,7 @@ ATTACK_CONTEXT = (
 
 def attack_course(folder) -> tuple:
     """A course notebook with one exercise per attack, and its rubric."""
-    from grpo_lab.teaching.rubric import Rubric
+    from grpo_lab.instructor.rubric import Rubric
 
     cells = [nbformat.v4.new_code_cell(ATTACK_CONTEXT)]
     helpers = {
@@ -980,7 +980,7 @@ def test_the_kernel_environment_holds_none_of_the_graders(monkeypatch, tmp_path)
 
 
 def test_a_pasted_package_function_is_flagged_and_an_own_one_is_not():
-    from grpo_lab.teaching.grading_refusal import pasted_counterpart
+    from grpo_lab.instructor.grading_refusal import pasted_counterpart
 
     source = inspect.getsource(compute_group_normalized_rewards)
     pasted = source.replace("compute_group_normalized_rewards", "my_advantages")
@@ -1053,7 +1053,7 @@ def _processes_with(marker: str) -> list[int]:
 @pytest.mark.slow
 @pytest.mark.skipif(not fence_available(), reason="needs Linux with Landlock")
 def test_a_submission_cannot_escape_outlive_or_hang_the_grader(tmp_path, monkeypatch):
-    from grpo_lab.teaching.rubric import Rubric
+    from grpo_lab.instructor.rubric import Rubric
 
     grader_folder = tmp_path / "grader"
     grader_folder.mkdir()
@@ -1129,7 +1129,7 @@ def test_the_warden_sets_the_limits_and_fences_writes(tmp_path):
         "print(limits, fenced)\n"
     )
     command = [
-        sys.executable, "-m", "grpo_lab.teaching.sandbox", "--workdir", str(inside),
+        sys.executable, "-m", "grpo_lab.instructor.sandbox", "--workdir", str(inside),
         "--memory", str(2 << 30), "--cpu", "30", "--nproc", "500",
         "--write", str(inside), "--", sys.executable, "-c", probe,
     ]  # fmt: skip
@@ -1150,7 +1150,7 @@ def test_each_disguised_call_passes_a_check_that_does_not_hide_the_package(
     as each right answer does; in the grader the former get no points."""
     import importlib
 
-    from grpo_lab.teaching import grading_refusal
+    from grpo_lab.instructor import grading_refusal
     from grpo_lab.teaching.checks import framework
 
     monkeypatch.setattr(
@@ -1174,7 +1174,7 @@ def test_the_grader_kernel_client_is_ready_and_runs_code():
     # jupyter_client's idle 0.2 s waits) still waits for a kernel that answers.
     import asyncio
 
-    from grpo_lab.teaching.grading_client import ContainedKernelManager, ReadyClient
+    from grpo_lab.instructor.grading_client import ContainedKernelManager, ReadyClient
 
     async def started_and_run() -> tuple[type, str]:
         manager = ContainedKernelManager(kernel_name="python3")

@@ -11,15 +11,15 @@ import sys
 import pytest
 import torch
 
-from grpo_lab.teaching import grading_child
-from grpo_lab.teaching.grading_child import (
+from grpo_lab.instructor import grading_child
+from grpo_lab.instructor.grading_child import (
     Child,
     ChildLost,
     RemoteFunction,
     SolutionRaised,
     serve_function,
 )
-from grpo_lab.teaching.grading_kernel import one_line
+from grpo_lab.instructor.grading_kernel import one_line
 
 pytestmark = pytest.mark.skipif(
     not hasattr(os, "fork"), reason="the grader's child is a forked process"

@@ -2,7 +2,9 @@
 
 Floor 1 (the core) imports torch, the standard library and itself; floor 2
 (training, rollouts, tasks, rewards, models) imports floors 1-2; floor 3
-(teaching, integrations) imports floors 1-3; the command line sits on top.
+(teaching, integrations) imports floors 1-3; floor 4 (instructor: course
+administration) imports floors 1-4, so teaching never imports it; the
+command line sits on top.
 Imports under ``if TYPE_CHECKING:`` are for annotations only and do not count.
 """
 
@@ -38,14 +40,16 @@ FLOOR_2 = {
     "math_verify_template",
 }
 FLOOR_3 = {"teaching", "integrations"}
-FLOOR_4 = {"cli", "cli_config_file", "cli_course", "cli_flags", "hub", "__init__"}
+FLOOR_4 = {"instructor"}
+FLOOR_5 = {"cli", "cli_config_file", "cli_course", "cli_flags", "hub", "__init__"}
 # Packages inside a floor-2 or floor-3 folder whose modules the README names.
 DRAWN_PACKAGES = (PACKAGE / "training" / "config",)
 
 
 def floor_of(part: str) -> int:
     """The floor of grpo_lab.<part> (its first dotted component)."""
-    for floor, parts in ((1, CORE), (2, FLOOR_2), (3, FLOOR_3), (4, FLOOR_4)):
+    floors = ((1, CORE), (2, FLOOR_2), (3, FLOOR_3), (4, FLOOR_4), (5, FLOOR_5))
+    for floor, parts in floors:
         if part in parts:
             return floor
     raise AssertionError(
@@ -100,11 +104,12 @@ def test_imports_flow_down_only(path):
 def test_the_readme_draws_every_floor_and_module():
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     layout = text.split("Imports flow down only:", 1)[1].split("```", 2)[1]
-    for part in CORE | FLOOR_2 | FLOOR_3:
+    for part in CORE | FLOOR_2 | FLOOR_3 | FLOOR_4:
         suffix = "/" if (PACKAGE / part).is_dir() else ".py"
         assert f"grpo_lab/{part}{suffix}" in layout, part
     for path in PACKAGE.glob("*/*.py"):
-        if path.parent.name in FLOOR_2 | FLOOR_3 and path.stem != "__init__":
+        drawn = FLOOR_2 | FLOOR_3 | FLOOR_4
+        if path.parent.name in drawn and path.stem != "__init__":
             assert path.stem in layout, f"{path.parent.name}/{path.name}"
     for package in DRAWN_PACKAGES:  # a package whose modules are drawn too
         assert f"{package.name}/" in layout, package.name
@@ -202,3 +207,29 @@ def test_the_circle_check_finds_a_circle_through_an_annotation_import(tmp_path):
         ["grpo_lab.training.config", "grpo_lab.training.trackers",
          "grpo_lab.training.config"]
     ]  # fmt: skip
+
+
+def imported_names(path: Path) -> set[str]:
+    """Every module ``path`` imports anywhere (functions, TYPE_CHECKING too);
+    ``from a import b`` names both ``a`` and ``a.b``."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return names
+
+
+def test_teaching_never_imports_the_instructor_package():
+    teaching = [p for p in modules() if own_part(p) == "teaching"]
+    assert len(teaching) > 10, "too few teaching modules: the check reads elsewhere"
+    for path in teaching:
+        for name in imported_names(path):
+            assert not name.startswith("grpo_lab.instructor"), (path.name, name)
+
+
+def test_the_instructor_check_sees_an_import_inside_a_function(tmp_path):
+    module = tmp_path / "explorer.py"
+    module.write_text("def f():\n    from grpo_lab import instructor\n")
+    assert "grpo_lab.instructor" in imported_names(module)

@@ -1,4 +1,4 @@
-"""Tests for grpo_lab.teaching.nbgrader_metadata: the notebooks under real nbgrader."""
+"""Tests for grpo_lab.instructor.nbgrader_metadata: the notebooks under real nbgrader."""
 
 from __future__ import annotations
 
@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from grpo_lab.teaching import nbgrader_metadata
-from grpo_lab.teaching.rubric import load_rubric
-from grpo_lab.teaching.shipped_notebooks import PACKAGE_DIR, shipped_notebooks_dir
+from grpo_lab.instructor import nbgrader_metadata
+from grpo_lab.instructor.rubric import load_rubric
+from grpo_lab.instructor.shipped_notebooks import PACKAGE_DIR, shipped_notebooks_dir
 
 NAME = "03_rewards_and_advantages.ipynb"
 ASSIGNMENT = "ps03"
 CHECK_ID = "03-group_normalized_advantages-check"
 
 CONFIG = """
-from grpo_lab.teaching.nbgrader_metadata import (
+from grpo_lab.instructor.nbgrader_metadata import (
     autograde_preprocessors,
     generate_assignment_preprocessors,
 )
@@ -50,7 +50,7 @@ def test_the_notebooks_carry_the_metadata_the_script_writes():
         shipped_notebooks_dir(), load_rubric(), write=False
     )
     assert stale == [], (
-        "run `python -m grpo_lab.teaching.nbgrader_metadata` to update "
+        "run `python -m grpo_lab.instructor.nbgrader_metadata` to update "
         f"{[p.name for p in stale]}"
     )
 
@@ -123,7 +123,7 @@ def test_nbgrader_and_grpo_lab_grade_give_four_students_the_same_points(tmp_path
     pytest.importorskip("nbgrader")
     from nbgrader.api import Gradebook
 
-    from grpo_lab.teaching import grading
+    from grpo_lab.instructor import grading
 
     root = tmp_path / "course"
     source = root / "source" / ASSIGNMENT / NAME

@@ -18,14 +18,14 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 from grpo_lab import cli
-from grpo_lab.teaching import shipped_notebooks
-from grpo_lab.teaching.rubric import MODEL_ANSWERS_NAME, find_exercises, load_rubric
-from grpo_lab.teaching.shipped_notebooks import (
+from grpo_lab.instructor import shipped_notebooks
+from grpo_lab.instructor.rubric import MODEL_ANSWERS_NAME, find_exercises, load_rubric
+from grpo_lab.instructor.shipped_notebooks import (
     copy_notebooks,
     course_notebooks_dir,
     shipped_notebooks_dir,
 )
-from grpo_lab.teaching.student import BEGIN_MARKER, END_MARKER
+from grpo_lab.instructor.student import BEGIN_MARKER, END_MARKER
 
 ROOT = Path(__file__).resolve().parents[1]
 # Where `import grpo_lab` would load from (without importing it, and torch).
@@ -50,7 +50,7 @@ def test_pyproject_lists_every_package_and_maps_the_notebooks():
     assert table["package-data"] == {
         "grpo_lab": ["cli_flags.json"],  # the flags of a torch-free --help
         "grpo_lab.notebooks": ["*.ipynb"],
-        "grpo_lab.teaching": ["rubric.toml"],  # read by `grpo-lab grade`
+        "grpo_lab.instructor": ["rubric.toml"],  # read by `grpo-lab grade`
     }
 
 
@@ -142,7 +142,7 @@ def test_student_notebooks_default_to_the_shipped_ones(tmp_path, monkeypatch):
 
 
 def test_student_notebooks_need_no_nbformat(tmp_path, monkeypatch, capsys):
-    monkeypatch.delitem(sys.modules, "grpo_lab.teaching.student", raising=False)
+    monkeypatch.delitem(sys.modules, "grpo_lab.instructor.student", raising=False)
     monkeypatch.setitem(sys.modules, "nbformat", None)  # import nbformat fails
     assert cli.main(["student-notebooks", str(tmp_path / "out")]) == 0
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == NOTEBOOKS
@@ -291,7 +291,7 @@ def group_normalized_advantages(raw_rewards, group_size, advantage_eps):
     # Copies the course's solution from wherever the package keeps notebooks.
     import json, pathlib, torch
     import grpo_lab
-    from grpo_lab.teaching.shipped_notebooks import shipped_notebooks_dir
+    from grpo_lab.instructor.shipped_notebooks import shipped_notebooks_dir
 
     name = "03_rewards_and_advantages.ipynb"
     places = [shipped_notebooks_dir() / name]
@@ -339,7 +339,7 @@ def test_the_wheel_ships_student_copies_and_grades_with_the_instructors_kit(tmp_
     assert "raise NotImplementedError()" in texts[f"grpo_lab/notebooks/{NOTEBOOKS[3]}"]
     assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names)
     assert "grpo_lab/cli_flags.json" in names  # the flags of a torch-free --help
-    assert "grpo_lab/teaching/rubric.toml" in names  # points, read by grade
+    assert "grpo_lab/instructor/rubric.toml" in names  # points, read by grade
     assert "grpo_lab/math_verify_template.py" in names  # run as a script
 
     site = tmp_path / "site"

@@ -11,7 +11,7 @@ import pytest
 from jupyter_client.manager import start_new_kernel
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from grpo_lab.teaching.student import (
+from grpo_lab.instructor.student import (
     STUB,
     WALK_THROUGH_TAG,
     is_walk_through,

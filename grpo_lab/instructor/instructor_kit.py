@@ -20,9 +20,9 @@ import json
 import shutil
 from pathlib import Path
 
-from grpo_lab.teaching.rubric import MODEL_ANSWERS_NAME, load_rubric
-from grpo_lab.teaching.shipped_notebooks import PACKAGE_DIR
-from grpo_lab.teaching.student import is_solution_source
+from grpo_lab.instructor.rubric import MODEL_ANSWERS_NAME, load_rubric
+from grpo_lab.instructor.shipped_notebooks import PACKAGE_DIR
+from grpo_lab.instructor.student import is_solution_source
 
 KIT_NOTEBOOKS = "notebooks"
 KIT_KEY = "solutions.md"
@@ -60,7 +60,7 @@ def write_kit(
 ) -> list[Path]:
     """Write the kit into ``out_dir``; the paths written. A kit already there is
     kept unless ``overwrite`` (FileExistsError)."""
-    from grpo_lab.teaching.solutions_key import solutions_key
+    from grpo_lab.instructor.solutions_key import solutions_key
 
     folder = course_source(source)
     out_dir = Path(out_dir)

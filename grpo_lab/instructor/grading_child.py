@@ -1,6 +1,6 @@
 """The student's code in a process of its own; the course's check beside it.
 
-A grading kernel (:mod:`grpo_lab.teaching.grading_kernel`) has run the course's
+A grading kernel (:mod:`grpo_lab.instructor.grading_kernel`) has run the course's
 context cells, all trusted, when it forks a :class:`Child` for the student's
 code. The child closes every file descriptor but its two pipes (no result
 channel, no kernel sockets), points 0-2 at ``/dev/null``, runs one thread of
@@ -473,7 +473,7 @@ def _call(payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def _exception_reply(error: BaseException) -> dict[str, Any]:
-    from grpo_lab.teaching.grading_kernel import Tampered
+    from grpo_lab.instructor.grading_kernel import Tampered
 
     text = str(error)[:TEXT_LIMIT]
     if isinstance(error, Tampered):
@@ -696,7 +696,7 @@ class _RemoteCall:
         """Apply the arguments' state after the call; the exception the student's
         function raised, if any. Raises Tampered (the child's guard saw a change)
         and ValueError (a result not built of plain types)."""
-        from grpo_lab.teaching.grading_kernel import Tampered
+        from grpo_lab.instructor.grading_kernel import Tampered
 
         reply = self.reply
         for argument, state in zip(self.args, _list(reply.get("states"))):

@@ -12,12 +12,12 @@ not the course's own (a cell the student added or changed; an untouched stub,
 a check cell or a cell tagged ``colab``, ``walk-through`` or ``grading-skip``
 is not). For each submitted notebook, one fresh kernel (``GRPO_LAB_PROFILE=
 smoke``, a temporary working folder) runs the *course* notebook's context
-cells (see :mod:`grpo_lab.teaching.rubric`) before any student code, then for
+cells (see :mod:`grpo_lab.instructor.rubric`) before any student code, then for
 each exercise the student's cells above its check (in a child process forked
 from the kernel, in its namespace, so a helper in another cell, or an answer
 in a new cell below the stub, counts), then the *course* check cell, in the
 kernel, in a copy of its namespace, calling the student's function in the
-child (see :mod:`grpo_lab.teaching.grading_kernel`): edited or deleted check
+child (see :mod:`grpo_lab.instructor.grading_kernel`): edited or deleted check
 cells in the submission change nothing. Where a submission has
 no check cell for an exercise, its check stands before the next exercise's
 cells. A notebook in which the student wrote nothing starts no kernel.
@@ -53,14 +53,14 @@ from typing import Any
 
 import nbformat
 
-from grpo_lab.teaching import grading_kernel
-from grpo_lab.teaching.grading_client import ContainedKernelManager
-from grpo_lab.teaching.grading_kernel import (
+from grpo_lab.instructor import grading_kernel
+from grpo_lab.instructor.grading_client import ContainedKernelManager
+from grpo_lab.instructor.grading_kernel import (
     RESTART_TEXT,
     RESULT_FD_VARIABLE,
     check_names_in,
 )
-from grpo_lab.teaching.grading_plan import (  # noqa: F401 (read from here too)
+from grpo_lab.instructor.grading_plan import (  # noqa: F401 (read from here too)
     ExercisePlan,
     course_sources,
     grade_id,
@@ -69,15 +69,15 @@ from grpo_lab.teaching.grading_plan import (  # noqa: F401 (read from here too)
     solution_index,
     student_solution,
 )
-from grpo_lab.teaching.grading_refusal import pasted_counterpart
-from grpo_lab.teaching.rubric import (
+from grpo_lab.instructor.grading_refusal import pasted_counterpart
+from grpo_lab.instructor.rubric import (
     Exercise,
     Rubric,
     find_exercises,
     load_rubric,
     notebook_number,
 )
-from grpo_lab.teaching.shipped_notebooks import PACKAGE_DIR, course_notebooks_dir
+from grpo_lab.instructor.shipped_notebooks import PACKAGE_DIR, course_notebooks_dir
 
 # What the kernel reports for an exercise; "manual" is a written question's.
 KERNEL_OUTCOMES = ("pass", "fail", "not attempted", "error")
@@ -111,7 +111,7 @@ KILL_GRACE = 3.0
 STOP_TIMEOUT = 10.0
 CHANNEL_TAMPERED = "the result channel held something the grader did not write"
 BOOTSTRAP_SOURCE = (
-    "import grpo_lab.teaching.grading_kernel as _grade_kernel\n"
+    "import grpo_lab.instructor.grading_kernel as _grade_kernel\n"
     "_grade_kernel.bootstrap()\n"
     "del _grade_kernel\n"
 )
@@ -135,7 +135,7 @@ class Grade:
     seconds: float = 0.0
 
 
-# --- inside the kernel (grpo_lab.teaching.grading_kernel) ------------------------
+# --- inside the kernel (grpo_lab.instructor.grading_kernel) ------------------------
 
 run_exercise = grading_kernel.run_exercise
 import_statements = grading_kernel.import_statements
@@ -157,7 +157,7 @@ def grading_cell_source(
     """The kernel code that runs the student's ``cells``, grades one exercise
     and writes its line to the channel."""
     return (
-        "import grpo_lab.teaching.grading_kernel as _grade_kernel\n"
+        "import grpo_lab.instructor.grading_kernel as _grade_kernel\n"
         f"_grade_kernel.grade({sequence}, {cells!r}, {check_source!r}, "
         f"{function_name!r}, {check_names!r}, {notebook_checks!r}, "
         f"{earlier_solutions!r}, globals())\n"
@@ -204,7 +204,7 @@ def course_notebooks(notebooks_dir: str | Path | None = None) -> dict[str, Path]
 
 @dataclass(frozen=True)
 class Limits:
-    """What one grading kernel may use (see :mod:`grpo_lab.teaching.sandbox`)."""
+    """What one grading kernel may use (see :mod:`grpo_lab.instructor.sandbox`)."""
 
     # Seconds one exercise (the student's cells and the check) may take; then
     # the kernel is killed.
@@ -567,7 +567,7 @@ class _Kernel:
             for e in self.exercises
         )
         source = (
-            "import grpo_lab.teaching.grading_kernel as _grade_kernel\n"
+            "import grpo_lab.instructor.grading_kernel as _grade_kernel\n"
             f"_grade_kernel.prepare({imports!r})\n"
             "del _grade_kernel\n"
         )
@@ -619,7 +619,7 @@ class _Kernel:
         return [
             sys.executable,
             "-m",
-            "grpo_lab.teaching.sandbox",
+            "grpo_lab.instructor.sandbox",
             "--workdir",
             self.workdir,
             "--memory",

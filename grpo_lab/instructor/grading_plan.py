@@ -16,14 +16,14 @@ from dataclasses import dataclass
 
 import nbformat
 
-from grpo_lab.teaching.grading_kernel import check_names_in
-from grpo_lab.teaching.rubric import (
+from grpo_lab.instructor.grading_kernel import check_names_in
+from grpo_lab.instructor.rubric import (
     FUNCTION_NAME,
     SKIPPED_TAGS,
     Exercise,
     is_solution_cell,
 )
-from grpo_lab.teaching.student import STUB, strip_solutions
+from grpo_lab.instructor.student import STUB, strip_solutions
 
 
 def solution_index(submission: nbformat.NotebookNode, exercise_id: str) -> int | None:

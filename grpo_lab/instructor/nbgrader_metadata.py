@@ -1,6 +1,6 @@
 """nbgrader's view of the course: cell metadata, written questions, autograding.
 
-``python -m grpo_lab.teaching.nbgrader_metadata [NOTEBOOKS_DIR] [--check]``
+``python -m grpo_lab.instructor.nbgrader_metadata [NOTEBOOKS_DIR] [--check]``
 derives every notebook's nbgrader metadata from its solution markers and
 ``rubric.toml``, so ``nbgrader generate_assignment`` and ``nbgrader autograde``
 work on the notebooks as they are:
@@ -41,16 +41,16 @@ import nbformat
 from nbconvert.preprocessors import Preprocessor
 from traitlets import Bool
 
-from grpo_lab.teaching.grading import ANSWER_STUB, NOT_ATTEMPTED_TEXT
-from grpo_lab.teaching.rubric import (
+from grpo_lab.instructor.grading import ANSWER_STUB, NOT_ATTEMPTED_TEXT
+from grpo_lab.instructor.rubric import (
     Question,
     Rubric,
     find_exercises,
     load_rubric,
     notebook_number,
 )
-from grpo_lab.teaching.shipped_notebooks import PACKAGE_DIR
-from grpo_lab.teaching.student import is_walk_through
+from grpo_lab.instructor.shipped_notebooks import PACKAGE_DIR
+from grpo_lab.instructor.student import is_walk_through
 
 QUESTIONS_TAG = "questions"
 QUESTIONS_HEADING = (
@@ -240,7 +240,7 @@ def autograde_preprocessors() -> list[type]:
 def main(argv: list[str] | None = None) -> int:
     """Write (or with --check, compare) every notebook's nbgrader metadata."""
     parser = argparse.ArgumentParser(
-        prog="python -m grpo_lab.teaching.nbgrader_metadata"
+        prog="python -m grpo_lab.instructor.nbgrader_metadata"
     )
     parser.add_argument(
         "notebooks_dir", nargs="?", default=PACKAGE_DIR.parent / "notebooks"

@@ -2,7 +2,7 @@
 as it answers.
 
 :class:`ContainedKernelManager` starts the kernel command under the sandbox's
-warden (:mod:`grpo_lab.teaching.sandbox`) and hands out a :class:`ReadyClient`.
+warden (:mod:`grpo_lab.instructor.sandbox`) and hands out a :class:`ReadyClient`.
 
 jupyter_client's ``wait_for_ready`` sits idle twice after the kernel has
 answered ``kernel_info``: it waits up to 0.2 s for an IOPub message (to see

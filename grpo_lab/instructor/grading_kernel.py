@@ -1,6 +1,6 @@
 """The grading kernel's side: the course's check out of the student's reach.
 
-The grader (:mod:`grpo_lab.teaching.grading`) runs :func:`bootstrap` in each fresh
+The grader (:mod:`grpo_lab.instructor.grading`) runs :func:`bootstrap` in each fresh
 kernel before any student code. It takes the result channel (a file descriptor
 the grader opened and named in ``GRPO_LAB_RESULT_FD``, which it removes from
 the environment), and keeps its own references to ``os.write`` and to the JSON
@@ -12,13 +12,13 @@ state of the modules a verdict depends on (``torch`` and the comparison
 functions, ``json``, ``builtins``, every ``grpo_lab`` module, their functions'
 code and their classes' attributes). The kernel is then the pristine parent:
 for the first exercise :func:`grade` forks a child
-(:class:`grpo_lab.teaching.grading_child.Child`) that holds none of the
+(:class:`grpo_lab.instructor.grading_child.Child`) that holds none of the
 parent's descriptors, secrets or memory access, and every student cell runs
 there (:func:`student_part`: the cells not run yet, in the child's namespace,
 so a helper in one cell is there for the next; a later exercise reuses the
 child). The parent runs the course's check cell itself, in a copy of its own
 namespace, with the student's function replaced by a
-:class:`~grpo_lab.teaching.grading_child.RemoteFunction` that calls it in the
+:class:`~grpo_lab.instructor.grading_child.RemoteFunction` that calls it in the
 child (values, arguments' state and gradients come back as plain data), so a
 patched check, torch comparison, ``json`` or private state of this module
 changes the child only. What the child says can only lower a verdict: a cell
@@ -356,7 +356,7 @@ def guarded(
 
 def bootstrap() -> None:
     """Take the result channel and record the world; run once per kernel, first."""
-    from grpo_lab.teaching import grading_refusal
+    from grpo_lab.instructor import grading_refusal
 
     if "channel" in _state:
         raise RuntimeError("bootstrap() runs once per kernel")
@@ -373,7 +373,7 @@ def bootstrap() -> None:
 def prepare(import_source: str) -> None:
     """Import what the check cells import, then record the world; run once per
     kernel, after the course's context cells and before any student code."""
-    from grpo_lab.teaching.grading_child import warm_up
+    from grpo_lab.instructor.grading_child import warm_up
 
     exec(compile(import_source, "<check imports>", "exec"), {})
     warm_up()
@@ -395,7 +395,7 @@ def grade(
     the student's function called in the child; write its line.
     ``earlier_solutions`` (the course's) define the earlier exercises'
     functions, so this one is graded on its own code."""
-    from grpo_lab.teaching.grading_child import ChildLost
+    from grpo_lab.instructor.grading_child import ChildLost
 
     _take_the_cells_input()
     try:
@@ -428,7 +428,7 @@ def forked_verdict(
     RemoteFunction. What the child says can make the verdict worse (a cell
     that raised, a refused or missing function, a change its guard saw), never
     a pass. Raises Tampered and ChildLost."""
-    from grpo_lab.teaching.grading_child import RemoteFunction
+    from grpo_lab.instructor.grading_child import RemoteFunction
 
     child = _child(namespace)
     request = {
@@ -461,7 +461,7 @@ def _child_text(value: Any) -> str:
 def _child(namespace: dict[str, Any]) -> Any:
     """The kernel's child, forked once, before the first exercise: the
     student's code runs there, never here."""
-    from grpo_lab.teaching.grading_child import Child
+    from grpo_lab.instructor.grading_child import Child
 
     if "child" not in _state:
         _state["child"] = Child(
@@ -498,7 +498,7 @@ def _in_the_child(namespace: dict[str, Any]) -> None:
 def student_part(request: dict[str, Any], namespace: dict[str, Any]) -> dict[str, Any]:
     """In the child: run the student's cells, then serve the exercise's
     function (guarded, its counterparts hidden) for the calls to come."""
-    from grpo_lab.teaching.grading_child import serve_function
+    from grpo_lab.instructor.grading_child import serve_function
 
     serve_function(None)
     check_names = request["check_names"]
@@ -673,8 +673,8 @@ def run_student_cells(
 
 def run_check(check_source: str, names: dict[str, Any]) -> Verdict:
     """Run the course's check cell in ``names`` (the student's function guarded)."""
+    from grpo_lab.instructor.grading_child import ChildLost
     from grpo_lab.teaching.checks.framework import ExerciseFailed
-    from grpo_lab.teaching.grading_child import ChildLost
 
     printed = io.StringIO()
     try:
@@ -706,8 +706,8 @@ def case_counts(error: BaseException) -> tuple[int | None, int | None]:
     """``(cases passed, cases run)`` the check's CaseCount put on ``error``;
     ``(None, None)`` unless ``error`` is the check's ExerciseFailed or a
     built-in exception (a student's own class could fake its attributes)."""
+    from grpo_lab.instructor.grading_child import SolutionRaised
     from grpo_lab.teaching.checks.framework import ExerciseFailed
-    from grpo_lab.teaching.grading_child import SolutionRaised
 
     kind = type(error)
     made_here = kind in (ExerciseFailed, SolutionRaised)
@@ -763,7 +763,7 @@ def python_source(source: str) -> str:
 def one_line(error: BaseException) -> str:
     """``Type: message`` on one line."""
     text = " ".join(str(error).split())
-    child = sys.modules.get("grpo_lab.teaching.grading_child")
+    child = sys.modules.get("grpo_lab.instructor.grading_child")
     made = child is not None and isinstance(error, child.SolutionRaised)
     name = error.type_name if made else type(error).__name__  # type: ignore[attr-defined]
     return f"{name}: {text}" if text else name

@@ -3,7 +3,7 @@
 In a grading kernel :func:`install` puts :func:`refuse_package_object` in the
 place of :func:`grpo_lab.teaching.checks.framework.refuse_package_function`:
 the exercise's counterparts are hidden while the student's code runs (see
-:mod:`grpo_lab.teaching.grading_kernel`), so a call of one of them, by any path,
+:mod:`grpo_lab.instructor.grading_kernel`), so a call of one of them, by any path,
 already fails with "not available while this exercise is graded"; what is left
 to refuse is a solution that *is* the package function (an alias, a partial, a
 wrapper). Names in comments, docstrings and strings, and a student's own

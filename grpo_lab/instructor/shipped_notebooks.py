@@ -2,13 +2,13 @@
 
 A wheel carries the *student copies* of the notebooks as
 ``grpo_lab/notebooks/*.ipynb`` (pyproject.toml maps the repository's
-``notebooks/`` folder there, and :mod:`grpo_lab.teaching.wheel_build` stubs
+``notebooks/`` folder there, and :mod:`grpo_lab.instructor.wheel_build` stubs
 their solutions at build time); a source checkout, and an editable install of
 one, has the course source itself in ``notebooks/`` beside the package, solutions
 included. ``grpo-lab notebooks DIR`` writes student copies into DIR from either,
 and ``grpo-lab student-notebooks`` reads them when it is given no ``--source``.
 The solved notebooks reach an instructor through ``grpo-lab instructor kit``
-(:mod:`grpo_lab.teaching.instructor_kit`), from a checkout.
+(:mod:`grpo_lab.instructor.instructor_kit`), from a checkout.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from grpo_lab.teaching.student import is_solution_source, notebook_text, student_copy
+from grpo_lab.instructor.student import is_solution_source, notebook_text, student_copy
 
-# The grpo_lab package folder (this file is grpo_lab/teaching/shipped_notebooks.py).
+# The grpo_lab package folder (this file is grpo_lab/instructor/shipped_notebooks.py).
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
 
@@ -48,7 +48,7 @@ def copy_notebooks(out_dir: str | Path, overwrite: bool = False) -> list[Path]:
     (created); the copies' paths.
 
     A student copy has no solution, hidden test or walk-through cell (see
-    :mod:`grpo_lab.teaching.student`), even when the shipped notebooks are the
+    :mod:`grpo_lab.instructor.student`), even when the shipped notebooks are the
     course source of a checkout. A notebook already in ``out_dir`` (perhaps a
     student's work) is kept unless ``overwrite``: then nothing is copied and
     FileExistsError names the notebooks in the way.

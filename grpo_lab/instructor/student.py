@@ -8,7 +8,7 @@ show the package function an exercise asks for, after its check) are left out
 of the student copy, and so are the lines from ``### BEGIN HIDDEN TESTS`` to
 ``### END HIDDEN TESTS`` of a check cell (cases only the grader runs, as in
 nbgrader). Used by ``grpo-lab student-notebooks``, by ``grpo-lab notebooks`` and
-when the wheel is built (:mod:`grpo_lab.teaching.wheel_build`): this module
+when the wheel is built (:mod:`grpo_lab.instructor.wheel_build`): this module
 needs no third-party package, and works on a notebook's JSON.
 """
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import nbformat
 
-from grpo_lab.teaching.student import BEGIN_MARKER
+from grpo_lab.instructor.student import BEGIN_MARKER
 
 RUBRIC_PATH = Path(__file__).with_name("rubric.toml")
 # The model answers' file, in the course source's notebooks folder.

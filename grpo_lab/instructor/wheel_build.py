@@ -3,14 +3,14 @@
 ``pyproject.toml`` names :class:`StudentNotebooksBuildPy` as setuptools'
 ``build_py``. After the usual copy of the packages into the build folder, every
 ``grpo_lab/notebooks/*.ipynb`` there (the repository's course notebooks) is
-replaced by its student copy (:func:`grpo_lab.teaching.student.student_copy`):
+replaced by its student copy (:func:`grpo_lab.instructor.student.student_copy`):
 no solution, hidden test, walk-through cell or output reaches the wheel. The
 course source stays in the repository's ``notebooks/``; the model answers
 (``notebooks/model_answers.toml``) are not package data at all.
 
 setuptools loads this file by its path, with no parent package imported and in
 a build environment that may hold setuptools alone, so it reads
-:mod:`grpo_lab.teaching.student` (standard library only) by path too.
+:mod:`grpo_lab.instructor.student` (standard library only) by path too.
 """
 
 from __future__ import annotations

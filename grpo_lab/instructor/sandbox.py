@@ -1,7 +1,7 @@
 """Run one grading kernel contained: limits, a write fence, and no survivor.
 
-``python -m grpo_lab.teaching.sandbox OPTIONS -- COMMAND...`` is the command the
-grader's kernel manager starts (see :mod:`grpo_lab.teaching.grading`). This
+``python -m grpo_lab.instructor.sandbox OPTIONS -- COMMAND...`` is the command the
+grader's kernel manager starts (see :mod:`grpo_lab.instructor.grading`). This
 process (the warden) is trusted and runs no student code. It
 
 * marks itself a child subreaper (``PR_SET_CHILD_SUBREAPER``), so every process
@@ -218,7 +218,7 @@ def _warden(kernel: int) -> int:
 
 
 def _arguments(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m grpo_lab.teaching.sandbox")
+    parser = argparse.ArgumentParser(prog="python -m grpo_lab.instructor.sandbox")
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--memory", type=int, default=0, help="RLIMIT_AS, bytes")
     parser.add_argument("--cpu", type=int, default=0, help="RLIMIT_CPU, seconds")
