@@ -547,6 +547,8 @@ def run_export(arguments: argparse.Namespace) -> int:
     bar over its two stages (on a terminal, unless --no-progress)."""
     from tqdm.auto import tqdm
 
+    from grpo_lab.training.checkpoint import quiet_transformers
+
     with tqdm(
         total=2, desc=f"export {arguments.target}", unit="stage",
         disable=True if arguments.no_progress else None,
@@ -555,7 +557,8 @@ def run_export(arguments: argparse.Namespace) -> int:
         config = _export_config(arguments)
         stages.update()
         stages.set_postfix_str("writing the launch folder")
-        written = _write_export(arguments, config)
+        with quiet_transformers():  # the stages bar stands for its shard bar
+            written = _write_export(arguments, config)
         stages.update()
     out_dir = Path(arguments.out_dir)
     print(f"wrote {len(written)} files to {out_dir}; see {out_dir / 'README.md'}")

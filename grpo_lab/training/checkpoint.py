@@ -244,7 +244,7 @@ def save_pretrained_atomically(model: Any, tokenizer: Any, folder: Path) -> None
     for leftover in (temporary, previous):
         shutil.rmtree(leftover, ignore_errors=True)
     try:
-        with _quiet_transformers():
+        with quiet_transformers():
             model.save_pretrained(temporary)
             tokenizer.save_pretrained(temporary)
         _fsync_files(temporary)
@@ -258,8 +258,9 @@ def save_pretrained_atomically(model: Any, tokenizer: Any, folder: Path) -> None
 
 
 @contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    """No "Writing model shards" bar at every checkpoint; restored after."""
+def quiet_transformers() -> Iterator[None]:
+    """No "Writing model shards" bar from transformers (at every checkpoint, in an
+    export); the setting is restored after."""
     from transformers.utils import logging as transformers_logging
 
     was_enabled = transformers_logging.is_progress_bar_enabled()
