@@ -827,7 +827,7 @@ def test_export_maps_lora_to_trl_peft_config_and_verl_settings():
     assert peft_config.modules_to_save == norms
     plain = dataclasses.replace(config, lora_train_norms=False)
     assert grpo_trl.peft_config_for(plain).modules_to_save is None
-    with pytest.raises(ValueError, match=r"^lora_train_norms must be false .* verl"):
+    with pytest.raises(ValueError, match=r"^lora_train_norms must be False .* verl"):
         verl.lora_overrides(config)
     config = plain  # verl's own LoRA settings
     assert grpo_trl.peft_config_for(TrainConfig.for_profile("cpu")) is None

@@ -40,6 +40,7 @@ REFUSED_VALUES = {
     "mask_truncated_completions": True,
     "overlong_buffer": 16,
     "lora_dropout": 0.05,
+    "lora_train_norms": True,
 }
 
 
@@ -65,7 +66,13 @@ def configs() -> list[TrainConfig]:
     """Configs that between them make every row write something."""
     return [
         gpu_config(),
-        gpu_config(lora_rank=8, lora_alpha=16, lora_lr=1e-5, lora_dropout=0.0),
+        gpu_config(
+            lora_rank=8,
+            lora_alpha=16,
+            lora_lr=1e-5,
+            lora_dropout=0.0,
+            lora_train_norms=False,
+        ),
         gpu_config(loss_normalization="constant", normalization_constant=256),
         gpu_config(chat_template=False),
     ]

@@ -280,7 +280,7 @@ def _lora_train_norms(config: Any, target: Target) -> dict[str, Any]:
     if config.lora_rank > 0 and config.lora_train_norms:
         raise _refuse(
             "lora_train_norms",
-            "false (verl's LoRA has no modules_to_save)",
+            "False (verl's LoRA has no modules_to_save)",
             config.lora_train_norms,
         )
     return {}
@@ -540,7 +540,7 @@ EXPORTS: dict[str, Export] = {
     ),
     "lora_dropout": E(_lora_dropout, "refused unless 0 (not exported)"),
     "lora_train_norms": E(
-        _lora_train_norms, "refused unless false (verl's LoRA has no modules_to_save)"
+        _lora_train_norms, "refused unless False (verl's LoRA has no modules_to_save)"
     ),
     "lora_lr": E(
         _with_adapters(f"{ACTOR}.optim.lr", lambda c: c.lora_lr),
