@@ -196,3 +196,18 @@ def test_a_notes_cases_are_what_its_converter_writes(configs):
         "max_grad_norm",
         "ratio_cap",
     ]
+
+
+def test_every_field_is_exported_not_training_or_default_only():
+    from grpo_lab.integrations.verl_settings import (
+        NOT_TRAINING_SETTINGS,
+        exported_fields,
+    )
+
+    names = [field.name for field in dataclasses.fields(TrainConfig)]
+    assert not set(EXPORTS) & set(NOT_TRAINING_SETTINGS)
+    assert set(EXPORTS) | set(NOT_TRAINING_SETTINGS) <= set(names)  # none gone
+    rowless = [n for n in names if n not in EXPORTS and n not in NOT_TRAINING_SETTINGS]
+    listed = exported_fields()
+    assert sorted(listed) == sorted(names)
+    assert [n for n in names if listed[n] == "refused unless default"] == rowless

@@ -13,10 +13,11 @@ equal for is refused with a ``UserError`` that names it, unless
   (global batch rows x max_completion_length);
 - the learning-rate warm-up, counted in GRPO steps from lr / lr_warmup_steps.
 
-Every field is in exactly one of :data:`TRANSLATIONS`,
-:data:`LAUNCH_SETTINGS` (read by the launch folder's ``train.py``) and
-:data:`NOT_TRAINING_SETTINGS` (no effect on the numbers). What changes at scale
-(several processes) is in the README's "When you outgrow one GPU".
+A field is in at most one of :data:`TRANSLATIONS`, :data:`LAUNCH_SETTINGS`
+(read by the launch folder's ``train.py``) and :data:`NOT_TRAINING_SETTINGS`
+(no effect on the numbers); one in none is refused unless it has no effect
+(:mod:`~grpo_lab.integrations.unrowed`). Scale: the README's "When you outgrow
+one GPU".
 
 This module is the table only (it imports neither trl nor datasets); the
 package docstring lists the other jobs' modules, and :data:`MOVED` the names
@@ -34,6 +35,9 @@ import torch
 
 from grpo_lab.errors import UserError
 from grpo_lab.integrations.cluster import refusal_counts, split_rows
+from grpo_lab.integrations.trl_batch_rules import trl_batch_problem
+from grpo_lab.integrations.unrowed import DEFAULT_ONLY_NOTE, check_unrowed
+from grpo_lab.integrations.unrowed import unrowed_fields as _unrowed
 from grpo_lab.losses import effective_cliprange_high
 from grpo_lab.tasks import get_task
 from grpo_lab.training.config import TrainConfig, inert_settings
@@ -47,6 +51,12 @@ FIX = "see the README's 'When you outgrow one GPU'"
 
 def _refuse(field: str, value: Any, why: str, fix: str = FIX) -> UserError:
     return UserError(f"{field} {value!r} cannot run on TRL's GRPOTrainer: {why}", fix)
+
+
+def _no_counterpart(field: str, value: Any, default: Any) -> UserError:
+    problem = f"{field} {value!r}: TRL's GRPOTrainer has no counterpart for {field}"
+    fix = f"set it to its default {default!r} or train with grpo_lab"
+    return UserError(problem, fix)
 
 
 # --- batches and schedule -------------------------------------------------------
@@ -97,27 +107,6 @@ def data_parallel_batch(config: TrainConfig, num_processes: int) -> dict[str, in
         "per_device_train_batch_size": per_device,
         "gradient_accumulation_steps": steps,
     }
-
-
-def trl_batch_problem(arguments: dict[str, Any], num_processes: int) -> str | None:
-    """What TRL 1.16's ``GRPOConfig`` would refuse in ``arguments`` on
-    ``num_processes`` processes (None: nothing), by its own rules: the
-    generation batch divides by per_device_train_batch_size x processes and
-    by num_generations, and the global eval batch by num_generations."""
-    global_batch = arguments["per_device_train_batch_size"] * num_processes
-    generations = arguments["num_generations"]
-    if arguments["generation_batch_size"] % global_batch:
-        return (
-            f"generation_batch_size ({arguments['generation_batch_size']}) must be "
-            f"divisible by the global batch size ({global_batch})"
-        )
-    if arguments["generation_batch_size"] % generations:
-        return "generation_batch_size must be divisible by num_generations"
-    evaluates = arguments.get("eval_strategy", "no") != "no"
-    eval_batch = arguments.get("per_device_eval_batch_size", 8) * num_processes
-    if evaluates and eval_batch % generations:
-        return f"the global eval batch ({eval_batch}) must divide by {generations}"
-    return None
 
 
 def _train_batch(config: TrainConfig, num_processes: int) -> dict[str, Any]:
@@ -668,17 +657,23 @@ NOT_TRAINING_SETTINGS: dict[str, str] = {
 }
 
 
+# Which fields have a row (a field in none falls under check_unrowed).
+_TABLES = (TRANSLATIONS, LAUNCH_SETTINGS, NOT_TRAINING_SETTINGS)
+
+
 def to_trl_config(config: TrainConfig, *, num_processes: int = 1) -> dict[str, Any]:
     """GRPOConfig keyword arguments for ``config`` (without ``output_dir``).
 
-    Applies every row of :data:`TRANSLATIONS`; a setting TRL cannot run raises
-    ``UserError`` naming it, unless it has no effect in ``config``
+    Applies every row of :data:`TRANSLATIONS`; a setting TRL cannot run (or a
+    field with no row, away from its default) raises ``UserError`` naming it,
+    unless it has no effect in ``config``
     (:func:`grpo_lab.training.config.inert_settings`). ``num_processes`` is the
     number of data-parallel processes: the global batch sizes stay the
     config's, the per-device one shrinks.
     """
     if not isinstance(num_processes, int) or num_processes < 1:
         raise ValueError(f"num_processes must be a positive int, got {num_processes!r}")
+    check_unrowed(config, _TABLES, _no_counterpart)
     inert = inert_settings(config)
     arguments: dict[str, Any] = {}
     for name, translation in TRANSLATIONS.items():
@@ -744,12 +739,16 @@ def constant_loss_scale(config: TrainConfig) -> float:
     return config.train_batch_size * length / config.normalization_constant
 
 
-def translation_table() -> str:
-    """:data:`TRANSLATIONS` as a markdown table (field | TRL | how)."""
+def translation_table(*, config_class: type = TrainConfig) -> str:
+    """:data:`TRANSLATIONS` as a markdown table (field | TRL | how), then each
+    field of ``config_class`` in no table, refused unless default."""
     rows = ["| grpo_lab field | GRPOConfig | how |", "|---|---|---|"]
     for name, translation in TRANSLATIONS.items():
         trl_names = ", ".join(f"`{n}`" for n in translation.trl_names) or "—"
         rows.append(f"| `{name}` | {trl_names} | {translation.note} |")
+    rows += [
+        f"| `{n}` | — | {DEFAULT_ONLY_NOTE} |" for n in _unrowed(config_class, _TABLES)
+    ]
     return "\n".join(rows)
 
 

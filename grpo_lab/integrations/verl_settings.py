@@ -6,9 +6,10 @@ of verl 0.9.1's ``ppo_trainer``, as TRL's ``Translation`` rows are for
 field's overrides (or refuses, naming the field, a value verl cannot carry)
 and the note the launch README and the tests read. :data:`NOT_TRAINING_SETTINGS`
 holds the fields with no counterpart in a verl run, and why nothing is lost;
-every field is in exactly one of the two. :func:`launch_overrides` applies the
-rows in order (a later row's key wins: with adapters, ``lora_lr`` replaces
-``lr``'s rate).
+a field is in at most one of the two, and one in neither is refused unless it
+has no effect (:mod:`~grpo_lab.integrations.unrowed`). :func:`launch_overrides`
+applies the rows in order (a later row's key wins: with adapters, ``lora_lr``
+replaces ``lr``'s rate).
 """
 
 from __future__ import annotations
@@ -19,12 +20,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpo_lab.integrations.cluster import Cluster, refusal_counts, split_rows
+from grpo_lab.integrations.unrowed import (
+    DEFAULT_ONLY_NOTE,
+    check_unrowed,
+    unrowed_fields,
+)
 from grpo_lab.integrations.verl import (
     DEFAULT_ADVANTAGE_EPS,
     LOSS_PREFIX,
     estimator_name,
 )
 from grpo_lab.losses import effective_cliprange_high
+from grpo_lab.training.config import TrainConfig
 from grpo_lab.training.parsers import parse_report_to
 
 ACTOR = "actor_rollout_ref.actor"
@@ -75,6 +82,11 @@ def _refused_unless(name: str, allowed: Callable[[Any], bool], expected: str):
         return {}
 
     return convert
+
+
+def _no_counterpart(name: str, value: object, default: object) -> ValueError:
+    expected = f"its default {default!r} (verl has no counterpart for {name}: "
+    return _refuse(name, expected + "train with grpo_lab otherwise)", value)
 
 
 def _nothing(config: Any, target: Target) -> dict[str, Any]:
@@ -590,8 +602,10 @@ def launch_overrides(
 ) -> dict[str, Any]:
     """Every Hydra override of verl's ppo_trainer a run of ``config`` on
     ``cluster`` (default: one GPU) needs, row by row of :data:`EXPORTS`; paths
-    are relative to the folder. A value verl cannot carry raises ``ValueError``
-    naming its field."""
+    are relative to the folder. A value verl cannot carry (or a field with no
+    row, away from its default and not inert) raises ``ValueError`` naming its
+    field."""
+    check_unrowed(config, (EXPORTS, NOT_TRAINING_SETTINGS), _no_counterpart)
     target = Target(cluster or Cluster(), max_prompt_length)
     overrides: dict[str, Any] = {}
     for row in EXPORTS.values():
@@ -599,9 +613,12 @@ def launch_overrides(
     return overrides
 
 
-def exported_fields() -> dict[str, str]:
-    """Every TrainConfig field with where it goes (or why it has no place)."""
-    return {**EXPORTED_SETTINGS, **NOT_TRAINING_SETTINGS}
+def exported_fields(*, config_class: type = TrainConfig) -> dict[str, str]:
+    """Every field of ``config_class`` with where it goes (or why it has no
+    place; a field with no row: refused unless default)."""
+    tables = (EXPORTS, NOT_TRAINING_SETTINGS)
+    unrowed = dict.fromkeys(unrowed_fields(config_class, tables), DEFAULT_ONLY_NOTE)
+    return {**EXPORTED_SETTINGS, **NOT_TRAINING_SETTINGS, **unrowed}
 
 
 def lora_overrides(config: Any) -> dict[str, Any]:

@@ -444,7 +444,8 @@ def test_every_train_config_field_is_mapped_or_explained():
 
     names = {f.name for f in dataclasses.fields(TrainConfig)}
     assert not set(EXPORTED_SETTINGS) & set(NOT_TRAINING_SETTINGS)
-    assert names == set(EXPORTED_SETTINGS) | set(NOT_TRAINING_SETTINGS)
+    # A field in neither is refused unless default (tests/test_unrowed.py).
+    assert set(EXPORTED_SETTINGS) | set(NOT_TRAINING_SETTINGS) <= names
     assert all(reason.strip() for reason in NOT_TRAINING_SETTINGS.values())
 
 
