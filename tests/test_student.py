@@ -196,10 +196,7 @@ def run_code_cells(path: Path, cell_timeout: float = 300.0) -> str:
     sent, and reads it only when its per-cell timeout expires.
     """
     notebook = nbformat.read(path, as_version=4)
-    manager, client = start_new_kernel(
-        cwd=str(path.parent),  # runs/ written by the notebooks stay in tmp
-        env={**os.environ, "GRPO_LAB_PROFILE": "smoke"},
-    )
+    manager, client = _started_kernel(path.parent)
     printed: list[str] = []
     try:
         for index, cell in enumerate(notebook.cells):
@@ -214,6 +211,21 @@ def run_code_cells(path: Path, cell_timeout: float = 300.0) -> str:
         client.stop_channels()
         manager.shutdown_kernel(now=True)
     return "".join(printed)
+
+
+def _started_kernel(folder: Path):
+    """A kernel in ``folder`` on the smoke profile, and its client. A start whose
+    kernel_info handshake is lost (seen once in 2,700 tests, with other kernels
+    starting beside it) is retried once in a fresh kernel: what these tests check
+    is the notebook, not jupyter_client's start."""
+    options = {
+        "cwd": str(folder),  # runs/ written by the notebooks stay in tmp
+        "env": {**os.environ, "GRPO_LAB_PROFILE": "smoke"},
+    }
+    try:
+        return start_new_kernel(**options)
+    except RuntimeError:  # jupyter_client shut the unresponsive kernel down
+        return start_new_kernel(**options)
 
 
 def _stream_text_until_idle(client, request: str, timeout: float) -> list[str]:
