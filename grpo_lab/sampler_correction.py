@@ -150,7 +150,7 @@ def sampler_correction_weights(
     outside [low, high]); ``is_sequence_corrected_fraction``: responses with at
     least one such token, among responses with a response token.
     """
-    check_sampler_correction(mode, cap, low, high, caller="correction_weights")
+    check_sampler_correction(mode, cap, low, high, caller="sampler_correction_weights")
     return sampler_weights_and_metrics(
         trainer_log_probs, sampler_log_probs, response_mask, mode, cap, low, high
     )

@@ -734,3 +734,11 @@ def test_sampler_rows_must_match_the_response_tokens():
     rollouts.sampler_log_probs = [[-0.5]]
     with pytest.raises(ValueError, match="one value per response token"):
         loop.sampler_log_prob_batch(rollouts, mask)
+
+
+def test_a_bad_bound_names_the_function_that_was_called():
+    trainer = SAMPLER + RATIOS.log()  # (B, T)
+    with pytest.raises(ValueError, match=r"sampler_correction_weights's cap"):
+        sampler_correction_weights(trainer, SAMPLER, MASK, mode="token_truncate", cap=0)
+    with pytest.raises(ValueError, match=r"\(correction_weights's cap"):
+        correction_weights(trainer, SAMPLER, MASK, mode="token_truncate", cap=0.0)
