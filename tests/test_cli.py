@@ -6,7 +6,6 @@ import contextlib
 import json
 import shutil
 import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -420,12 +419,14 @@ def test_plot_writes_curves(tmp_path, capsys):
 
 
 def test_student_notebooks_calls_the_writer(tmp_path, monkeypatch, capsys):
+    from grpo_lab.instructor import student
+
     calls = []
-    fake = types.ModuleType("grpo_lab.instructor.student")
-    fake.write_student_notebooks = lambda source, out: (
-        calls.append((source, out)) or [out]
+    monkeypatch.setattr(
+        student,
+        "write_student_notebooks",
+        lambda source, out: calls.append((source, out)) or [out],
     )
-    monkeypatch.setitem(sys.modules, "grpo_lab.instructor.student", fake)
     source = tmp_path / "notebooks"
     source.mkdir()
     assert (

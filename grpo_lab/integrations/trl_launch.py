@@ -36,6 +36,7 @@ from grpo_lab.integrations.trl import (
     grpo_lab_trainer_reasons,
     to_trl_config,
 )
+from grpo_lab.integrations.unrowed import field_defaults
 from grpo_lab.training.config import TrainConfig
 
 VLLM_MODES = ("colocate", "server")
@@ -359,22 +360,12 @@ def engine_default_changes(arguments: dict[str, Any]) -> list[tuple[str, Any, An
     the export sets to something other than TRL 1.16's default."""
     from trl import GRPOConfig
 
-    defaults = {**_field_defaults(GRPOConfig), **POST_INIT_DEFAULTS}
+    defaults = {**field_defaults(GRPOConfig), **POST_INIT_DEFAULTS}
     return [
         (name, defaults[name], value)
         for name, value in sorted(arguments.items())
         if name in defaults and defaults[name] != value
     ]
-
-
-def _field_defaults(cls: type) -> dict[str, Any]:
-    values = {}
-    for field in dataclasses.fields(cls):
-        if field.default is not dataclasses.MISSING:
-            values[field.name] = field.default
-        elif field.default_factory is not dataclasses.MISSING:
-            values[field.name] = field.default_factory()
-    return values
 
 
 def _defaults_note(arguments: dict[str, Any]) -> str:

@@ -20,12 +20,21 @@ from grpo_lab.training.config import inert_settings
 DEFAULT_ONLY_NOTE = "refused unless default"
 
 
+def field_defaults(config_class: type) -> dict[str, Any]:
+    """Each dataclass field's default (its factory's value, if any); fields
+    without one are left out."""
+    values = {}
+    for found in dataclasses.fields(config_class):
+        if found.default is not dataclasses.MISSING:
+            values[found.name] = found.default
+        elif found.default_factory is not dataclasses.MISSING:
+            values[found.name] = found.default_factory()
+    return values
+
+
 def field_default(config_class: type, name: str) -> Any:
     """The dataclass default of field ``name`` (its factory's value, if any)."""
-    (found,) = [f for f in dataclasses.fields(config_class) if f.name == name]
-    if found.default_factory is not dataclasses.MISSING:
-        return found.default_factory()
-    return found.default
+    return field_defaults(config_class)[name]
 
 
 def unrowed_fields(config_class: type, tables: Iterable[Iterable[str]]) -> list[str]:
