@@ -70,6 +70,18 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
+
+from grpo_lab.instructor.grading_child import (
+    Child,
+    ChildLost,
+    RemoteFunction,
+    SolutionRaised,
+    serve_function,
+    warm_up,
+)
+from grpo_lab.instructor.tampering import Tampered
+
 RESULT_FD_VARIABLE = "GRPO_LAB_RESULT_FD"
 TAMPERED_PREFIX = "the solution changed the grader's world: "
 RESTART_TEXT = "(the kernel is replaced)"
@@ -120,8 +132,6 @@ def _guarded_modules() -> dict[str, types.ModuleType]:
 
 def _record() -> dict[str, Any]:
     """What the guard compares: module dicts, function internals, class dicts."""
-    import torch
-
     modules = _guarded_modules()
     owners: dict[str, Any] = {"torch.Tensor": torch.Tensor, **modules}
     functions: dict[int, tuple[Any, tuple[Any, ...]]] = {}
@@ -192,8 +202,6 @@ def _put_back(owner: Any, key: str, value: Any) -> None:
 
 
 def _modes_and_threads() -> list[str]:
-    import torch
-
     found = []
     if torch._C._len_torch_function_stack() > 0:
         found.append("a torch function mode left on")
@@ -206,10 +214,6 @@ def _modes_and_threads() -> list[str]:
     if threading.active_count() > _state["threads"]:
         found.append("a thread started by the solution")
     return found
-
-
-class Tampered(Exception):
-    """The solution changed something the verdict depends on."""
 
 
 def check_world(where: str) -> None:
@@ -306,8 +310,6 @@ def hidden(functions: list[types.FunctionType]) -> Iterator[None]:
 
 def plain(value: Any, where: str = "the result") -> Any:
     """``value`` if it is built of plain types; else ValueError naming what is not."""
-    import torch
-
     kind = type(value)
     if kind in PLAIN_TYPES or kind in (torch.Tensor, torch.nn.Parameter):
         return value
@@ -373,8 +375,6 @@ def bootstrap() -> None:
 def prepare(import_source: str) -> None:
     """Import what the check cells import, then record the world; run once per
     kernel, after the course's context cells and before any student code."""
-    from grpo_lab.instructor.grading_child import warm_up
-
     exec(compile(import_source, "<check imports>", "exec"), {})
     warm_up()
     _state["threads"] = threading.active_count()
@@ -395,8 +395,6 @@ def grade(
     the student's function called in the child; write its line.
     ``earlier_solutions`` (the course's) define the earlier exercises'
     functions, so this one is graded on its own code."""
-    from grpo_lab.instructor.grading_child import ChildLost
-
     _take_the_cells_input()
     try:
         verdict = forked_verdict(
@@ -428,8 +426,6 @@ def forked_verdict(
     RemoteFunction. What the child says can make the verdict worse (a cell
     that raised, a refused or missing function, a change its guard saw), never
     a pass. Raises Tampered and ChildLost."""
-    from grpo_lab.instructor.grading_child import RemoteFunction
-
     child = _child(namespace)
     request = {
         "cells": list(cells),
@@ -461,8 +457,6 @@ def _child_text(value: Any) -> str:
 def _child(namespace: dict[str, Any]) -> Any:
     """The kernel's child, forked once, before the first exercise: the
     student's code runs there, never here."""
-    from grpo_lab.instructor.grading_child import Child
-
     if "child" not in _state:
         _state["child"] = Child(
             {"cells": lambda request: student_part(request, namespace)},
@@ -498,8 +492,6 @@ def _in_the_child(namespace: dict[str, Any]) -> None:
 def student_part(request: dict[str, Any], namespace: dict[str, Any]) -> dict[str, Any]:
     """In the child: run the student's cells, then serve the exercise's
     function (guarded, its counterparts hidden) for the calls to come."""
-    from grpo_lab.instructor.grading_child import serve_function
-
     serve_function(None)
     check_names = request["check_names"]
     hide = [f for name in check_names for f in counterpart_functions(name)]
@@ -673,7 +665,6 @@ def run_student_cells(
 
 def run_check(check_source: str, names: dict[str, Any]) -> Verdict:
     """Run the course's check cell in ``names`` (the student's function guarded)."""
-    from grpo_lab.instructor.grading_child import ChildLost
     from grpo_lab.teaching.checks.framework import ExerciseFailed
 
     printed = io.StringIO()
@@ -706,7 +697,6 @@ def case_counts(error: BaseException) -> tuple[int | None, int | None]:
     """``(cases passed, cases run)`` the check's CaseCount put on ``error``;
     ``(None, None)`` unless ``error`` is the check's ExerciseFailed or a
     built-in exception (a student's own class could fake its attributes)."""
-    from grpo_lab.instructor.grading_child import SolutionRaised
     from grpo_lab.teaching.checks.framework import ExerciseFailed
 
     kind = type(error)
@@ -763,7 +753,6 @@ def python_source(source: str) -> str:
 def one_line(error: BaseException) -> str:
     """``Type: message`` on one line."""
     text = " ".join(str(error).split())
-    child = sys.modules.get("grpo_lab.instructor.grading_child")
-    made = child is not None and isinstance(error, child.SolutionRaised)
+    made = isinstance(error, SolutionRaised)
     name = error.type_name if made else type(error).__name__  # type: ignore[attr-defined]
     return f"{name}: {text}" if text else name
