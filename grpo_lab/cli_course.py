@@ -164,6 +164,7 @@ def run_grade(arguments: argparse.Namespace) -> int:
             "pip install nbformat nbclient ipykernel; the dev extra includes them",
         ) from error
     try:
+        grading.check_output(arguments.out)
         grades = grading.grade_submissions(
             arguments.submissions_dir,
             notebooks_dir=arguments.notebooks,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import inspect
+import json
 import os
 import re
 import subprocess
@@ -290,24 +291,174 @@ def test_csv_columns_and_points(tmp_path):
     ]
 
 
+OUT = ["--out", "{tmp}/g.csv"]
 BAD_GRADE_INVOCATIONS = {
-    "missing folder": (["{tmp}/nowhere"], "submissions_dir must be a folder"),
-    "no student folders": (["{tmp}/empty"], "must hold one folder per student"),
-    "zero timeout": (["{tmp}/empty", "--timeout", "0"], "timeout must be a positive"),
-    "zero jobs": (["{tmp}/empty", "-j", "0"], "jobs must be a positive integer"),
+    "missing folder": (["{tmp}/nowhere", *OUT], "submissions_dir must be a folder"),
+    "no student folders": (["{tmp}/empty", *OUT], "must hold one folder per student"),
+    "zero jobs": (["{tmp}/class", "-j", "0", *OUT], "jobs must be a positive integer"),
+    # Each refused before any kernel starts (a class with a written answer).
+    "missing notebooks": (
+        ["{tmp}/class", "--notebooks", "{tmp}/nope", *OUT],
+        "notebooks_dir must be a folder of course notebooks",
+    ),
+    "notebooks without any": (
+        ["{tmp}/class", "--notebooks", "{tmp}/empty", *OUT],
+        "notebooks_dir must hold the course's NN_*.ipynb notebooks",
+    ),
+    **{
+        f"{value} timeout": (
+            ["{tmp}/class", "--timeout", value, *OUT],
+            "timeout must be a positive, finite number of seconds",
+        )
+        for value in ("0", "-5", "inf", "nan", "1e300")
+    },
+    "out is a folder": (
+        ["{tmp}/class", "--out", "{tmp}/empty"],
+        "out must name a CSV file, got the folder",
+    ),
+    "out under a file": (
+        ["{tmp}/class", "--out", "{tmp}/a_file/g.csv"],
+        "out must be a file the grader can write",
+    ),
 }
 
 
 @pytest.mark.parametrize("name", BAD_GRADE_INVOCATIONS)
-def test_bad_grade_invocations_print_one_line_and_exit_2(name, tmp_path, capsys):
+def test_bad_grade_invocations_print_one_line_and_exit_2(
+    name, tmp_path, capsys, monkeypatch
+):
+    def no_kernel(*args, **kwargs):
+        raise AssertionError("a kernel was started for a refused invocation")
+
+    monkeypatch.setattr(grading, "_Kernel", no_kernel)
     (tmp_path / "empty").mkdir()
+    (tmp_path / "a_file").write_text("not a folder")
+    submit(tmp_path / "class", "ann", with_helper_cell(course()))
     argv, expected = BAD_GRADE_INVOCATIONS[name]
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
-    code = cli.main(["grade", *argv, "--out", str(tmp_path / "g.csv")])
+    code = cli.main(["grade", *argv])
     lines = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(lines) == 1
-    assert lines[0].startswith("grpo-lab grade: ") and expected in lines[0]
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("grpo-lab grade: ") and expected in lines[0], lines
     assert not (tmp_path / "g.csv").exists()
+    assert [p.name for p in (tmp_path / "empty").iterdir()] == []
+
+
+# --- one class, one table ------------------------------------------------------------
+
+
+def _malformed(key, change) -> str:
+    """A solved copy of ``key`` as JSON text, its solution cell given to
+    ``change(cell)``."""
+    (exercise,) = find_exercises(key, NAME)
+    copy = json.loads(nbformat.writes(with_helper_cell(key)))
+    change(copy["cells"][exercise.solution_index])
+    return json.dumps(copy)
+
+
+def _write(folder, name: str, text: str | bytes) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    data = text.encode() if isinstance(text, str) else text
+    (folder / name).write_bytes(data)
+
+
+def _malformed_class(root, outside) -> dict[str, str]:
+    """One student per malformed notebook, beside two honest students; the
+    message (or outcome) each malformed one's exercise must get."""
+    key = course()
+    submit(root, "honest_alice", with_helper_cell(key))
+    submit(root, "honest_bob", student_notebook(key, NAME))
+    untouched = nbformat.writes(student_notebook(key, NAME))
+    clash = nbformat.from_dict(student_notebook(key, NAME))
+    for cell in clash.cells:
+        cell["id"] = "same"
+    kinds = {
+        "tags_not_a_list": (lambda c: c["metadata"].update(tags=5), "metadata.tags"),
+        "tags_not_strings": (
+            lambda c: c["metadata"].update(tags=[["x"]]),
+            "metadata.tags",
+        ),
+        "metadata_not_a_dict": (lambda c: c.update(metadata=5), "metadata"),
+        "nbgrader_not_a_dict": (
+            lambda c: c["metadata"].update(nbgrader=5),
+            "metadata.nbgrader",
+        ),
+        "grade_id_not_a_str": (
+            lambda c: c["metadata"].update(nbgrader={"grade_id": 3}),
+            "grade_id",
+        ),
+        "missing_source": (lambda c: c.pop("source"), "source"),
+        "source_not_text": (lambda c: c.update(source=5), "source"),
+        "cell_type_not_text": (lambda c: c.update(cell_type=5), "cell"),
+    }
+    expected = {}
+    for student, (change, named) in kinds.items():
+        _write(root / student, NAME, _malformed(key, change))
+        expected[student] = named
+    _write(root / "id_clash", NAME, json.dumps(clash))
+    expected["id_clash"] = "not attempted"
+    from nbformat import v3
+
+    old_cells = [
+        v3.new_code_cell(input=c.source)
+        for c in student_notebook(key, NAME).cells
+        if c.cell_type == "code"
+    ]
+    old = v3.new_notebook(worksheets=[v3.new_worksheet(cells=old_cells)])
+    _write(root / "nbformat_3", NAME, v3.writes_json(old))  # upgraded on reading
+    expected["nbformat_3"] = "not attempted"
+    _write(root / "invalid_json", NAME, '{"cells": [')
+    expected["invalid_json"] = "cannot be read"
+    _write(root / "not_utf8", NAME, b"\xff\xfe" + untouched.encode())
+    expected["not_utf8"] = "cannot be read"
+    big = root / "huge" / NAME
+    big.parent.mkdir()
+    with open(big, "wb") as handle:  # 100 MB, sparse: no disk is spent
+        handle.truncate(100 << 20)
+    expected["huge"] = "larger than"
+    _write(root / "path_tricks", "03_..\n-- ; rm -rf ~.ipynb", untouched)
+    _write(root / "path_tricks_bytes", os.fsdecode(b"03_\xff\x1b[31m.ipynb"), untouched)
+    expected["path_tricks"] = expected["path_tricks_bytes"] = "not attempted"
+    # A link to a solved notebook outside the class: never read through.
+    nbformat.write(with_helper_cell(key), outside)
+    (root / "linked").mkdir()
+    (root / "linked" / NAME).symlink_to(outside)
+    expected["linked"] = f"{NAME} is a symbolic link"
+    (root / "piped").mkdir()
+    os.mkfifo(root / "piped" / NAME)  # opening it to read would wait forever
+    expected["piped"] = "not a plain file"
+    return expected
+
+
+@pytest.mark.slow
+def test_one_malformed_notebook_of_each_kind_leaves_the_class_graded(tmp_path, capsys):
+    """Every other student is graded, each malformed notebook's exercise is an
+    error with a one-line message (or, where nbformat mends it, graded), the
+    CSV is written and grading exits 0."""
+    root, outside = tmp_path / "class", tmp_path / "elsewhere.ipynb"
+    expected = _malformed_class(root, outside)
+    out = tmp_path / "grades.csv"
+    argv = ["grade", str(root), "--out", str(out), "--timeout", "30", "-j", "2"]
+    assert cli.main(argv) == 0
+    rows = [r for r in csv.DictReader(out.open()) if r["exercise"] == EXERCISE]
+    found = {r["student"]: r for r in rows}
+    assert set(found) == {"honest_alice", "honest_bob", *expected}
+    assert (found["honest_alice"]["outcome"], found["honest_alice"]["points"]) == (
+        "pass",
+        "3",
+    )
+    assert found["honest_bob"]["outcome"] == "not attempted"
+    for student, named in expected.items():
+        row = found[student]
+        assert row["points"] == "0", row
+        if named == "not attempted":
+            assert row["outcome"] == "not attempted", row
+            continue
+        assert row["outcome"] == "error" and named in row["message"], row
+        assert "\n" not in row["message"] and len(row["message"]) <= 200, row
+    assert "elsewhere" not in out.read_text()  # the link's target was not named
+    manual = [r for r in csv.DictReader(out.open()) if r["outcome"] == "manual"]
+    assert len(manual) == len(found) * len(load_rubric().questions_of("03"))
 
 
 def test_the_solutions_key_is_generated_with_every_exercise_and_answer(tmp_path):
