@@ -71,7 +71,7 @@ from grpo_lab.instructor.grading_plan import (  # noqa: F401 (read from here too
     solution_index,
     student_solution,
 )
-from grpo_lab.instructor.grading_refusal import pasted_counterpart
+from grpo_lab.instructor.grading_refusal import import_counterparts, pasted_counterpart
 from grpo_lab.instructor.rubric import (
     Exercise,
     Rubric,
@@ -303,7 +303,8 @@ def grade_submissions(
         if number in course
     ]
     for course_path in dict.fromkeys(entry[3] for entry in submitted):
-        course_exercises(course_path, rubric)  # the course's own faults, up front
+        course, exercises = course_exercises(course_path, rubric)  # faults up front
+        import_counterparts(notebook_checks(course, exercises))  # before any thread
     return _grade_all(submitted, rubric, limits, jobs, progress)
 
 
@@ -330,6 +331,7 @@ def _grade_all(
     progress: bool,
 ) -> list[Grade]:
     """Each submission's grades, in submission order, ``jobs`` at a time."""
+    import nbclient  # noqa: F401 (imported here once, not first in two threads)
     from tqdm.auto import tqdm
 
     results: list[list[Grade]] = [[] for _ in submitted]
@@ -554,6 +556,9 @@ def _run_exercises(
         return [(("not attempted", NOTHING_WRITTEN, None, None), "", 0.0)] * len(plans)
     results = []
     with tempfile.TemporaryDirectory(prefix="grpo-lab-grade-") as workdir:
+        # Another user (the student's process, see sandbox.confine_solution) may
+        # pass through to its own folder; it may not list, nor read the rest.
+        os.chmod(workdir, 0o711)
         (Path(workdir) / name).write_bytes(content)  # the folder holds this copy only
         kernel = _Kernel(course, workdir, [p.exercise for p in plans], limits)
         try:
@@ -855,7 +860,7 @@ def kernel_environment(workdir: str, result_fd: int) -> dict[str, str]:
     }
     environment = {key: str(Path(workdir) / sub) for key, sub in folders.items()}
     for folder in environment.values():
-        Path(folder).mkdir(parents=True, exist_ok=True)
+        Path(folder).mkdir(mode=0o700, parents=True, exist_ok=True)
     executable_dir = str(Path(sys.executable).parent)
     environment.update(
         {

@@ -113,6 +113,9 @@ GUARDED_MODULES = (
     "re",
 )
 GUARDED_PREFIXES = ("grpo_lab.", "grpo_lab")
+# The folder of the working folder where the student's process works (its
+# HOME and TMPDIR, the only place it may write).
+SCRATCH_FOLDER = "solution"
 PLAIN_TYPES = (bool, int, float, complex, str, bytes, type(None), slice, range)
 
 _state: dict[str, Any] = {}
@@ -363,7 +366,7 @@ def bootstrap() -> None:
     if "channel" in _state:
         raise RuntimeError("bootstrap() runs once per kernel")
     descriptor = int(os.environ.pop(RESULT_FD_VARIABLE))
-    grading_refusal.install()
+    grading_refusal.install(_scratch())
     _state["channel"] = (descriptor, os.fstat(descriptor).st_ino)
     _state["write"] = os.write
     _state["fstat"] = os.fstat
@@ -458,12 +461,21 @@ def _child(namespace: dict[str, Any]) -> Any:
     """The kernel's child, forked once, before the first exercise: the
     student's code runs there, never here."""
     if "child" not in _state:
+        scratch = _scratch()
         _state["child"] = Child(
             {"cells": lambda request: student_part(request, namespace)},
             on_start=lambda: _in_the_child(namespace),
+            scratch=scratch,
         )
         _drop_the_working_folder()
     return _state["child"]
+
+
+def _scratch() -> str:
+    """The student's own folder, in the working folder (made on first use)."""
+    scratch = os.path.join(os.getcwd(), SCRATCH_FOLDER)
+    os.makedirs(scratch, mode=0o700, exist_ok=True)
+    return scratch
 
 
 def _drop_the_working_folder() -> None:
