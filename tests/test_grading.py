@@ -441,6 +441,7 @@ def test_one_malformed_notebook_of_each_kind_leaves_the_class_graded(tmp_path, c
     out = tmp_path / "grades.csv"
     argv = ["grade", str(root), "--out", str(out), "--timeout", "30", "-j", "2"]
     assert cli.main(argv) == 0
+    assert f"note: {grading.PER_PROCESS_LIMITS}" in capsys.readouterr().out
     rows = [r for r in csv.DictReader(out.open()) if r["exercise"] == EXERCISE]
     found = {r["student"]: r for r in rows}
     assert set(found) == {"honest_alice", "honest_bob", *expected}

@@ -79,6 +79,7 @@ from grpo_lab.instructor.rubric import (
     load_rubric,
     notebook_number,
 )
+from grpo_lab.instructor.sandbox import confinement_gaps
 from grpo_lab.instructor.shipped_notebooks import PACKAGE_DIR, course_notebooks_dir
 
 # What the kernel reports for an exercise; "manual" is a written question's.
@@ -218,6 +219,18 @@ def course_notebooks(notebooks_dir: str | Path | None = None) -> dict[str, Path]
             f"in {folder}"
         )
     return found
+
+
+# Said with every grading run: the limits are not a cgroup's.
+PER_PROCESS_LIMITS = (
+    "memory and CPU limits hold per process of a kernel (RLIMIT_AS, "
+    "RLIMIT_CPU), not for its whole tree; processes are limited per user"
+)
+
+
+def containment_notes() -> list[str]:
+    """What the grader cannot fence on this system, for the grade output."""
+    return [*confinement_gaps(), PER_PROCESS_LIMITS]
 
 
 def check_timeout(timeout: float) -> None:
