@@ -98,3 +98,5 @@ class ContainedKernelManager(AsyncKernelManager):
             if descriptor is not None:
                 os.close(descriptor)
                 self.connection_descriptor = None
+            # jupyter_client writes the file again once the kernel is launched.
+            self.cleanup_connection_file()
