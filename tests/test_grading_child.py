@@ -8,6 +8,7 @@ import pickle
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -291,8 +292,23 @@ def _probe_routes() -> dict:
             return False
         return True
 
+    def many_processes() -> None:
+        born = []
+        try:
+            for _ in range(300):
+                pid = os.fork()
+                if pid == 0:
+                    time.sleep(30)
+                    os._exit(0)
+                born.append(pid)
+        finally:
+            for pid in born:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+
     parent = os.getppid()
     return {
+        "300 processes": opens(many_processes),
         "parent's command line": opens(lambda: open(f"/proc/{parent}/cmdline").read()),
         "parent's memory": opens(lambda: open(f"/proc/{parent}/mem", "rb").close()),
         "ptrace": ctypes.CDLL(None).ptrace(16, parent, 0, 0) == 0,
