@@ -51,7 +51,7 @@ verdict only when the line is the only one of its cell and carries the expected
 sequence number, and the cell itself ended cleanly; printed text and writes to
 file descriptors 1 and 2 are not read. :func:`run_exercise` and
 :func:`exercise_verdict` grade in one process (no child), for tests and tools
-outside a grading kernel. See the README's "For instructors" for what this does
+outside a grading kernel. See docs/instructors.md for what this does
 not defend against.
 """
 
