@@ -18,6 +18,17 @@ process (the warden) is trusted and runs no student code. It
   (the kernel manager's interrupt, sent to the process group) is ignored here
   and reaches the kernel.
 
+As root, before the kernel's fence, the warden also bridges, in a mount
+namespace of its own, the folders on the way to Python that the student's user
+may not enter (:func:`bridge_for_solutions`).
+
+The student's process (the kernel's forked child, see
+:mod:`grpo_lab.instructor.grading_child`) confines itself before any of the
+student's code runs (:func:`confine_solution`); so does a fresh Python process
+a check starts for the student's function (``python -m
+grpo_lab.instructor.sandbox --solution FOLDER -- COMMAND...``).
+:func:`confinement_gaps` says what of it this system does not allow.
+
 POSIX only; the fence and the subreaper are Linux only (elsewhere the limits
 alone apply, and :func:`fence_available` says so).
 """
