@@ -1100,8 +1100,8 @@ EXPECTED_MESSAGES = {
     "patched_in_call": "torch.allclose",
     "patched_json": "json.dumps",
     "patched_code": "the code of grpo_lab.teaching.checks.framework.assert_close",
-    # The solution's process holds no result channel to find: a plain fail.
-    "channel_forged": "0 of 4 cases passed; expected",
+    # The solution's process may not even look for the channel in /proc.
+    "channel_forged": "Permission denied: '/proc/self/fd'",
     "lying_tensor": "must be built of tensors",
     "function_mode": "a torch function mode",
     "memory_bomb": "MemoryError",
@@ -1184,8 +1184,11 @@ def _escape_answer(out, zoe_notebook) -> str:
         "    except OSError:\n"
         "        pass\n"
         f"attempt({str(zoe_notebook)!r}, 'overwritten')\n"
-        "warden = int(open(f'/proc/{os.getppid()}/status').read()"
+        "try:\n"
+        "    warden = int(open(f'/proc/{os.getppid()}/status').read()"
         ".split('PPid:')[1].split()[0])\n"
+        "except OSError:  # /proc is closed to the student's process\n"
+        "    warden = os.getppid()\n"
         "attempt(f'/proc/{warden}/cwd/pwned', 'pwned')\n"
         f"attempt({str(out.parent / 'pwned')!r}, 'pwned')\n" + _answer("escape")
     )
