@@ -314,7 +314,8 @@ def default_changes(overrides: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
 # install line takes that extra's parts itself: verl's core dependencies
 # (`verl-core`) and its vLLM, 0.24.0 (which pins torch 2.11.0), with
 # transformers 5.10.x, inside verl's own range (>=5.5.3,<5.11). One pip command,
-# so that pip resolves all of it at once; tests/verl runs it with --dry-run.
+# so that pip resolves all of it at once (tests/test_verl_install.py runs it
+# with --dry-run).
 VERL_REQUIREMENTS = (
     f"verl[verl-core]=={VERL_VERSION}",
     "vllm==0.24.0",

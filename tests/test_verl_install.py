@@ -3,8 +3,9 @@
 ``pip install --dry-run --ignore-installed`` resolves the line for a fresh
 environment of this Python against the package index (pip reads each wheel's
 metadata, downloads no wheel), with this checkout in the place of
-PATH/TO/grpo-lab. It needs the index: a few minutes on a busy 2-core machine,
-so it is marked slow (CI runs it).
+PATH/TO/grpo-lab. It runs in the main environment (the export needs no verl),
+beside the other tests: it waits on the index for minutes on a busy machine
+but uses little CPU, so it is marked slow (CI runs it).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from grpo_lab.integrations.verl import write_launch_folder
 from grpo_lab.integrations.verl_launch import GRPO_LAB_SOURCE, install_line
 from grpo_lab.training.config import TrainConfig
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def readme_install_line(folder: Path) -> str:
