@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_lab import cli
+from grpo_lab.cli import main as cli
 from grpo_lab.models import load_tokenizer
 from grpo_lab.training.config import TrainConfig
 
@@ -39,7 +39,7 @@ import json, os, runpy, sys
 import torch
 from trl import GRPOTrainer
 
-import grpo_lab.integrations.trl_trainer as trainer_module
+import grpo_lab.integrations.trl.trainer as trainer_module
 
 OBSERVED = os.environ["OBSERVED"]
 RANK = int(os.environ["RANK"])

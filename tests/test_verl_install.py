@@ -18,8 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from grpo_lab.integrations.verl import write_launch_folder
-from grpo_lab.integrations.verl_launch import GRPO_LAB_SOURCE, install_line
+from grpo_lab.integrations.verl.launch import (
+    GRPO_LAB_SOURCE,
+    install_line,
+    write_launch_folder,
+)
 from grpo_lab.training.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,7 +38,7 @@ def test_the_readmes_print_the_one_install_line(tmp_path):
     config = TrainConfig.for_profile("gpu", task="reverse", eval_size=8)
     write_launch_folder(config, tmp_path / "launch")
     assert readme_install_line(tmp_path / "launch") == install_line()
-    assert install_line() in (ROOT / "README.md").read_text()
+    assert install_line() in (ROOT / "docs" / "scaling_out.md").read_text()
     assert "verl[vllm]" not in install_line()
 
 

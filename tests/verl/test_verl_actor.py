@@ -40,7 +40,7 @@ from verl.plugin.platform import PlatformBase, platform_manager
 from verl.utils import tensordict_utils as tu
 from verl.utils.config import omega_conf_to_dataclass
 
-from grpo_lab.integrations.verl import write_launch_folder
+from grpo_lab.integrations.verl.launch import write_launch_folder
 from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2
 from grpo_lab.training.config import TrainConfig
 

@@ -10,7 +10,7 @@ task's local files or the hub at export, and ``reward.py``), ``task_files/``
 (the task's local files, which reward.py builds the task from) and README.md
 (install lines, launch, what maps where and what the export changed from
 verl's defaults). Nothing written holds an absolute path. The overrides are
-those of :mod:`grpo_lab.integrations.verl_settings`, one row per field.
+those of :mod:`grpo_lab.integrations.verl.settings`, one row per field.
 
 The actor's attention is chosen where the run starts, not at export: run.sh
 asks :func:`launch_attention` on the machine it runs on, which names
@@ -42,8 +42,8 @@ from grpo_lab.integrations.cluster import (
     Cluster,
     portable_config,
 )
-from grpo_lab.integrations.verl import VERL_VERSION
-from grpo_lab.integrations.verl_settings import (  # noqa: F401 (read from here too)
+from grpo_lab.integrations.verl.algorithms import VERL_VERSION
+from grpo_lab.integrations.verl.settings import (  # noqa: F401 (read from here too)
     ACTOR,
     EXPORTED_SETTINGS,
     MODEL,
@@ -54,7 +54,7 @@ from grpo_lab.integrations.verl_settings import (  # noqa: F401 (read from here 
     launch_overrides,
     lora_overrides,
 )
-from grpo_lab.integrations.verl_tools import (
+from grpo_lab.integrations.verl.tools import (
     TOOL_CONFIG_FILE,
     TOOL_CONFIG_PATH,
     tool_config_text,
@@ -235,11 +235,11 @@ def _run_script(overrides: Mapping[str, Any], cluster: Cluster) -> str:
         "# verl logs a plugin that fails to import at debug level only; importing\n"
         "# it here as an external module makes a broken install fail loudly.\n"
         'export VERL_USE_EXTERNAL_MODULES="${VERL_USE_EXTERNAL_MODULES:-'
-        'grpo_lab.integrations.verl}"\n'
+        'grpo_lab.integrations.verl.algorithms}"\n'
         f"{ray}"
         "# The actor's attention: flash-attn where this machine has it, else\n"
-        "# sdpa (grpo_lab.integrations.verl_launch.launch_attention).\n"
-        'attention="$(python -m grpo_lab.integrations.verl_launch attention)"\n'
+        "# sdpa (grpo_lab.integrations.verl.launch.launch_attention).\n"
+        'attention="$(python -m grpo_lab.integrations.verl.launch attention)"\n'
         'mapfile -t ATTENTION <<< "$attention"\n'
         "python -m verl.trainer.main_ppo \\\n"
         f"    {arguments} \\\n"
@@ -416,7 +416,7 @@ def _readme(config: Any, overrides: Mapping[str, Any], cluster: Cluster) -> str:
 
 
 def main(arguments: list[str]) -> int:
-    """``python -m grpo_lab.integrations.verl_launch attention``: print
+    """``python -m grpo_lab.integrations.verl.launch attention``: print
     :func:`launch_attention`'s overrides, one a line (run.sh reads them)."""
     if arguments != ["attention"]:
         print(f"usage: python -m {__spec__.name} attention", file=sys.stderr)
