@@ -151,7 +151,7 @@ def exported(tmp_path_factory) -> Path:
     return root / "launch"
 
 
-def run_sh_overrides(folder: Path, tmp_path: Path, pythonpath: str = "") -> list[str]:
+def run_sh_overrides(folder: Path, tmp_path: Path) -> list[str]:
     """The Hydra overrides run.sh hands ``python -m verl.trainer.main_ppo``."""
     caught = tmp_path / "main_ppo_arguments.txt"
     stub = tmp_path / "bin"
@@ -166,7 +166,7 @@ def run_sh_overrides(folder: Path, tmp_path: Path, pythonpath: str = "") -> list
     (stub / "python").chmod(0o755)
     env = {**os.environ, "PATH": f"{stub}{os.pathsep}{os.environ['PATH']}"}
     root = str(Path(__file__).resolve().parents[2])  # this checkout's grpo_lab
-    paths = [pythonpath, root, os.environ.get("PYTHONPATH", "")]
+    paths = [root, os.environ.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
     subprocess.run([str(folder / "run.sh")], env=env, check=True)
     return caught.read_text().splitlines()
@@ -277,10 +277,13 @@ def test_verls_default_attention_does_not_load_without_flash_attn(
         build_actor(compose_overrides(default))
 
 
-def test_run_sh_asks_for_flash_attn_where_the_machine_has_it(exported, tmp_path):
-    fake = tmp_path / "site"
-    (fake / "flash_attn").mkdir(parents=True)
-    (fake / "flash_attn" / "__init__.py").write_text("")
-    overrides = run_sh_overrides(exported, tmp_path, pythonpath=str(fake))
-    assert f"++{ATTENTION_KEY}=flash_attention_2" in overrides
-    assert "++actor_rollout_ref.model.use_remove_padding=true" in overrides
+def test_the_launch_asks_for_flash_attn_where_the_machine_has_it(tmp_path, monkeypatch):
+    from grpo_lab.integrations.verl.launch import launch_attention
+
+    (tmp_path / "flash_attn").mkdir()
+    (tmp_path / "flash_attn" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))  # flash_attn is now importable
+    assert launch_attention() == [
+        f"++{ATTENTION_KEY}=flash_attention_2",
+        "++actor_rollout_ref.model.use_remove_padding=true",
+    ]
