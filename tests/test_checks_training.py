@@ -448,11 +448,17 @@ def make_update(
             with torch.no_grad():
                 old = score(slice(0, size))
 
-        def one_step(rows):
+        def one_step(rows, epoch):
+            nonlocal old
+            if old_when == "each_epoch" and off_policy and rows == batches[0]:
+                with torch.no_grad():
+                    old = score(slice(0, size))  # scored again every epoch
             log_probs = score(rows)  # (b, T)
             a = advantages[rows].unsqueeze(-1)  # (b, 1)
             if old_when == "each_batch" and off_policy:
                 reference = log_probs.detach()  # scored again after each update
+            elif on_policy_loss == "trl" and old is None:
+                reference = log_probs.detach()  # TRL: old = log_probs.detach()
             else:
                 reference = None if old is None else old[rows]
             plain = not off_policy and on_policy_loss == "plain"
@@ -470,12 +476,12 @@ def make_update(
                 step(masked_mean(per_token, m, dim=1).mean())
 
         schedule = (
-            [rows for _ in range(epochs) for rows in batches]
+            [(rows, epoch) for epoch in range(epochs) for rows in batches]
             if epochs_outside
-            else [rows for rows in batches for _ in range(epochs)]
+            else [(rows, epoch) for rows in batches for epoch in range(epochs)]
         )
-        for rows in schedule:
-            one_step(rows)
+        for rows, epoch in schedule:
+            one_step(rows, epoch)
 
     return update
 
@@ -510,27 +516,36 @@ def test_the_update_accepts_two_written_answers(capsys):
     assert check_rollout_batch_update(update_with_package_pieces) is True
 
 
+def test_the_update_accepts_the_clipped_form_on_policy_as_trl_writes_it():
+    # On-policy, old = log_probs.detach(): the loss's value is A-free of log pi,
+    # its gradient and the parameters after the step are the plain one's.
+    assert check_rollout_batch_update(make_update(on_policy_loss="trl")) is True
+
+
 @pytest.mark.parametrize(
     ("slip", "passed", "message"),
     [
-        # Never off-policy: right on the one-step case only.
-        ({"old_when": "never"}, 1, "the loss of optimizer step 1"),
+        # Never off-policy: the ratio is 1 at every step.
+        ({"old_when": "never"}, 1, "the ratio is 1 at every step"),
         # Old log-probs scored again before each train batch: the ratio is 1.
-        ({"old_when": "each_batch"}, 1, "optimizer step 2"),
+        ({"old_when": "each_batch"}, 1, "the ratio is 1 at every step"),
+        # Old log-probs scored again at the start of each epoch.
+        ({"old_when": "each_epoch"}, 2, "scored again at the start of each epoch"),
         # Old log-probs on a one-step batch: the right steps, a wasted pass.
         ({"old_when": "always"}, 3, "rows were scored where"),
-        # On-policy written as the clipped ratio: the gradient agrees, the value not.
-        ({"old_when": "always", "on_policy_loss": "ratio"}, 3, "the loss of"),
+        # On-policy as a clipped ratio against a scored copy: a wasted pass.
+        ({"old_when": "always", "on_policy_loss": "ratio"}, 3, "rows were scored"),
         # Each train batch's epochs run back to back.
-        ({"epochs_outside": False}, 3, "optimizer step 2"),
+        ({"epochs_outside": False}, 3, "epochs ran back to back"),
         # DAPO's token mean instead of GRPO's per-response mean.
-        ({"normalization": "token"}, 0, "the loss of optimizer step 1"),
+        ({"normalization": "token"}, 0, "the gradient of optimizer step 1"),
         # One optimizer step per epoch on the whole rollout batch.
-        ({"whole_batch": True}, 2, "optimizer steps, got"),
+        ({"whole_batch": True}, 2, "optimizer steps (one per train batch"),
     ],
     ids=[
         "never_old",
         "old_each_batch",
+        "old_each_epoch",
         "old_on_policy",
         "ratio_on_policy",
         "epochs_inside",
