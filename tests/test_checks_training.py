@@ -190,19 +190,26 @@ def test_grpo_loss_names_the_classic_mistakes(wrong, message):
 
 
 def make_train_step(
-    scale="share", step_each=False, clip_each=False, zero_each=False, clip=True
+    scale="share",
+    step_each=False,
+    clip_each=False,
+    zero_each=False,
+    clip=True,
+    split="ceil",
+    sign=1.0,
 ):
     def train_step(model, optimizer, batch, advantages, steps, max_grad_norm):
         optimizer.zero_grad(set_to_none=True)
         batch_size = advantages.shape[0]
-        microbatches = torch.arange(batch_size).split(-(-batch_size // steps))
+        size = {"ceil": -(-batch_size // steps), "k_as_size": steps}[split]
+        microbatches = torch.arange(batch_size).split(size)
         for rows in microbatches:
             if zero_each:
                 optimizer.zero_grad()
             log_probs = get_response_log_probs(
                 model, batch["input_ids"][rows], batch["labels"][rows]
             )["log_probs"]  # (b, T)
-            per_token = -advantages[rows].unsqueeze(-1) * log_probs
+            per_token = -sign * advantages[rows].unsqueeze(-1) * log_probs
             loss = masked_mean(per_token, batch["response_mask"][rows], dim=1).mean()
             factor = {
                 "share": len(rows) / batch_size,
@@ -257,6 +264,8 @@ def test_train_step_accepts_the_reference(capsys):
         ({"zero_each": True}, "zero the gradients once, before the loop"),
         ({"clip": False}, "clip the accumulated gradient once"),
         ({"scale": "configured"}, "scaled by the configured size"),
+        ({"split": "k_as_size"}, "K is how many microbatches, not how many rows"),
+        ({"sign": -1.0}, "the sign is flipped"),
     ],
     ids=[
         "no_scale",
@@ -266,6 +275,8 @@ def test_train_step_accepts_the_reference(capsys):
         "zero_each",
         "no_clip",
         "configured_size",
+        "k_as_size",
+        "sign",
     ],
 )
 def test_train_step_names_the_classic_mistakes(options, message):
@@ -293,6 +304,15 @@ def test_train_step_refuses_a_loss_without_gradient():
         check_microbatch_train_step(scored_without_gradient)
 
 
+def test_train_step_refuses_the_whole_batch_in_one_forward():
+    # The right gradient from one forward of every row: the memory K is for.
+    def one_forward(model, optimizer, batch, advantages, steps, max_grad_norm):
+        make_train_step()(model, optimizer, batch, advantages, 1, max_grad_norm)
+
+    with pytest.raises(ExerciseFailed, match="a forward pass of 4 rows, where"):
+        check_microbatch_train_step(one_forward)
+
+
 def test_train_step_refuses_the_package_step():
     from grpo_lab.train_step import policy_gradient_update
 
@@ -315,6 +335,8 @@ def make_microbatch_losses(
         batch_size = per_token_loss.shape[0]
         size = -(-batch_size // steps) if split == "ceil" else batch_size // steps
         microbatches = torch.arange(batch_size).split(size)
+        if split == "tensor_split":
+            microbatches = torch.arange(batch_size).tensor_split(steps)
         losses = []
         for rows in microbatches:
             loss, m = per_token_loss[rows], mask[rows]
@@ -357,7 +379,7 @@ def microbatch_losses_by_weights(per_token_loss, mask, steps, normalization, c=N
 
 def test_microbatch_losses_accepts_two_ways_of_writing_it(capsys):
     assert check_microbatch_losses(make_microbatch_losses()) is True
-    assert "correct ✔ (6 of 6 cases passed)" in capsys.readouterr().out
+    assert "correct ✔ (7 of 7 cases passed)" in capsys.readouterr().out
     assert check_microbatch_losses(microbatch_losses_by_weights) is True
 
 
@@ -369,13 +391,21 @@ def test_microbatch_losses_accepts_two_ways_of_writing_it(capsys):
         ({"token_scale": "rows"}, "under the token mean a microbatch counts for"),
         ({"constant_scale": "rows"}, "under the constant normalization each"),
         ({"split": "floor"}, "expected 2 losses, one per microbatch of ceil"),
+        ({"split": "tensor_split"}, r"microbatches of \[3, 2, 2\] rows"),
     ],
-    ids=["one_over_k", "no_scale", "token_by_rows", "constant_by_rows", "floor"],
+    ids=[
+        "one_over_k",
+        "no_scale",
+        "token_by_rows",
+        "constant_by_rows",
+        "floor",
+        "tensor_split",
+    ],
 )
 def test_microbatch_losses_names_the_classic_mistakes(options, message):
     with pytest.raises(ExerciseFailed, match=message) as failure:
         check_microbatch_losses(make_microbatch_losses(**options))
-    assert failure.value.cases_run == 6
+    assert failure.value.cases_run == 7
 
 
 def test_microbatch_losses_refuses_a_gradient_from_other_rows():
