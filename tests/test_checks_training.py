@@ -781,6 +781,7 @@ def _dapo_variant(**change):
         estimator = change.get("estimator", "k3")
         kl = compute_kl_penalty(policy, reference, estimator)
         weight = 1.0 if change.get("unweighted") or estimator == "k2" else ratio
+        weight = ratio.detach() if change.get("detached_ratio") else weight
         sign = -1.0 if change.get("flipped") else 1.0
         per_token = surrogate + sign * beta * weight * kl
         if change.get("sequence_mean"):
@@ -799,21 +800,34 @@ def test_the_dapo_kl_loss_accepts_two_written_answers(capsys):
 
 
 @pytest.mark.parametrize(
-    ("change", "passed"),
+    ("change", "passed", "named"),
     [
-        ({"symmetric": True}, 1),  # right only where DAPO's bounds are equal
-        ({"unweighted": True}, 0),  # plain k3: the forward KL's gradient
-        ({"estimator": "k2"}, 0),  # the reverse KL's gradient, not k3's value
-        ({"sequence_mean": True}, 0),  # GRPO's aggregation, not DAPO's
-        ({"kl_unmasked": True}, 0),  # the penalty counted on padding
-        ({"flipped": True}, 0),  # the penalty as a bonus
+        # right only where DAPO's bounds are equal
+        ({"symmetric": True}, 1, "the clip is symmetric"),
+        # plain k3: the forward KL's gradient
+        ({"unweighted": True}, 0, "plain k3, not weighted by the ratio"),
+        ({"detached_ratio": True}, 0, "the ratio weighting k3 is detached"),
+        ({"estimator": "k2"}, 0, ""),  # the reverse KL's gradient, not k3's value
+        # GRPO's aggregation, not DAPO's
+        ({"sequence_mean": True}, 0, "the per-response mean (GRPO's)"),
+        ({"kl_unmasked": True}, 0, ""),  # the penalty counted on padding
+        ({"flipped": True}, 0, ""),  # the penalty as a bonus
     ],
-    ids=["symmetric", "unweighted_k3", "k2", "sequence_mean", "kl_unmasked", "flipped"],
+    ids=[
+        "symmetric",
+        "unweighted_k3",
+        "detached_ratio",
+        "k2",
+        "sequence_mean",
+        "kl_unmasked",
+        "flipped",
+    ],
 )
-def test_the_dapo_kl_loss_rejects_plausible_mistakes(change, passed):
+def test_the_dapo_kl_loss_rejects_plausible_mistakes(change, passed, named):
     with pytest.raises(ExerciseFailed, match="For advantages=") as failure:
         check_dapo_kl_loss(_dapo_variant(**change))
     assert (failure.value.cases_passed, failure.value.cases_run) == (passed, 3)
+    assert str(failure.value).startswith(named)
 
 
 def test_the_dapo_kl_loss_refuses_a_detached_penalty():
