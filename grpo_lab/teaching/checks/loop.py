@@ -176,11 +176,11 @@ def reference_rollout_batch_update(
     size = case.rollout_batch_size
     batches = _reference_slices(size, case.train_batch_size)
     off_policy = case.epochs > 1 or len(batches) > 1
-    steps = [(epoch, rows) for epoch in range(case.epochs) for rows in batches]
+    steps = [rows for _epoch in range(case.epochs) for rows in batches]
     if schedule == "epochs_inside":
-        steps = [(epoch, rows) for rows in batches for epoch in range(case.epochs)]
+        steps = [rows for rows in batches for _epoch in range(case.epochs)]
     old_log_probs = None
-    for epoch, rows in steps:
+    for rows in steps:
         fresh = old_log_probs is None or (
             schedule == "old_per_epoch" and rows == batches[0]
         )

@@ -136,7 +136,9 @@ def _loss_slips(
             * len(m)
             / len(mask)
             for loss, m in zip(
-                per_token_loss.tensor_split(steps), mask.tensor_split(steps), strict=True
+                per_token_loss.tensor_split(steps),
+                mask.tensor_split(steps),
+                strict=True,
             )
         ]
     return slips
@@ -421,7 +423,7 @@ class _Forwards:
         self.handle: Any = None
 
     def _count(self, module: Any, args: tuple[Any, ...], kwargs: dict) -> None:
-        given = args[0] if args else kwargs.get("input_ids", kwargs.get("inputs_embeds"))
+        given = args[0] if args else kwargs.get("input_ids")
         if isinstance(given, torch.Tensor) and given.dim() > 0:
             self.rows.append(int(given.shape[0]))
 
