@@ -414,22 +414,43 @@ class _LastGradient:
         )
 
 
+_FORWARDS_BUFFER = "check_forward_rows"
+_MOST_FORWARDS = 64
+
+
+def _count_rows(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict) -> None:
+    """A forward pre-hook: the rows of each forward pass, kept in a buffer of
+    the model (a buffer travels with the model's state wherever it runs)."""
+    given = args[0] if args else kwargs.get("input_ids")
+    if not isinstance(given, torch.Tensor) or given.dim() == 0:
+        return
+    seen = getattr(module, _FORWARDS_BUFFER)  # [count, rows of each pass...]
+    count = int(seen[0]) + 1
+    if count < len(seen):
+        seen[count] = given.shape[0]
+        seen[0] = count
+
+
 class _Forwards:
     """The rows of each forward pass of a model (its input's first dimension)."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
-        self.rows: list[int] = []
         self.handle: Any = None
 
-    def _count(self, module: Any, args: tuple[Any, ...], kwargs: dict) -> None:
-        given = args[0] if args else kwargs.get("input_ids")
-        if isinstance(given, torch.Tensor) and given.dim() > 0:
-            self.rows.append(int(given.shape[0]))
+    @property
+    def rows(self) -> list[int]:
+        seen = getattr(self.model, _FORWARDS_BUFFER)
+        return [int(x) for x in seen[1 : int(seen[0]) + 1]]
 
     def __enter__(self) -> _Forwards:
+        self.model.register_buffer(
+            _FORWARDS_BUFFER,
+            torch.zeros(_MOST_FORWARDS, dtype=torch.long),
+            persistent=False,
+        )
         self.handle = self.model.register_forward_pre_hook(
-            self._count, with_kwargs=True
+            _count_rows, with_kwargs=True
         )
         return self
 
