@@ -33,23 +33,23 @@ PACKAGE_COUNTERPARTS: dict[str, tuple[str, ...]] = {
     ),
     "check_clipped_loss": (
         "grpo_lab.losses.compute_policy_gradient_loss",
-        "grpo_lab.objectives._grpo_clip_loss",  # also OBJECTIVES["grpo"]
+        "grpo_lab.losses.grpo_clip_loss",  # also OBJECTIVES["grpo"]
     ),
     "check_sequence_ratio": (
         "grpo_lab.losses.compute_policy_gradient_loss",
         "grpo_lab.teaching.checks.gspo.reference_sequence_ratio",
     ),
-    "check_aggregate_loss": ("grpo_lab.losses.aggregate_loss_across_microbatch",),
+    "check_aggregate_loss": ("grpo_lab.aggregation.aggregate_loss_across_microbatch",),
     "check_grpo_loss": (
         "grpo_lab.train_step.microbatch_loss",
         "grpo_lab.losses.compute_policy_gradient_loss",
-        "grpo_lab.losses.aggregate_loss_across_microbatch",
+        "grpo_lab.aggregation.aggregate_loss_across_microbatch",
         "grpo_lab.teaching.checks.aggregation.reference_grpo_loss",
-        "grpo_lab.objectives._grpo_clip_loss",  # its clipped surrogate (04)
+        "grpo_lab.losses.grpo_clip_loss",  # its clipped surrogate (04)
     ),
     "check_microbatch_losses": (
-        "grpo_lab.losses.microbatch_loss_scale",
-        "grpo_lab.losses.aggregate_loss_across_microbatch",
+        "grpo_lab.aggregation.microbatch_loss_scale",
+        "grpo_lab.aggregation.aggregate_loss_across_microbatch",
         "grpo_lab.teaching.checks.train_step.reference_microbatch_losses",
     ),
     "check_active_rows": ("grpo_lab.train_step.policy_gradient_update",),
@@ -69,22 +69,22 @@ PACKAGE_COUNTERPARTS: dict[str, tuple[str, ...]] = {
         "grpo_lab.teaching.checks.loop._reference_slices",  # 08a, composed here
         "grpo_lab.training.loop.train_batch_rows",
         "grpo_lab.losses.compute_policy_gradient_loss",  # 04, composed here
-        "grpo_lab.objectives._grpo_clip_loss",
-        "grpo_lab.losses.aggregate_loss_across_microbatch",  # 06a, composed here
+        "grpo_lab.losses.grpo_clip_loss",
+        "grpo_lab.aggregation.aggregate_loss_across_microbatch",  # 06a, composed here
     ),
     "check_cache_key": ("grpo_lab.teaching.explorer.config_cache_key",),
     "check_dapo_kl_loss": (
         "grpo_lab.train_step.microbatch_loss",
         "grpo_lab.losses.compute_policy_gradient_loss",
-        "grpo_lab.objectives._grpo_clip_loss",  # its clipped surrogate (04)
-        "grpo_lab.losses.aggregate_loss_across_microbatch",  # its token mean (06a)
+        "grpo_lab.losses.grpo_clip_loss",  # its clipped surrogate (04)
+        "grpo_lab.aggregation.aggregate_loss_across_microbatch",  # its token mean (06a)
         "grpo_lab.kl.kl_importance_weights",  # its ratio weight of k3
         "grpo_lab.teaching.checks.family.reference_dapo_kl_loss",
         "grpo_lab.teaching.checks.family._slip_losses",
     ),
     "check_device_token_loss": (
-        "grpo_lab.losses.aggregate_loss_across_microbatch",
-        "grpo_lab.losses.microbatch_loss_scale",
+        "grpo_lab.aggregation.aggregate_loss_across_microbatch",
+        "grpo_lab.aggregation.microbatch_loss_scale",
         "grpo_lab.teaching.checks.scaling.reference_device_token_loss",
     ),
     "check_multi_turn_mask": (
@@ -94,7 +94,7 @@ PACKAGE_COUNTERPARTS: dict[str, tuple[str, ...]] = {
         "grpo_lab.teaching.checks.turns._written",  # its slips' masks, unshifted
     ),
     "check_lora_linear": (
-        "grpo_lab.training.lora.lora_linear",
+        "grpo_lab.lora.lora_linear",
         "grpo_lab.teaching.checks.lora._slips",  # a slip's scale, turned around
     ),
     "check_corrected_loss": (
@@ -105,7 +105,7 @@ PACKAGE_COUNTERPARTS: dict[str, tuple[str, ...]] = {
         "grpo_lab.sampler_correction.sampler_weights_and_metrics",
         "grpo_lab.teaching.checks.mismatch.reference_corrected_loss",
         "grpo_lab.losses.compute_policy_gradient_loss",  # its clipped terms (04)
-        "grpo_lab.objectives._grpo_clip_loss",
+        "grpo_lab.losses.grpo_clip_loss",
     ),
 }
 
