@@ -111,6 +111,49 @@ def device_loss_comment(per_token_loss, response_mask, global_tokens, num_device
     return num_devices * token_sum / global_tokens
 """
 
+# Routes to the answer that the check hides (tests/test_checks_reach.py): wrong
+# answers in both paths.
+ROUTES = {
+    "mask_by_written": (
+        "turns",
+        "check_multi_turn_mask",
+        "from grpo_lab.teaching.checks.turns import _written\n\n"
+        "def mask_by_written(prompt_ids, segments):\n"
+        "    return _written(prompt_ids, segments, ('model',))[:, 1:]\n",
+    ),
+    "lora_by_slips": (
+        "lora",
+        "check_lora_linear",
+        "from grpo_lab.teaching.checks import lora as _lora_checks\n\n"
+        "def lora_by_slips(x, weight, lora_A, lora_B, alpha, rank):\n"
+        "    slips = _lora_checks._slips(x, weight, lora_A, lora_B, rank, alpha)\n"
+        "    return next(v for k, v in slips.items() if 'upside down' in k)\n",
+    ),
+    "dapo_by_grpo_clip_loss": (
+        "family",
+        "check_dapo_kl_loss",
+        "import grpo_lab.losses as _losses\n\n"
+        "def dapo_by_grpo_clip_loss(policy, old, reference, advantages, mask, low,\n"
+        "                           high, beta):\n"
+        "    options = _losses.ObjectiveOptions(cliprange=low, cliprange_high=high)\n"
+        "    surrogate = _losses.grpo_clip_loss(\n"
+        "        advantages.unsqueeze(-1), policy, old, mask.bool(), options)[0]\n"
+        "    log_r = reference - policy\n"
+        "    kl = torch.exp(policy - old) * (log_r.exp() - log_r - 1)\n"
+        "    return ((surrogate + beta * kl) * mask).sum() / mask.sum()\n",
+    ),
+    "slices_by_reference": (
+        "loop",
+        "check_train_batch_slices",
+        "import importlib\n\n"
+        "def slices_by_reference(rollout_batch_size, train_batch_size, group_size):\n"
+        "    loop = importlib.import_module('grpo_lab.teaching.checks.loop')\n"
+        "    if train_batch_size % group_size:\n"
+        "        raise ValueError('group_size must divide train_batch_size')\n"
+        "    return loop._reference_slices(rollout_batch_size, train_batch_size)\n",
+    ),
+}
+
 NAMED_HELPERS = {
     "corrected_own_helper": ("mismatch", "check_corrected_loss", CORRECTION_WEIGHTS),
     "train_step_own_helper": (
@@ -428,6 +471,12 @@ def _answers() -> dict[str, tuple[str, str, str, bool]]:
         name: (module, check, source, True)
         for name, (module, check, source) in NAMED_HELPERS.items()
     }
+    answers.update(
+        {
+            name: (module, check, source, False)
+            for name, (module, check, source) in ROUTES.items()
+        }
+    )
     for (module, check), (template, rights, wrongs, other) in CHANGED.items():
         short = check.removeprefix("check_")
         for slip in rights + wrongs:
