@@ -113,7 +113,7 @@ def _describe(case: _Case, low: float, high: float, beta: float) -> str:
     )
 
 
-@exercise_check("DAPO's loss with a KL penalty")
+@exercise_check("Exercise 10-dapo_kl_loss (DAPO's loss with a KL penalty)")
 def check_dapo_kl_loss(student_fn: DapoKlLoss, cases: CaseCount) -> None:
     """``student_fn(policy_log_probs, old_log_probs, reference_log_probs,
     advantages, response_mask, cliprange_low, cliprange_high, kl_coef)`` ->

@@ -170,7 +170,7 @@ def _memory_case(student_fn: Callable[..., torch.Tensor]) -> None:
         )
 
 
-@exercise_check("Exercise 02a (the log-probability of a response)")
+@exercise_check("Exercise 02-response_log_probs (the log-probability of a response)")
 def check_response_log_probs(
     student_fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
     cases: CaseCount,
@@ -186,7 +186,7 @@ def check_response_log_probs(
         _memory_case(student_fn)
 
 
-@exercise_check("Per-token entropy")
+@exercise_check("Exercise 02-token_entropy (the per-token entropy)")
 def check_token_entropy(
     student_fn: Callable[[torch.Tensor], torch.Tensor],
     cases: CaseCount,

@@ -30,7 +30,7 @@ from grpo_lab.teaching.checks.framework import (
 )
 
 
-@exercise_check("Exercise 08b (the update of one rollout batch)")
+@exercise_check("Exercise 08-update_rollout_batch (the update of one rollout batch)")
 def check_rollout_batch_update(
     student_fn: Callable[..., Any], cases: CaseCount
 ) -> None:
@@ -279,7 +279,7 @@ def _rows(slices: Any, rollout_batch_size: int) -> list[list[int]]:
     return [list(range(rollout_batch_size))[piece] for piece in slices]
 
 
-@exercise_check("Exercise 08a (group-aligned train batches)")
+@exercise_check("Exercise 08-train_batch_slices (group-aligned train batches)")
 def check_train_batch_slices(
     student_fn: Callable[[int, int, int], list[slice]], cases: CaseCount
 ) -> None:
@@ -342,7 +342,7 @@ def _key(student_fn: Callable[[dict[str, Any]], str], config: dict[str, Any]) ->
     return key
 
 
-@exercise_check("Exercise 09 (a cache key for a run)")
+@exercise_check("Exercise 09-cache_key (a cache key for a run)")
 def check_cache_key(
     student_fn: Callable[[dict[str, Any]], str], cases: CaseCount
 ) -> None:

@@ -120,7 +120,7 @@ def _describe(case: _Case, cliprange: float, low: float, high: float) -> str:
     )
 
 
-@exercise_check("The sampler-corrected loss (sequence MIS)")
+@exercise_check("Exercise 11-corrected_loss (the sampler-corrected loss, sequence MIS)")
 def check_corrected_loss(student_fn: CorrectedLoss, cases: CaseCount) -> None:
     """``student_fn(policy_log_probs, old_log_probs, sampler_log_probs,
     advantages, response_mask, cliprange, low, high)`` -> scalar; its gradient

@@ -206,7 +206,7 @@ def _check_one_microbatch_loss(
     assert_close(received, expected, f"{where} (gradient w.r.t. per_token_loss)")
 
 
-@exercise_check("Exercise 07a (the losses of gradient accumulation)")
+@exercise_check("Exercise 07-microbatch_losses (the losses of gradient accumulation)")
 def check_microbatch_losses(student_fn: MicrobatchLosses, cases: CaseCount) -> None:
     """``student_fn(per_token_loss (B, T), response_mask (B, T),
     gradient_accumulation_steps, loss_normalization, normalization_constant)``
@@ -218,7 +218,7 @@ def check_microbatch_losses(student_fn: MicrobatchLosses, cases: CaseCount) -> N
             _check_losses_case(student_fn, case, seed)
 
 
-@exercise_check("Exercise 07b (responses that need a backward pass)")
+@exercise_check("Exercise 07-active_rows (responses that need a backward pass)")
 def check_active_rows(
     student_fn: Callable[[torch.Tensor], torch.Tensor], cases: CaseCount
 ) -> None:
@@ -268,7 +268,7 @@ _STEP_CASES = (
 )
 
 
-@exercise_check("Exercise 07c (a microbatch train step)")
+@exercise_check("Exercise 07-train_step (a microbatch train step)")
 def check_microbatch_train_step(student_fn: TrainStep, cases: CaseCount) -> None:
     """``student_fn(model, optimizer, batch, advantages,
     gradient_accumulation_steps, max_grad_norm)``: one on-policy step
