@@ -1196,21 +1196,10 @@ def test_the_warden_sets_the_limits_and_fences_writes(tmp_path):
     assert not (outside / "no.txt").exists()
 
 
-@pytest.mark.parametrize("attack", [*DISGUISED_CALLS, *sorted(RIGHT_ANSWERS)])
-def test_each_disguised_call_passes_a_check_that_does_not_hide_the_package(
-    attack, monkeypatch
-):
-    """The attacks are real: outside the grader (the package reachable, the
-    grader's identity refusal in place) each disguised call passes its check,
-    as each right answer does; in the grader the former get no points."""
+def _checked_in_process(attack: str) -> bool:
+    """The attack's exercise checked in this process, as a check cell runs it."""
     import importlib
 
-    from grpo_lab.instructor import grading_refusal
-    from grpo_lab.teaching.checks import framework
-
-    monkeypatch.setattr(
-        framework, "refuse_package_function", grading_refusal.refuse_package_object
-    )
     names: dict = {}
     cells = ATTACKS[attack]  # one cell, or several (the last answer counts)
     exec(
@@ -1221,7 +1210,35 @@ def test_each_disguised_call_passes_a_check_that_does_not_hide_the_package(
         attack, ("advantages", "check_group_normalized_advantages")
     )[:2]
     checks = importlib.import_module(f"grpo_lab.teaching.checks.{module}")
-    assert getattr(checks, check_name)(names[attack]) is not False
+    return getattr(checks, check_name)(names[attack])
+
+
+@pytest.mark.parametrize("attack", [*DISGUISED_CALLS, *sorted(RIGHT_ANSWERS)])
+def test_each_disguised_call_passes_a_check_that_does_not_hide_the_package(
+    attack, monkeypatch
+):
+    """The attacks are real: with nothing hidden (as a grading kernel leaves
+    the check, its own hiding aside) each disguised call passes its check, as
+    each right answer does; in the grader the former get no points."""
+    from grpo_lab.instructor import grading_refusal
+    from grpo_lab.teaching.checks import framework
+
+    monkeypatch.setattr(framework, "hide_while_running", grading_refusal._as_it_is)
+    assert _checked_in_process(attack) is not False
+
+
+@pytest.mark.parametrize("attack", [*DISGUISED_CALLS, *sorted(RIGHT_ANSWERS)])
+def test_the_check_cell_gives_each_attack_the_graders_verdict(attack, attack_grades):
+    """One refusal, one verdict: in a check cell (the package hidden while the
+    answer runs) a disguised call fails and a right answer passes, as in the
+    grader."""
+    if attack in RIGHT_ANSWERS:
+        assert _checked_in_process(attack) is True
+        assert attack_grades[attack].outcome == "pass"
+        return
+    with pytest.raises(Exception, match="not available while this exercise"):
+        _checked_in_process(attack)
+    assert attack_grades[attack].outcome != "pass"
 
 
 def test_the_grader_kernel_client_is_ready_and_runs_code():
