@@ -3,6 +3,8 @@ answers with a counter-example, and report a stub as not attempted."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -516,11 +518,14 @@ def make_update(
     return update
 
 
-def update_with_package_pieces(
-    score, step, advantages, mask, group_size, train_size, epochs, eps
+def update_per_batch_old(
+    score, step, advantages, mask, group_size, train_size, epochs, eps, *, package=False
 ):
-    # Written another way: the package's loss pieces, the slices of Exercise 1,
-    # old log-probs scored per train batch but all before the first update.
+    # Written another way: the slices of Exercise 1, old log-probs scored per
+    # train batch but all before the first update, the clip by torch.where, the
+    # per-response mean by masked_mean. With ``package``, the package's loss
+    # pieces (Exercises 04 and 06, which this one composes) instead.
+    from grpo_lab.aggregation import aggregate_loss_across_microbatch
     from grpo_lab.losses import compute_policy_gradient_loss
 
     batches = reference_slices(advantages.shape[0], train_size, group_size)
@@ -529,21 +534,41 @@ def update_with_package_pieces(
         old = [score(rows) for rows in batches] if off_policy else None
     for _ in range(epochs):
         for index, rows in enumerate(batches):
-            per_token, _ = compute_policy_gradient_loss(
-                advantages[rows],
-                score(rows),
-                "grpo" if off_policy else "none",
-                None if old is None else old[index],
-                eps,
-                mask[rows],
+            log_probs = score(rows)  # (b, T)
+            if package:
+                per_token, _ = compute_policy_gradient_loss(
+                    advantages[rows],
+                    log_probs,
+                    "grpo" if off_policy else "none",
+                    None if old is None else old[index],
+                    eps,
+                    mask[rows],
+                )
+                step(
+                    aggregate_loss_across_microbatch(per_token, mask[rows], "sequence")
+                )
+                continue
+            a = advantages[rows][:, None]  # (b, 1)
+            ratio = torch.exp(
+                log_probs - (log_probs if old is None else old[index]).detach()
             )
-            step(aggregate_loss_across_microbatch(per_token, mask[rows], "sequence"))
+            kept = torch.where(
+                a > 0, ratio.clamp(max=1 + eps), ratio.clamp(min=1 - eps)
+            )
+            per_token = -torch.minimum(ratio * a, kept * a)  # (b, T)
+            step(masked_mean(per_token, mask[rows], dim=1).mean())
 
 
 def test_the_update_accepts_two_written_answers(capsys):
     assert check_rollout_batch_update(make_update()) is True
     assert "correct ✔ (4 of 4 cases passed)" in capsys.readouterr().out
-    assert check_rollout_batch_update(update_with_package_pieces) is True
+    assert check_rollout_batch_update(update_per_batch_old) is True
+
+
+def test_the_update_refuses_the_package_pieces_it_composes():
+    composed = functools.partial(update_per_batch_old, package=True)
+    with pytest.raises(ExerciseFailed, match="is not available while this exercise"):
+        check_rollout_batch_update(composed)
 
 
 def test_the_update_accepts_the_clipped_form_on_policy_as_trl_writes_it():
