@@ -216,12 +216,25 @@ def hide_while_running(
     student_fn: Callable[..., Any], check_name: str
 ) -> Callable[..., Any]:
     """``student_fn``, called with what computes the check's answer out of
-    reach (:func:`grpo_lab.teaching.checks.reach.out_of_reach`). A grading
-    kernel puts the identity here: it hides the same functions itself, in the
-    process where the student's code runs."""
-    from grpo_lab.teaching.checks.reach import out_of_reach
+    reach (:mod:`grpo_lab.teaching.checks.reach`); a call that met a hidden
+    function fails the case with its message. A grading kernel puts the
+    identity here: it hides the same functions itself, in the process where
+    the student's code runs."""
+    from grpo_lab.teaching.checks import reach
 
-    return out_of_reach(student_fn, check_name)
+    hide = reach.reach_of([resolve(p) for p in PACKAGE_COUNTERPARTS[check_name]])
+
+    @functools.wraps(student_fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            with reach.hidden(hide):
+                return student_fn(*args, **kwargs)
+        except RuntimeError as error:
+            if reach.UNAVAILABLE_TEXT not in str(error):
+                raise
+            raise ExerciseFailed(str(error)) from None
+
+    return call
 
 
 def _unwrapped(fn: Any) -> list[Any]:

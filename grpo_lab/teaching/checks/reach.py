@@ -16,24 +16,21 @@ table's functions in the process where the student's code runs
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 UNAVAILABLE_TEXT = "is not available while this exercise is checked"
 _OWN_PREFIX = "grpo_lab"
 
 
-def reach_of(check_name: str) -> list[types.FunctionType]:
-    """The functions hidden while ``check_name``'s student function runs."""
-    from grpo_lab.teaching.checks.exercises import PACKAGE_COUNTERPARTS
-    from grpo_lab.teaching.checks.framework import resolve
-
+def reach_of(targets: list[Any]) -> list[types.FunctionType]:
+    """The functions hidden for ``targets`` (the resolved paths of one check's
+    row of ``PACKAGE_COUNTERPARTS``): each, what it wraps, and the functions
+    of its own module it reaches."""
     found: dict[int, types.FunctionType] = {}
-    for path in PACKAGE_COUNTERPARTS.get(check_name, ()):
-        target = resolve(path)
+    for target in targets:
         target = getattr(target, "fget", target)
         for layer in _layers(target):
             if isinstance(layer, types.FunctionType):
@@ -109,23 +106,3 @@ def hidden(functions: list[types.FunctionType]) -> Iterator[None]:
     finally:
         for function, code in reversed(swapped):
             function.__code__ = code
-
-
-def out_of_reach(student_fn: Callable[..., Any], check_name: str) -> Callable[..., Any]:
-    """``student_fn``, called with ``check_name``'s reach hidden; a call that
-    met a stub fails the case with the stub's message."""
-    from grpo_lab.teaching.checks.framework import ExerciseFailed
-
-    hide = reach_of(check_name)
-
-    @functools.wraps(student_fn)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        try:
-            with hidden(hide):
-                return student_fn(*args, **kwargs)
-        except RuntimeError as error:
-            if UNAVAILABLE_TEXT not in str(error):
-                raise
-            raise ExerciseFailed(str(error)) from None
-
-    return call
