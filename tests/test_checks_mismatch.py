@@ -5,6 +5,7 @@ functions and reports a stub as not attempted."""
 from __future__ import annotations
 
 import functools
+import math
 
 import pytest
 import torch
@@ -143,6 +144,20 @@ def test_each_slip_fails_with_its_message(wrong, message):
         check_corrected_loss(wrong)
     assert message in str(failure.value)
     assert failure.value.cases_run == 2 and failure.value.cases_passed < 2
+
+
+def by_math_log(policy, old, sampler, advantages, mask, cliprange, low, high):
+    # The range compared in log space: math.log(0) raises at low = 0.
+    log_rho = torch.where(mask.bool(), old - sampler, 0.0).sum(1, keepdim=True)
+    kept = (log_rho >= math.log(low)) & (log_rho <= math.log(high))
+    weight = torch.where(kept, log_rho.exp(), 0.0).detach()
+    terms = clipped_terms(policy, old, advantages, cliprange) * weight
+    return per_response_mean(terms, mask)
+
+
+def test_math_log_of_a_zero_bound_is_named():
+    with pytest.raises(ExerciseFailed, match=r"math\.log\(low\) fails at low = 0"):
+        check_corrected_loss(by_math_log)
 
 
 def test_an_unrecognised_wrong_answer_still_fails_with_a_counter_example():

@@ -3,6 +3,8 @@ answers with a counter-example, and report a stub as not attempted."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -190,19 +192,26 @@ def test_grpo_loss_names_the_classic_mistakes(wrong, message):
 
 
 def make_train_step(
-    scale="share", step_each=False, clip_each=False, zero_each=False, clip=True
+    scale="share",
+    step_each=False,
+    clip_each=False,
+    zero_each=False,
+    clip=True,
+    split="ceil",
+    sign=1.0,
 ):
     def train_step(model, optimizer, batch, advantages, steps, max_grad_norm):
         optimizer.zero_grad(set_to_none=True)
         batch_size = advantages.shape[0]
-        microbatches = torch.arange(batch_size).split(-(-batch_size // steps))
+        size = {"ceil": -(-batch_size // steps), "k_as_size": steps}[split]
+        microbatches = torch.arange(batch_size).split(size)
         for rows in microbatches:
             if zero_each:
                 optimizer.zero_grad()
             log_probs = get_response_log_probs(
                 model, batch["input_ids"][rows], batch["labels"][rows]
             )["log_probs"]  # (b, T)
-            per_token = -advantages[rows].unsqueeze(-1) * log_probs
+            per_token = -sign * advantages[rows].unsqueeze(-1) * log_probs
             loss = masked_mean(per_token, batch["response_mask"][rows], dim=1).mean()
             factor = {
                 "share": len(rows) / batch_size,
@@ -257,6 +266,8 @@ def test_train_step_accepts_the_reference(capsys):
         ({"zero_each": True}, "zero the gradients once, before the loop"),
         ({"clip": False}, "clip the accumulated gradient once"),
         ({"scale": "configured"}, "scaled by the configured size"),
+        ({"split": "k_as_size"}, "K is how many microbatches, not how many rows"),
+        ({"sign": -1.0}, "the sign is flipped"),
     ],
     ids=[
         "no_scale",
@@ -266,6 +277,8 @@ def test_train_step_accepts_the_reference(capsys):
         "zero_each",
         "no_clip",
         "configured_size",
+        "k_as_size",
+        "sign",
     ],
 )
 def test_train_step_names_the_classic_mistakes(options, message):
@@ -293,6 +306,15 @@ def test_train_step_refuses_a_loss_without_gradient():
         check_microbatch_train_step(scored_without_gradient)
 
 
+def test_train_step_refuses_the_whole_batch_in_one_forward():
+    # The right gradient from one forward of every row: the memory K is for.
+    def one_forward(model, optimizer, batch, advantages, steps, max_grad_norm):
+        make_train_step()(model, optimizer, batch, advantages, 1, max_grad_norm)
+
+    with pytest.raises(ExerciseFailed, match="a forward pass of 4 rows, where"):
+        check_microbatch_train_step(one_forward)
+
+
 def test_train_step_refuses_the_package_step():
     from grpo_lab.train_step import policy_gradient_update
 
@@ -315,6 +337,8 @@ def make_microbatch_losses(
         batch_size = per_token_loss.shape[0]
         size = -(-batch_size // steps) if split == "ceil" else batch_size // steps
         microbatches = torch.arange(batch_size).split(size)
+        if split == "tensor_split":
+            microbatches = torch.arange(batch_size).tensor_split(steps)
         losses = []
         for rows in microbatches:
             loss, m = per_token_loss[rows], mask[rows]
@@ -357,7 +381,7 @@ def microbatch_losses_by_weights(per_token_loss, mask, steps, normalization, c=N
 
 def test_microbatch_losses_accepts_two_ways_of_writing_it(capsys):
     assert check_microbatch_losses(make_microbatch_losses()) is True
-    assert "correct ✔ (6 of 6 cases passed)" in capsys.readouterr().out
+    assert "correct ✔ (7 of 7 cases passed)" in capsys.readouterr().out
     assert check_microbatch_losses(microbatch_losses_by_weights) is True
 
 
@@ -369,13 +393,21 @@ def test_microbatch_losses_accepts_two_ways_of_writing_it(capsys):
         ({"token_scale": "rows"}, "under the token mean a microbatch counts for"),
         ({"constant_scale": "rows"}, "under the constant normalization each"),
         ({"split": "floor"}, "expected 2 losses, one per microbatch of ceil"),
+        ({"split": "tensor_split"}, r"microbatches of \[3, 2, 2\] rows"),
     ],
-    ids=["one_over_k", "no_scale", "token_by_rows", "constant_by_rows", "floor"],
+    ids=[
+        "one_over_k",
+        "no_scale",
+        "token_by_rows",
+        "constant_by_rows",
+        "floor",
+        "tensor_split",
+    ],
 )
 def test_microbatch_losses_names_the_classic_mistakes(options, message):
     with pytest.raises(ExerciseFailed, match=message) as failure:
         check_microbatch_losses(make_microbatch_losses(**options))
-    assert failure.value.cases_run == 6
+    assert failure.value.cases_run == 7
 
 
 def test_microbatch_losses_refuses_a_gradient_from_other_rows():
@@ -448,11 +480,17 @@ def make_update(
             with torch.no_grad():
                 old = score(slice(0, size))
 
-        def one_step(rows):
+        def one_step(rows, epoch):
+            nonlocal old
+            if old_when == "each_epoch" and off_policy and rows == batches[0]:
+                with torch.no_grad():
+                    old = score(slice(0, size))  # scored again every epoch
             log_probs = score(rows)  # (b, T)
             a = advantages[rows].unsqueeze(-1)  # (b, 1)
             if old_when == "each_batch" and off_policy:
                 reference = log_probs.detach()  # scored again after each update
+            elif on_policy_loss == "trl" and old is None:
+                reference = log_probs.detach()  # TRL: old = log_probs.detach()
             else:
                 reference = None if old is None else old[rows]
             plain = not off_policy and on_policy_loss == "plain"
@@ -470,21 +508,24 @@ def make_update(
                 step(masked_mean(per_token, m, dim=1).mean())
 
         schedule = (
-            [rows for _ in range(epochs) for rows in batches]
+            [(rows, epoch) for epoch in range(epochs) for rows in batches]
             if epochs_outside
-            else [rows for rows in batches for _ in range(epochs)]
+            else [(rows, epoch) for rows in batches for epoch in range(epochs)]
         )
-        for rows in schedule:
-            one_step(rows)
+        for rows, epoch in schedule:
+            one_step(rows, epoch)
 
     return update
 
 
-def update_with_package_pieces(
-    score, step, advantages, mask, group_size, train_size, epochs, eps
+def update_per_batch_old(
+    score, step, advantages, mask, group_size, train_size, epochs, eps, *, package=False
 ):
-    # Written another way: the package's loss pieces, the slices of Exercise 1,
-    # old log-probs scored per train batch but all before the first update.
+    # Written another way: the slices of Exercise 1, old log-probs scored per
+    # train batch but all before the first update, the clip by torch.where, the
+    # per-response mean by masked_mean. With ``package``, the package's loss
+    # pieces (Exercises 04 and 06, which this one composes) instead.
+    from grpo_lab.aggregation import aggregate_loss_across_microbatch
     from grpo_lab.losses import compute_policy_gradient_loss
 
     batches = reference_slices(advantages.shape[0], train_size, group_size)
@@ -493,44 +534,73 @@ def update_with_package_pieces(
         old = [score(rows) for rows in batches] if off_policy else None
     for _ in range(epochs):
         for index, rows in enumerate(batches):
-            per_token, _ = compute_policy_gradient_loss(
-                advantages[rows],
-                score(rows),
-                "grpo" if off_policy else "none",
-                None if old is None else old[index],
-                eps,
-                mask[rows],
+            log_probs = score(rows)  # (b, T)
+            if package:
+                per_token, _ = compute_policy_gradient_loss(
+                    advantages[rows],
+                    log_probs,
+                    "grpo" if off_policy else "none",
+                    None if old is None else old[index],
+                    eps,
+                    mask[rows],
+                )
+                step(
+                    aggregate_loss_across_microbatch(per_token, mask[rows], "sequence")
+                )
+                continue
+            a = advantages[rows][:, None]  # (b, 1)
+            ratio = torch.exp(
+                log_probs - (log_probs if old is None else old[index]).detach()
             )
-            step(aggregate_loss_across_microbatch(per_token, mask[rows], "sequence"))
+            kept = torch.where(
+                a > 0, ratio.clamp(max=1 + eps), ratio.clamp(min=1 - eps)
+            )
+            per_token = -torch.minimum(ratio * a, kept * a)  # (b, T)
+            step(masked_mean(per_token, mask[rows], dim=1).mean())
 
 
 def test_the_update_accepts_two_written_answers(capsys):
     assert check_rollout_batch_update(make_update()) is True
     assert "correct ✔ (4 of 4 cases passed)" in capsys.readouterr().out
-    assert check_rollout_batch_update(update_with_package_pieces) is True
+    assert check_rollout_batch_update(update_per_batch_old) is True
+
+
+def test_the_update_refuses_the_package_pieces_it_composes():
+    composed = functools.partial(update_per_batch_old, package=True)
+    with pytest.raises(ExerciseFailed, match="is not available while this exercise"):
+        check_rollout_batch_update(composed)
+
+
+def test_the_update_accepts_the_clipped_form_on_policy_as_trl_writes_it():
+    # On-policy, old = log_probs.detach(): the loss's value is A-free of log pi,
+    # its gradient and the parameters after the step are the plain one's.
+    assert check_rollout_batch_update(make_update(on_policy_loss="trl")) is True
 
 
 @pytest.mark.parametrize(
     ("slip", "passed", "message"),
     [
-        # Never off-policy: right on the one-step case only.
-        ({"old_when": "never"}, 1, "the loss of optimizer step 1"),
+        # Never off-policy: the ratio is 1 at every step.
+        ({"old_when": "never"}, 1, "the ratio is 1 at every step"),
         # Old log-probs scored again before each train batch: the ratio is 1.
-        ({"old_when": "each_batch"}, 1, "optimizer step 2"),
+        ({"old_when": "each_batch"}, 1, "the ratio is 1 at every step"),
+        # Old log-probs scored again at the start of each epoch.
+        ({"old_when": "each_epoch"}, 2, "scored again at the start of each epoch"),
         # Old log-probs on a one-step batch: the right steps, a wasted pass.
         ({"old_when": "always"}, 3, "rows were scored where"),
-        # On-policy written as the clipped ratio: the gradient agrees, the value not.
-        ({"old_when": "always", "on_policy_loss": "ratio"}, 3, "the loss of"),
+        # On-policy as a clipped ratio against a scored copy: a wasted pass.
+        ({"old_when": "always", "on_policy_loss": "ratio"}, 3, "rows were scored"),
         # Each train batch's epochs run back to back.
-        ({"epochs_outside": False}, 3, "optimizer step 2"),
+        ({"epochs_outside": False}, 3, "epochs ran back to back"),
         # DAPO's token mean instead of GRPO's per-response mean.
-        ({"normalization": "token"}, 0, "the loss of optimizer step 1"),
+        ({"normalization": "token"}, 0, "the gradient of optimizer step 1"),
         # One optimizer step per epoch on the whole rollout batch.
-        ({"whole_batch": True}, 2, "optimizer steps, got"),
+        ({"whole_batch": True}, 2, "optimizer steps (one per train batch"),
     ],
     ids=[
         "never_old",
         "old_each_batch",
+        "old_each_epoch",
         "old_on_policy",
         "ratio_on_policy",
         "epochs_inside",
@@ -736,6 +806,7 @@ def _dapo_variant(**change):
         estimator = change.get("estimator", "k3")
         kl = compute_kl_penalty(policy, reference, estimator)
         weight = 1.0 if change.get("unweighted") or estimator == "k2" else ratio
+        weight = ratio.detach() if change.get("detached_ratio") else weight
         sign = -1.0 if change.get("flipped") else 1.0
         per_token = surrogate + sign * beta * weight * kl
         if change.get("sequence_mean"):
@@ -754,21 +825,34 @@ def test_the_dapo_kl_loss_accepts_two_written_answers(capsys):
 
 
 @pytest.mark.parametrize(
-    ("change", "passed"),
+    ("change", "passed", "named"),
     [
-        ({"symmetric": True}, 1),  # right only where DAPO's bounds are equal
-        ({"unweighted": True}, 0),  # plain k3: the forward KL's gradient
-        ({"estimator": "k2"}, 0),  # the reverse KL's gradient, not k3's value
-        ({"sequence_mean": True}, 0),  # GRPO's aggregation, not DAPO's
-        ({"kl_unmasked": True}, 0),  # the penalty counted on padding
-        ({"flipped": True}, 0),  # the penalty as a bonus
+        # right only where DAPO's bounds are equal
+        ({"symmetric": True}, 1, "the clip is symmetric"),
+        # plain k3: the forward KL's gradient
+        ({"unweighted": True}, 0, "plain k3, not weighted by the ratio"),
+        ({"detached_ratio": True}, 0, "the ratio weighting k3 is detached"),
+        ({"estimator": "k2"}, 0, ""),  # the reverse KL's gradient, not k3's value
+        # GRPO's aggregation, not DAPO's
+        ({"sequence_mean": True}, 0, "the per-response mean (GRPO's)"),
+        ({"kl_unmasked": True}, 0, ""),  # the penalty counted on padding
+        ({"flipped": True}, 0, ""),  # the penalty as a bonus
     ],
-    ids=["symmetric", "unweighted_k3", "k2", "sequence_mean", "kl_unmasked", "flipped"],
+    ids=[
+        "symmetric",
+        "unweighted_k3",
+        "detached_ratio",
+        "k2",
+        "sequence_mean",
+        "kl_unmasked",
+        "flipped",
+    ],
 )
-def test_the_dapo_kl_loss_rejects_plausible_mistakes(change, passed):
+def test_the_dapo_kl_loss_rejects_plausible_mistakes(change, passed, named):
     with pytest.raises(ExerciseFailed, match="For advantages=") as failure:
         check_dapo_kl_loss(_dapo_variant(**change))
     assert (failure.value.cases_passed, failure.value.cases_run) == (passed, 3)
+    assert str(failure.value).startswith(named)
 
 
 def test_the_dapo_kl_loss_refuses_a_detached_penalty():

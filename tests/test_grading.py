@@ -87,6 +87,21 @@ def with_answer_below_the_stub(notebook) -> nbformat.NotebookNode:
     return copy
 
 
+def with_answer_below_the_check(notebook) -> nbformat.NotebookNode:
+    """The student copy, its stub kept and the key's answer in a new cell below
+    the check cell."""
+    copy = student_notebook(notebook, NAME)
+    (exercise,) = find_exercises(notebook, NAME)
+    answer = nbformat.v4.new_code_cell(notebook.cells[exercise.solution_index].source)
+    check = next(
+        i
+        for i, c in enumerate(copy.cells)
+        if "check_group_normalized_advantages(group_normalized_advantages" in c.source
+    )
+    copy.cells.insert(check + 1, answer)
+    return copy
+
+
 def submit(root, student: str, notebook, name: str = NAME) -> None:
     (root / student).mkdir(parents=True, exist_ok=True)
     nbformat.write(notebook, root / student / name)
@@ -107,6 +122,7 @@ def test_grade_reads_what_each_student_wrote(tmp_path, capsys):
     )
     submit(root, "carol", student_notebook(key, NAME))
     submit(root, "erin", with_answer_below_the_stub(key))
+    submit(root, "gina", with_answer_below_the_check(key))
     endless = with_solution(
         key, "    grouped = raw", "    while True:\n        pass\n    grouped = raw"
     )
@@ -116,7 +132,8 @@ def test_grade_reads_what_each_student_wrote(tmp_path, capsys):
     argv = ["grade", str(root), "--out", str(out), "--timeout", "8", "-j", "2"]
     assert cli.main(argv) == 0
     captured = capsys.readouterr()
-    summary = "15 grades (2 pass, 1 fail, 1 not attempted, 1 error, 10 manual)"
+    # Every written question is unanswered: not attempted, 0 points.
+    summary = "18 grades (2 pass, 1 fail, 14 not attempted, 1 error, 0 manual)"
     assert summary in captured.out
     assert "grading" in captured.err  # the progress bar
     rows = list(csv.DictReader(out.open()))
@@ -128,8 +145,19 @@ def test_grade_reads_what_each_student_wrote(tmp_path, capsys):
         ("carol", "not attempted", "0"),
         ("erin", "pass", "3"),
         ("frank", "error", "0"),
+        ("gina", "not attempted", "0"),
     ]
     message = {r["student"]: r["message"] for r in exercises}
+    below = with_answer_below_the_check(key)
+    cell = next(
+        i + 1
+        for i, c in enumerate(below.cells)
+        if c.source.startswith("def group_normalized_advantages")
+        and "NotImplementedError" not in c.source
+    )
+    assert message["gina"].startswith(
+        f"your answer is in cell {cell}, below the check: move it above"
+    ), message["gina"]
     # The course check's counter-example, however bob's check cell was edited.
     assert message["bob"].startswith("2 of 4 cases passed; expected"), message
     assert message["carol"] == grading.NOTHING_WRITTEN
@@ -138,16 +166,34 @@ def test_grade_reads_what_each_student_wrote(tmp_path, capsys):
         len(m) <= grading.MESSAGE_LIMIT and "\n" not in m for m in message.values()
     )
     assert float(next(r for r in exercises if r["student"] == "carol")["seconds"]) < 1
-    questions = [r for r in rows if r["outcome"] == "manual"]
     rubric = load_rubric()
+    questions = [r for r in rows if r["exercise"] in rubric.questions]
     assert {(r["student"], r["exercise"]) for r in questions} == {
         (s, q.question_id)
-        for s in ("alice", "bob", "carol", "erin", "frank")
+        for s in ("alice", "bob", "carol", "erin", "frank", "gina")
         for q in rubric.questions_of("03")
     }
     for row in questions:
-        assert row["points"] == ""
+        assert (row["outcome"], row["points"]) == ("not attempted", "0")
+        assert row["message"] == grading.QUESTION_NOT_ANSWERED
         assert row["max_points"] == f"{rubric.questions[row['exercise']].points:g}"
+
+
+def test_a_written_answer_is_graded_by_hand_and_an_untouched_one_gets_0(tmp_path):
+    rubric = load_rubric()
+    question = rubric.questions_of("03")[0]
+    copy = student_notebook(course(), NAME)
+    (cell,) = [c for c in copy.cells if grading.grade_id(c) == question.question_id]
+    untouched = grading.question_grades("ann", Path(NAME), copy, rubric)
+    cell.source = "The std makes the advantages scale-free within a group."
+    answered = grading.question_grades("ann", Path(NAME), copy, rubric)
+    first = {g.exercise_id: g for g in untouched}[question.question_id]
+    assert (first.outcome, first.points) == ("not attempted", 0.0)
+    second = {g.exercise_id: g for g in answered}[question.question_id]
+    assert (second.outcome, second.message) == (
+        "manual",
+        "graded by hand: answered in 9 words",
+    )
 
 
 def test_an_untouched_notebook_is_graded_without_a_kernel(tmp_path, monkeypatch):
@@ -165,15 +211,18 @@ def test_an_untouched_notebook_is_graded_without_a_kernel(tmp_path, monkeypatch)
         submit(root, "una", student_notebook(notebook, path.name), path.name)
     grades = grading.grade_submissions(root)
     rubric = load_rubric()
-    exercises = [g for g in grades if g.outcome != "manual"]
+    exercises = [g for g in grades if g.exercise_id not in rubric.questions]
     assert {g.exercise_id for g in exercises} == set(rubric.exercises)
     assert {g.outcome for g in exercises} == {"not attempted"}
-    manual = {g.exercise_id: g.max_points for g in grades if g.outcome == "manual"}
-    assert manual == {q: rubric.questions[q].points for q in rubric.questions}
+    questions = {
+        g.exercise_id: g.max_points for g in grades if g.exercise_id in rubric.questions
+    }
+    assert questions == {q: rubric.questions[q].points for q in rubric.questions}
     assert all(
-        g.message == "graded by hand: not answered"
+        (g.outcome, g.points, g.message)
+        == ("not attempted", 0.0, grading.QUESTION_NOT_ANSWERED)
         for g in grades
-        if g.outcome == "manual"
+        if g.exercise_id in rubric.questions
     )
 
 
@@ -1303,21 +1352,10 @@ def test_the_warden_sets_the_limits_and_fences_writes(tmp_path):
     assert not (outside / "no.txt").exists()
 
 
-@pytest.mark.parametrize("attack", [*DISGUISED_CALLS, *sorted(RIGHT_ANSWERS)])
-def test_each_disguised_call_passes_a_check_that_does_not_hide_the_package(
-    attack, monkeypatch
-):
-    """The attacks are real: outside the grader (the package reachable, the
-    grader's identity refusal in place) each disguised call passes its check,
-    as each right answer does; in the grader the former get no points."""
+def _checked_in_process(attack: str) -> bool:
+    """The attack's exercise checked in this process, as a check cell runs it."""
     import importlib
 
-    from grpo_lab.instructor import grading_refusal
-    from grpo_lab.teaching.checks import framework
-
-    monkeypatch.setattr(
-        framework, "refuse_package_function", grading_refusal.refuse_package_object
-    )
     names: dict = {}
     cells = ATTACKS[attack]  # one cell, or several (the last answer counts)
     exec(
@@ -1328,7 +1366,35 @@ def test_each_disguised_call_passes_a_check_that_does_not_hide_the_package(
         attack, ("advantages", "check_group_normalized_advantages")
     )[:2]
     checks = importlib.import_module(f"grpo_lab.teaching.checks.{module}")
-    assert getattr(checks, check_name)(names[attack]) is not False
+    return getattr(checks, check_name)(names[attack])
+
+
+@pytest.mark.parametrize("attack", [*DISGUISED_CALLS, *sorted(RIGHT_ANSWERS)])
+def test_each_disguised_call_passes_a_check_that_does_not_hide_the_package(
+    attack, monkeypatch
+):
+    """The attacks are real: with nothing hidden (as a grading kernel leaves
+    the check, its own hiding aside) each disguised call passes its check, as
+    each right answer does; in the grader the former get no points."""
+    from grpo_lab.instructor import grading_refusal
+    from grpo_lab.teaching.checks import framework
+
+    monkeypatch.setattr(framework, "hide_while_running", grading_refusal._as_it_is)
+    assert _checked_in_process(attack) is not False
+
+
+@pytest.mark.parametrize("attack", [*DISGUISED_CALLS, *sorted(RIGHT_ANSWERS)])
+def test_the_check_cell_gives_each_attack_the_graders_verdict(attack, attack_grades):
+    """One refusal, one verdict: in a check cell (the package hidden while the
+    answer runs) a disguised call fails and a right answer passes, as in the
+    grader."""
+    if attack in RIGHT_ANSWERS:
+        assert _checked_in_process(attack) is True
+        assert attack_grades[attack].outcome == "pass"
+        return
+    with pytest.raises(Exception, match="not available while this exercise"):
+        _checked_in_process(attack)
+    assert attack_grades[attack].outcome != "pass"
 
 
 def test_the_grader_kernel_client_is_ready_and_runs_code():

@@ -25,9 +25,11 @@ cells. A notebook in which the student wrote nothing starts no kernel.
 Each exercise gets one outcome: ``pass`` (all its points), ``fail`` (the
 check's counter-example, or what the student's function raised; where the
 rubric allows partial credit, the points times the share of the check's cases
-passed), ``not attempted`` (a stub, or nothing written), ``error`` (an
-exception outside the student's function, or more than the time limit). Each
-written question gets a ``manual`` row with its points, to grade by hand.
+passed), ``not attempted`` (a stub, or nothing written; an answer written
+below its check is named, with its cell), ``error`` (an exception outside the
+student's function, or more than the time limit). Each written question gets a
+``manual`` row with its points, to grade by hand, or ``not attempted`` with 0
+points when its answer cell is unchanged.
 Messages are one line of at most MESSAGE_LIMIT characters, the named mistake
 first. A kernel that died or ran out of time is replaced by a fresh one for the
 next exercise, which does not run again the cells that brought it down.
@@ -105,6 +107,11 @@ NOTHING_WRITTEN = "nothing written above the check (the stub is unchanged)"
 SUBMISSION_BYTES = 32 << 20
 # The longest time limit of one exercise, in seconds.
 TIMEOUT_LIMIT = 86400.0
+ANSWER_BELOW = (
+    "your answer is in cell {cell}, below the check: move it above the check "
+    "(and run the check again)"
+)
+QUESTION_NOT_ANSWERED = "not answered (the answer cell is unchanged)"
 # Seconds the course's context cells of one notebook may take in all.
 CONTEXT_TIMEOUT = 600.0
 # Address space of one grading kernel, and of each process it starts (a kernel
@@ -495,8 +502,9 @@ def question_grades(
     submission: nbformat.NotebookNode | None,
     rubric: Rubric,
 ) -> list[Grade]:
-    """One ``manual`` row per written question of the notebook: its points, to
-    be given by hand, and whether the answer cell was written in."""
+    """One row per written question of the notebook: ``manual`` (its points to
+    be given by hand) when the answer cell was written in, else ``not
+    attempted`` with 0 points."""
     cells = [] if submission is None else submission.cells
     grades = []
     for question in rubric.questions_of(notebook_number(course_path.name)):
@@ -504,21 +512,18 @@ def question_grades(
             c.source.strip() for c in cells if grade_id(c) == question.question_id
         ]
         text = answers[0] if answers else ""
-        words = len(text.split())
-        message = (
-            f"graded by hand: answered in {words} words"
-            if text and text != ANSWER_STUB
-            else "graded by hand: not answered"
-        )
+        answered = bool(text) and text != ANSWER_STUB
         grades.append(
             Grade(
                 student,
                 course_path.name,
                 question.question_id,
-                "manual",
+                "manual" if answered else "not attempted",
                 0.0,
                 question.points,
-                message,
+                f"graded by hand: answered in {len(text.split())} words"
+                if answered
+                else QUESTION_NOT_ANSWERED,
             )
         )
     return grades
@@ -566,7 +571,7 @@ def _run_exercises(
     """``(result, flag, seconds)`` of each exercise; one kernel, started only
     when the student wrote something, serves them all when it can."""
     if not any(plan.cells for plan in plans):
-        return [(("not attempted", NOTHING_WRITTEN, None, None), "", 0.0)] * len(plans)
+        return [(_not_written(plan), "", 0.0) for plan in plans]
     results = []
     with tempfile.TemporaryDirectory(prefix="grpo-lab-grade-") as workdir:
         # Another user (the student's process, see sandbox.confine_solution) may
@@ -578,9 +583,11 @@ def _run_exercises(
             for plan in plans:
                 started = time.perf_counter()
                 if not plan.cells:
-                    result = ("not attempted", NOTHING_WRITTEN, None, None)
+                    result = _not_written(plan)
                 else:
                     result = _kernel_grade(kernel, plan)
+                    if result[0] == "not attempted" and plan.answer_below is not None:
+                        result = _not_written(plan)
                 checks = check_names_in(course.cells[plan.exercise.check_index].source)
                 pasted = pasted_counterpart(plan.solution, checks)
                 flag = f"matches {pasted}" if pasted else ""
@@ -598,6 +605,15 @@ def _kernel_grade(kernel: _Kernel, plan: ExercisePlan) -> KernelResult:
     except Exception as error:
         kernel.stop()
         return "error", f"the grader failed on it: {_one_line(error)}", None, None
+
+
+def _not_written(plan: ExercisePlan) -> KernelResult:
+    """The verdict on an exercise with no answer above its check: one written
+    below it is named, with its cell's number (counting every cell from 1)."""
+    if plan.answer_below is None:
+        return ("not attempted", NOTHING_WRITTEN, None, None)
+    message = ANSWER_BELOW.format(cell=plan.answer_below + 1)
+    return ("not attempted", message, None, None)
 
 
 class _Kernel:

@@ -62,6 +62,9 @@ class ExercisePlan:
     cells: tuple[tuple[int, str], ...]
     # The last of them that defines the exercise's function ("" when none).
     solution: str
+    # The index of a cell below the check that defines the exercise's function
+    # (the answer written in the wrong place), or None.
+    answer_below: int | None = None
 
 
 def plan_submission(
@@ -91,7 +94,22 @@ def plan_submission(
         cells = tuple((i, source) for i, source in written if i < position)
         function = exercise.exercise_id.split("-", 1)[1]
         defining = [s for _, s in cells if function in FUNCTION_NAME.findall(s)]
-        plans.append(ExercisePlan(exercise, cells, defining[-1] if defining else ""))
+        below = [
+            i
+            for i, cell in enumerate(submission.cells)
+            if i > position
+            and cell.cell_type == "code"
+            and cell.source.strip() not in known
+            and function in FUNCTION_NAME.findall(cell.source)
+        ]
+        plans.append(
+            ExercisePlan(
+                exercise,
+                cells,
+                defining[-1] if defining else "",
+                below[0] if below else None,
+            )
+        )
     return plans
 
 

@@ -1,13 +1,15 @@
 """How the grader refuses the package's own answer, and flags a pasted one.
 
-In a grading kernel :func:`install` puts :func:`refuse_package_object` in the
-place of :func:`grpo_lab.teaching.checks.framework.refuse_package_function`:
-the exercise's counterparts are hidden while the student's code runs (see
-:mod:`grpo_lab.instructor.grading_kernel`), so a call of one of them, by any path,
-already fails with "not available while this exercise is graded"; what is left
-to refuse is a solution that *is* the package function (an alias, a partial, a
-wrapper). Names in comments, docstrings and strings, and a student's own
-function that happens to share a package function's name, are not refused.
+The grader refuses what the check cell refuses
+(:func:`grpo_lab.teaching.checks.framework.refuse_package_function`, by
+object): a solution that *is* the package function (an alias, a partial, a
+wrapper). A call of a counterpart, by any path, fails in both with "not
+available while this exercise is ..." (the check cell hides the counterparts
+while the student's function runs; in a grading kernel :func:`install` leaves
+that to the kernel, which hides them in the process where the student's code
+runs, see :mod:`grpo_lab.instructor.grading_kernel`). Names in comments,
+docstrings and strings, and a student's own function that happens to share a
+package function's name, are refused by neither.
 
 :func:`pasted_counterpart` runs in the grader: it says which package function
 a solution's syntax tree matches once names, docstrings and comments are set
@@ -30,28 +32,28 @@ SIMILARITY_FLAG = 0.9
 
 
 def refuse_package_object(student_fn: Callable[..., Any], check_name: str) -> None:
-    """Raise ExerciseFailed when ``student_fn`` is, or wraps, a counterpart."""
-    from grpo_lab.teaching.checks.exercises import PACKAGE_COUNTERPARTS
-    from grpo_lab.teaching.checks.framework import ExerciseFailed, _unwrapped, resolve
+    """Raise ExerciseFailed when ``student_fn`` is, or wraps, a counterpart: the
+    check cell's own refusal
+    (:func:`grpo_lab.teaching.checks.framework.refuse_package_function`), so
+    the check cell and the grader refuse the same answers."""
+    from grpo_lab.teaching.checks import framework
 
-    for path in PACKAGE_COUNTERPARTS[check_name]:
-        target = resolve(path)
-        targets = (target, getattr(target, "fget", target))
-        if any(c is t for c in _unwrapped(student_fn) for t in targets):
-            name = getattr(student_fn, "__name__", type(student_fn).__name__)
-            raise ExerciseFailed(
-                f"write it yourself: this check compares against {path}, and "
-                f"{name} is that function"
-            )
+    framework.refuse_package_function(student_fn, check_name)
+
+
+def _as_it_is(student_fn: Callable[..., Any], check_name: str) -> Callable[..., Any]:
+    return student_fn
 
 
 def install(scratch: str) -> None:
-    """Use :func:`refuse_package_object` in the checks, and a fresh Python
-    process confined as the student's own is (working in ``scratch``) for a
-    check that calls the student's function in one (a grading kernel only)."""
+    """In a grading kernel only: the check runs the student's function as it
+    is (the kernel hides the counterparts itself, in the process where the
+    student's code runs), and a check that calls the student's function in a
+    fresh Python process starts one confined as the student's own is (working
+    in ``scratch``)."""
     from grpo_lab.teaching.checks import framework
 
-    framework.refuse_package_function = refuse_package_object
+    framework.hide_while_running = _as_it_is
     confined = [sys.executable, "-m", "grpo_lab.instructor.sandbox"]
     confined += ["--solution", scratch, "--", sys.executable]
     framework.fresh_python = lambda: list(confined)

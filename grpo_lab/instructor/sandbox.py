@@ -185,8 +185,9 @@ def solution_readable() -> list[str]:
     readable = []
     for path in found:
         real = os.path.realpath(path)
-        above = any(o == real or o.startswith(real.rstrip(os.sep) + os.sep)
-                    for o in outside)  # fmt: skip
+        above = any(
+            o == real or o.startswith(real.rstrip(os.sep) + os.sep) for o in outside
+        )
         if os.path.isdir(real) and not above and real not in readable:
             readable.append(real)
     return readable

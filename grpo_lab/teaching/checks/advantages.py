@@ -30,7 +30,9 @@ ADVANTAGE_CASES = (
 )
 
 
-@exercise_check("Group-normalized advantages (GRPO)")
+@exercise_check(
+    "Exercise 03-group_normalized_advantages (GRPO's group-normalized advantages)"
+)
 def check_group_normalized_advantages(
     student_fn: Callable[[torch.Tensor, int, float], torch.Tensor],
     cases: CaseCount,

@@ -52,7 +52,7 @@ def _describe(loss, mask, normalization, constant) -> str:
     )
 
 
-@exercise_check("Exercise 06a (sequence vs constant aggregation)")
+@exercise_check("Exercise 06-aggregate_loss (sequence vs constant aggregation)")
 def check_aggregate_loss(
     student_fn: Callable[..., torch.Tensor], cases: CaseCount
 ) -> None:
@@ -125,7 +125,7 @@ def _grpo_cases() -> list[tuple[torch.Tensor, ...]]:
 _SETTINGS = (("sequence", None, 0.2), ("constant", 12, 0.2), ("token", None, 0.1))
 
 
-@exercise_check("Exercise 06b (the scalar GRPO loss)")
+@exercise_check("Exercise 06-grpo_loss (the scalar GRPO loss)")
 def check_grpo_loss(student_fn: GrpoLoss, cases: CaseCount) -> None:
     """``student_fn(policy_log_probs, old_log_probs, advantages, response_mask,
     cliprange, loss_normalization, normalization_constant)`` -> scalar; its

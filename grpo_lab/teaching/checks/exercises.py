@@ -1,17 +1,26 @@
 """Which package function each exercise check compares against.
 
 One row per check: the check's name, then the dotted paths of the functions
-whose answer the exercise asks the student to write. The first path is the one
-messages name. A check refuses a student function that is, wraps or calls any
-of them (:func:`grpo_lab.teaching.checks.framework.refuse_package_function`),
-and the notebook scan in the tests refuses a cell that shows one of them above
-the exercise's check.
+that compute its answer, wherever they live: the package function the
+exercise asks the student to write (the first path, the one messages name),
+the package's counterparts of the exercises it composes, the check module's
+own helpers that compute the expected value, and library routes (``generate``).
+A check refuses a student function that is or wraps one of them
+(:func:`grpo_lab.teaching.checks.framework.refuse_package_function`), hides
+them while the student's function runs (:mod:`grpo_lab.teaching.checks.reach`;
+the grader hides the same in its kernel), and the notebook scan in the tests
+refuses a cell that shows one of them above the exercise's check.
 """
 
 from __future__ import annotations
 
 PACKAGE_COUNTERPARTS: dict[str, tuple[str, ...]] = {
-    "check_greedy_next_token": ("transformers.GenerationMixin.generate",),
+    "check_greedy_next_token": (
+        "transformers.GenerationMixin.generate",
+        # generate is a torch.no_grad() closure: what it wraps is hidden.
+        "transformers.GenerationMixin.generate.__wrapped__",
+        "grpo_lab.teaching.checks.setup.reference_next_token",
+    ),
     "check_response_mask": ("grpo_lab.masks.pad_prompt_and_response_ids",),
     "check_response_log_probs": (
         "grpo_lab.logprobs.get_response_log_probs",
@@ -36,6 +45,7 @@ PACKAGE_COUNTERPARTS: dict[str, tuple[str, ...]] = {
         "grpo_lab.losses.compute_policy_gradient_loss",
         "grpo_lab.aggregation.aggregate_loss_across_microbatch",
         "grpo_lab.teaching.checks.aggregation.reference_grpo_loss",
+        "grpo_lab.losses.grpo_clip_loss",  # its clipped surrogate (04)
     ),
     "check_microbatch_losses": (
         "grpo_lab.aggregation.microbatch_loss_scale",
@@ -48,17 +58,29 @@ PACKAGE_COUNTERPARTS: dict[str, tuple[str, ...]] = {
         "grpo_lab.train_step.grpo_train_step",
         "grpo_lab.train_step.microbatch_loss",
     ),
-    "check_train_batch_slices": ("grpo_lab.training.loop.train_batch_rows",),
+    "check_train_batch_slices": (
+        "grpo_lab.training.loop.train_batch_rows",
+        "grpo_lab.teaching.checks.loop._reference_slices",
+    ),
     "check_rollout_batch_update": (
         "grpo_lab.training.loop.grpo_update",
         "grpo_lab.train_step.policy_gradient_update",
         "grpo_lab.teaching.checks.loop.reference_rollout_batch_update",
+        "grpo_lab.teaching.checks.loop._reference_slices",  # 08a, composed here
+        "grpo_lab.training.loop.train_batch_rows",
+        "grpo_lab.losses.compute_policy_gradient_loss",  # 04, composed here
+        "grpo_lab.losses.grpo_clip_loss",
+        "grpo_lab.aggregation.aggregate_loss_across_microbatch",  # 06a, composed here
     ),
     "check_cache_key": ("grpo_lab.teaching.explorer.config_cache_key",),
     "check_dapo_kl_loss": (
         "grpo_lab.train_step.microbatch_loss",
         "grpo_lab.losses.compute_policy_gradient_loss",
+        "grpo_lab.losses.grpo_clip_loss",  # its clipped surrogate (04)
+        "grpo_lab.aggregation.aggregate_loss_across_microbatch",  # its token mean (06a)
+        "grpo_lab.kl.kl_importance_weights",  # its ratio weight of k3
         "grpo_lab.teaching.checks.family.reference_dapo_kl_loss",
+        "grpo_lab.teaching.checks.family._slip_losses",
     ),
     "check_device_token_loss": (
         "grpo_lab.aggregation.aggregate_loss_across_microbatch",
@@ -69,8 +91,12 @@ PACKAGE_COUNTERPARTS: dict[str, tuple[str, ...]] = {
         "grpo_lab.rollouts.multiturn.pad_prompt_and_segment_ids",
         "grpo_lab.rollouts.multiturn.segment_model_flags",
         "grpo_lab.rollouts.multiturn.multi_turn_token_batch",
+        "grpo_lab.teaching.checks.turns._written",  # its slips' masks, unshifted
     ),
-    "check_lora_linear": ("grpo_lab.lora.lora_linear",),
+    "check_lora_linear": (
+        "grpo_lab.lora.lora_linear",
+        "grpo_lab.teaching.checks.lora._slips",  # a slip's scale, turned around
+    ),
     "check_corrected_loss": (
         "grpo_lab.train_step.microbatch_loss",
         "grpo_lab.sampler_correction.sampler_correction_weights",
@@ -78,6 +104,8 @@ PACKAGE_COUNTERPARTS: dict[str, tuple[str, ...]] = {
         "grpo_lab.sampler_correction.sampler_weights",  # its unchecked form
         "grpo_lab.sampler_correction.sampler_weights_and_metrics",
         "grpo_lab.teaching.checks.mismatch.reference_corrected_loss",
+        "grpo_lab.losses.compute_policy_gradient_loss",  # its clipped terms (04)
+        "grpo_lab.losses.grpo_clip_loss",
     ),
 }
 

@@ -20,6 +20,8 @@ import torch
 
 from grpo_lab.teaching.checks.framework import (
     CaseCount,
+    ExerciseFailed,
+    _backward_weights,
     assert_value_and_gradient,
     exercise_check,
 )
@@ -111,7 +113,7 @@ def _describe(case: _Case, low: float, high: float, beta: float) -> str:
     )
 
 
-@exercise_check("DAPO's loss with a KL penalty")
+@exercise_check("Exercise 10-dapo_kl_loss (DAPO's loss with a KL penalty)")
 def check_dapo_kl_loss(student_fn: DapoKlLoss, cases: CaseCount) -> None:
     """``student_fn(policy_log_probs, old_log_probs, reference_log_probs,
     advantages, response_mask, cliprange_low, cliprange_high, kl_coef)`` ->
@@ -134,10 +136,77 @@ def check_dapo_kl_loss(student_fn: DapoKlLoss, cases: CaseCount) -> None:
                 high,
                 beta,
             )
-            assert_value_and_gradient(
-                received,
-                expected,
-                student_input,
-                reference_input,
-                _describe(case, low, high, beta),
-            )
+            inputs = _describe(case, low, high, beta)
+            try:
+                assert_value_and_gradient(
+                    received, expected, student_input, reference_input, inputs
+                )
+            except ExerciseFailed as failure:
+                slip = _which_slip(received, student_input, case, low, high, beta)
+                if slip is None:
+                    raise
+                raise ExerciseFailed(f"{slip}: {failure}") from None
+
+
+def _slip_losses(
+    policy: torch.Tensor, case: _Case, low: float, high: float, beta: float
+) -> dict[str, torch.Tensor]:
+    """The loss each usual slip gives on ``policy`` (a leaf with a gradient)."""
+    _, old, reference, advantages, mask = case
+    ratio = torch.exp(policy - old)  # (B, T)
+    a = advantages.unsqueeze(-1)  # (B, 1)
+
+    def surrogate(high_bound: float) -> torch.Tensor:
+        clipped = ratio.clamp(1 - low, 1 + high_bound)
+        return -torch.minimum(ratio * a, clipped * a)  # (B, T)
+
+    log_r = reference - policy  # log(pi_ref / pi), (B, T)
+    k3 = torch.exp(log_r) - log_r - 1  # (B, T)
+    mask = mask.to(policy.dtype)
+
+    def token_mean(per_token: torch.Tensor) -> torch.Tensor:
+        return (per_token * mask).sum() / mask.sum()
+
+    return {
+        "plain k3, not weighted by the ratio pi / pi_old: its gradient is the "
+        "forward KL's (the mistake the notebook's estimator table warns about); "
+        "multiply k3 by the differentiable ratio": token_mean(
+            surrogate(high) + beta * k3
+        ),
+        "the ratio weighting k3 is detached: k3's value, but its gradient is "
+        "still the forward KL's; the ratio must carry the gradient": token_mean(
+            surrogate(high) + beta * ratio.detach() * k3
+        ),
+        "the clip is symmetric, 1 +/- cliprange_low: DAPO's clip-higher bounds "
+        "the ratio by 1 + cliprange_high above": token_mean(
+            surrogate(low) + beta * ratio * k3
+        ),
+        "the per-response mean (GRPO's), not DAPO's token mean over the batch": (
+            ((surrogate(high) + beta * ratio * k3) * mask).sum(1) / mask.sum(1)
+        ).mean(),
+    }
+
+
+def _which_slip(
+    received: object,
+    student_input: torch.Tensor,
+    case: _Case,
+    low: float,
+    high: float,
+    beta: float,
+) -> str | None:
+    """The slip whose value (and, once the value is right, gradient as the
+    check weighed it) ``received`` matches, or None."""
+    if not isinstance(received, torch.Tensor) or received.numel() != 1:
+        return None
+    leaf = case[0].clone().requires_grad_(True)
+    for message, loss in _slip_losses(leaf, case, low, high, beta).items():
+        if abs(received.detach().double().item() - loss.item()) > 1e-8:
+            continue
+        if student_input.grad is None:  # the value was already wrong
+            return message
+        weight = _backward_weights(loss.shape)
+        (wrong,) = torch.autograd.grad(loss * weight, leaf)
+        if torch.allclose(student_input.grad.double(), wrong.double(), atol=1e-8):
+            return message
+    return None

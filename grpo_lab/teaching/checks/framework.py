@@ -18,7 +18,6 @@ import contextlib
 import functools
 import importlib
 import inspect
-import re
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -103,9 +102,10 @@ def exercise_check(title: str) -> Callable[[Callable[..., None]], Callable[..., 
     ``with cases.case():`` (see :class:`CaseCount`); the decorated check is
     called ``check(student_fn, ...)``.
 
-    Before the checker runs, a student function that is or calls the package
-    function the check compares against is refused
-    (:func:`refuse_package_function`); the checker's name must be a row of
+    Before the checker runs, a student function that is the package function
+    the check compares against is refused (:func:`refuse_package_function`);
+    while it runs, what computes its answer is out of reach
+    (:func:`hide_while_running`). The checker's name must be a row of
     PACKAGE_COUNTERPARTS. An ExerciseFailed raised outside a case counts as one
     failed case and ends the check.
     """
@@ -121,8 +121,9 @@ def exercise_check(title: str) -> Callable[[Callable[..., None]], Callable[..., 
         def run(student_fn: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
             refuse_package_function(student_fn, checker.__name__)
             cases = CaseCount()
+            hiding = hide_while_running(student_fn, checker.__name__)
             try:
-                checker(student_fn, cases, *args, **kwargs)
+                checker(hiding, cases, *args, **kwargs)
             except NotImplementedError:
                 cases.stubbed += 1
             except ExerciseFailed as error:
@@ -195,25 +196,52 @@ def fresh_python() -> list[str]:
 
 
 def refuse_package_function(student_fn: Callable[..., Any], check_name: str) -> None:
-    """Raise ExerciseFailed when ``student_fn`` is, wraps or calls the package
-    function ``check_name`` compares against (the PACKAGE_COUNTERPARTS table).
+    """Raise ExerciseFailed when ``student_fn`` is, or wraps, a function the
+    check compares against (the PACKAGE_COUNTERPARTS table): itself, under
+    another name, in a functools.partial, behind ``__wrapped__``, as a bound
+    method or as a callable object's ``__call__``.
 
-    Looked at: the object itself and what it wraps (functools.partial,
-    ``__wrapped__``, bound methods, a callable object's ``__call__``); the names
-    its code reads (globals, attributes, closure variables, nested code); the
-    values its globals and closure cells hold under those names; and a call
-    by name in its source. Plain functions it calls that live beside it (same
-    module) are followed too.
+    The refusal is by object, never by name: a student's own helper that
+    shares a package function's name, or a comment or docstring that names
+    one, is not refused. A *call* of a counterpart, by any path, meets the
+    stub the check puts in its place while the student's function runs
+    (:mod:`grpo_lab.teaching.checks.reach`); the grader refuses and hides the
+    same way.
     """
-    paths = PACKAGE_COUNTERPARTS[check_name]
-    targets = [(path, resolve(path)) for path in paths]
-    used = _counterpart_used(student_fn, targets, seen=set())
-    if used is not None:
-        name = getattr(student_fn, "__name__", type(student_fn).__name__)
-        raise ExerciseFailed(
-            f"write it yourself: this check compares against {used}, and "
-            f"{name} is that function or calls it"
-        )
+    for path in PACKAGE_COUNTERPARTS[check_name]:
+        target = resolve(path)
+        targets = (target, getattr(target, "fget", target))
+        if any(c is t for c in _unwrapped(student_fn) for t in targets):
+            name = getattr(student_fn, "__name__", type(student_fn).__name__)
+            raise ExerciseFailed(
+                f"write it yourself: this check compares against {path}, and "
+                f"{name} is that function"
+            )
+
+
+def hide_while_running(
+    student_fn: Callable[..., Any], check_name: str
+) -> Callable[..., Any]:
+    """``student_fn``, called with what computes the check's answer out of
+    reach (:mod:`grpo_lab.teaching.checks.reach`); a call that met a hidden
+    function fails the case with its message. A grading kernel puts the
+    identity here: it hides the same functions itself, in the process where
+    the student's code runs."""
+    from grpo_lab.teaching.checks import reach
+
+    hide = reach.reach_of([resolve(p) for p in PACKAGE_COUNTERPARTS[check_name]])
+
+    @functools.wraps(student_fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            with reach.hidden(hide):
+                return student_fn(*args, **kwargs)
+        except RuntimeError as error:
+            if reach.UNAVAILABLE_TEXT not in str(error):
+                raise
+            raise ExerciseFailed(str(error)) from None
+
+    return call
 
 
 def _unwrapped(fn: Any) -> list[Any]:
@@ -231,67 +259,6 @@ def _unwrapped(fn: Any) -> list[Any]:
             return chain
         chain.append(inner)
         fn = inner
-
-
-def _counterpart_used(
-    fn: Any, targets: list[tuple[str, Any]], seen: set[int]
-) -> str | None:
-    for candidate in _unwrapped(fn):
-        if id(candidate) in seen:
-            continue
-        seen.add(id(candidate))
-        for path, target in targets:
-            if candidate is target or candidate is getattr(target, "fget", None):
-                return path
-        code = getattr(candidate, "__code__", None)
-        if code is None:
-            continue
-        names = _code_names(code)
-        source_calls = _source_mentions(candidate, [p for p, _ in targets])
-        for path, _ in targets:
-            if path.rsplit(".", 1)[1] in names or path in source_calls:
-                return path
-        for value in _referenced_values(candidate, names):
-            for path, target in targets:
-                if value is target or value is getattr(target, "fget", target):
-                    return path
-            beside = inspect.isfunction(value) and (
-                value.__module__ == candidate.__module__
-            )
-            if beside and (found := _counterpart_used(value, targets, seen)):
-                return found
-    return None
-
-
-def _code_names(code: Any) -> set[str]:
-    names = set(code.co_names) | set(code.co_freevars)
-    for constant in code.co_consts:
-        if inspect.iscode(constant):
-            names |= _code_names(constant)
-    return names
-
-
-def _referenced_values(fn: Any, names: set[str]) -> list[Any]:
-    values = [fn.__globals__[name] for name in names if name in fn.__globals__]
-    for cell in fn.__closure__ or ():
-        try:
-            values.append(cell.cell_contents)
-        except ValueError:  # an empty cell
-            continue
-    return values
-
-
-def _source_mentions(fn: Any, paths: list[str]) -> set[str]:
-    try:
-        source = inspect.getsource(fn)
-    except (OSError, TypeError):
-        return set()
-    found = set()
-    for path in paths:
-        name = re.escape(path.rsplit(".", 1)[1])
-        if re.search(rf"(?<!def )\b{name}\s*\(|\.{name}\b", source):
-            found.add(path)
-    return found
 
 
 def assert_value_and_gradient(

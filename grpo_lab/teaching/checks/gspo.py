@@ -56,7 +56,7 @@ def _ratio_cases() -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     return [(policy, old, mask), (random_policy, random_old, ragged_mask)]
 
 
-@exercise_check("GSPO sequence-level ratio")
+@exercise_check("Exercise 05-sequence_ratio (GSPO's sequence-level ratio)")
 def check_sequence_ratio(
     student_fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
     cases: CaseCount,

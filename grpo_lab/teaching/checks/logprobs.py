@@ -150,6 +150,8 @@ def _one_response_case(
 
 
 def _memory_case(student_fn: Callable[..., torch.Tensor]) -> None:
+    """The value on larger logits; what the answer keeps for backward is told,
+    not graded (the memory section that teaches it is optional)."""
     generator = torch.Generator().manual_seed(2)
     logits = torch.randn(2, 8, 512, generator=generator, requires_grad=True)
     labels = torch.randint(0, 512, (2, 8), generator=generator)  # (B, T)
@@ -157,25 +159,26 @@ def _memory_case(student_fn: Callable[..., torch.Tensor]) -> None:
     saved, received = saved_for_backward_bytes(
         lambda: student_fn(logits, labels, mask), (logits,)
     )
-    if saved > _SAVED_BYTES_LIMIT:
-        raise ExerciseFailed(
-            f"the answer keeps {saved:,} bytes for backward beyond the logits' "
-            f"{logits.numel() * 4:,}: a (B, T, V) tensor, such as log_softmax's "
-            "output. For logits (2, 8, 512): gather the label's logit and subtract "
-            "a logsumexp instead"
-        )
     expected = reference_response_log_probs(logits.detach(), labels, mask)
     assert_close(received, expected, "logits (2, 8, 512), every label a response")
+    if saved > _SAVED_BYTES_LIMIT:
+        print(
+            f"note (the optional memory section): the answer keeps {saved:,} bytes "
+            f"for backward beyond the logits' {logits.numel() * 4:,}, a (B, T, V) "
+            "tensor such as log_softmax's output; gather the label's logit and "
+            "subtract a logsumexp to keep only (B, T)"
+        )
 
 
-@exercise_check("Exercise 02a (the log-probability of a response)")
+@exercise_check("Exercise 02-response_log_probs (the log-probability of a response)")
 def check_response_log_probs(
     student_fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
     cases: CaseCount,
 ) -> None:
     """``student_fn(logits (B, T, V), labels (B, T), response_mask (B, T))`` ->
-    log p(response) (B,) in float32, trained through (value and gradient), with
-    nothing of the logits' size kept for backward."""
+    log p(response) (B,) in float32, trained through (value and gradient). What
+    it keeps for backward is reported, not graded: the section on that memory
+    is optional."""
     for name, logits, labels, mask in _response_cases():
         with cases.case():
             _one_response_case(student_fn, name, logits, labels, mask)
@@ -183,7 +186,7 @@ def check_response_log_probs(
         _memory_case(student_fn)
 
 
-@exercise_check("Per-token entropy")
+@exercise_check("Exercise 02-token_entropy (the per-token entropy)")
 def check_token_entropy(
     student_fn: Callable[[torch.Tensor], torch.Tensor],
     cases: CaseCount,

@@ -31,7 +31,7 @@ from grpo_lab.teaching.checks.framework import (
 )
 
 
-@exercise_check("Exercise 08b (the update of one rollout batch)")
+@exercise_check("Exercise 08-update_rollout_batch (the update of one rollout batch)")
 def check_rollout_batch_update(
     student_fn: Callable[..., Any], cases: CaseCount
 ) -> None:
@@ -41,9 +41,12 @@ def check_rollout_batch_update(
     ``score(rows)`` gives the current policy's log-probs (b, T) of those rows of
     the rollout batch; ``optimizer_step(loss)`` back-propagates a scalar and
     takes one SGD step. Compared with the reference, step by step: how many
-    optimizer steps, each loss's value and its gradient by the policy's
-    parameters, the parameters at the end, and how many rows were scored. The policy is
-    linear in parameters every row shares, so each step moves them all.
+    optimizer steps, each step's gradient by the policy's parameters and the
+    parameters after it, and how many rows were scored. A loss's *value* is not
+    compared: on-policy, -A log pi and the clipped form with old log-probs
+    ``log_probs.detach()`` (as TRL writes it) have the same gradient. The policy
+    is linear in parameters every row shares, so each step moves them all. An
+    answer that follows one of the usual wrong schedules is told which.
     """
     for case in _update_cases():
         with cases.case():
@@ -71,8 +74,10 @@ def _update_cases() -> list[_UpdateCase]:
     return [
         _UpdateCase(8, 4, 8, 1, 0.2, 0),  # one optimizer step: on-policy
         _UpdateCase(8, 2, 4, 1, 0.2, 1),  # two train batches
+        # Both, with a tighter clip: each wrong schedule differs here, so the
+        # first failure names the one it follows.
+        _UpdateCase(12, 2, 4, 2, 0.1, 3),
         _UpdateCase(8, 4, 8, 2, 0.2, 2),  # two epochs
-        _UpdateCase(12, 2, 4, 2, 0.1, 3),  # both, with a tighter clip
     ]
 
 
@@ -93,8 +98,8 @@ class _TinyPolicy:
         self.tokens = tokens  # (B, T)
         self.optimizer = torch.optim.SGD([self.weights], lr=_LEARNING_RATE)
         self.rows_scored = 0
-        self.losses: list[float] = []
         self.gradients: list[torch.Tensor] = []
+        self.after: list[torch.Tensor] = []  # the weights after each step
 
     def score(self, rows: Any) -> torch.Tensor:
         index = torch.arange(self.tokens.shape[0])[rows]
@@ -117,9 +122,12 @@ class _TinyPolicy:
             )
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        self.losses.append(loss.item())
-        self.gradients.append(self.weights.grad.clone())
+        gradient = self.weights.grad
+        self.gradients.append(
+            torch.zeros_like(self.weights) if gradient is None else gradient.clone()
+        )
         self.optimizer.step()
+        self.after.append(self.weights.detach().clone())
 
 
 def _case_tensors(case: _UpdateCase) -> tuple[torch.Tensor, ...]:
@@ -134,40 +142,90 @@ def _case_tensors(case: _UpdateCase) -> tuple[torch.Tensor, ...]:
     return features, weights, tokens, mask, advantages
 
 
+# The usual wrong schedules, each with what to say about it.
+_WRONG_SCHEDULES = {
+    "fresh_old": (
+        "the ratio is 1 at every step: the old log-probs were scored again "
+        "before each train batch (or never kept), so the clip never acts; "
+        "score them once, before the first update, under torch.no_grad()"
+    ),
+    "old_per_epoch": (
+        "the old log-probs were scored again at the start of each epoch: they "
+        "are the policy that sampled the rollout batch, scored once, before the "
+        "first update, and kept for every epoch"
+    ),
+    "epochs_inside": (
+        "each train batch's epochs ran back to back: an epoch is one pass over "
+        "every train batch, so loop over epochs outside the train batches"
+    ),
+}
+
+
 def reference_rollout_batch_update(
     policy: _TinyPolicy,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     case: _UpdateCase,
+    schedule: str = "right",
 ) -> None:
     """grpo_update's schedule with the package's loss pieces: old log-probs
     scored once, before the first update, only when some step follows another;
-    epochs of group-aligned train batches; one optimizer step each."""
+    epochs of group-aligned train batches; one optimizer step each. Another
+    ``schedule`` (a key of ``_WRONG_SCHEDULES``) is one of the usual slips."""
     size = case.rollout_batch_size
     batches = _reference_slices(size, case.train_batch_size)
     off_policy = case.epochs > 1 or len(batches) > 1
+    steps = [rows for _epoch in range(case.epochs) for rows in batches]
+    if schedule == "epochs_inside":
+        steps = [rows for rows in batches for _epoch in range(case.epochs)]
     old_log_probs = None
-    if off_policy:
-        with torch.no_grad():
-            old_log_probs = policy.score(slice(0, size))  # (B, T)
-    for _epoch in range(case.epochs):
-        for rows in batches:
-            per_token, _ = compute_policy_gradient_loss(
-                advantages[rows],
-                policy.score(rows),
-                "grpo" if off_policy else "none",
-                None if old_log_probs is None else old_log_probs[rows],
-                case.cliprange,
-                response_mask[rows],
-            )  # (b, T)
-            loss = aggregate_loss_across_microbatch(
-                per_token, response_mask[rows], "sequence"
-            )
-            policy.optimizer_step(loss)
+    for rows in steps:
+        fresh = old_log_probs is None or (
+            schedule == "old_per_epoch" and rows == batches[0]
+        )
+        if off_policy and schedule != "fresh_old" and fresh:
+            with torch.no_grad():
+                old_log_probs = policy.score(slice(0, size))  # (B, T)
+        log_probs = policy.score(rows)  # (b, T)
+        per_token, _ = compute_policy_gradient_loss(
+            advantages[rows],
+            log_probs,
+            "grpo" if off_policy else "none",
+            log_probs.detach() if old_log_probs is None else old_log_probs[rows],
+            case.cliprange,
+            response_mask[rows],
+        )  # (b, T)
+        loss = aggregate_loss_across_microbatch(
+            per_token, response_mask[rows], "sequence"
+        )
+        policy.optimizer_step(loss)
+
+
+def _same_steps(received: _TinyPolicy, expected: _TinyPolicy) -> bool:
+    return len(received.after) == len(expected.after) and all(
+        torch.allclose(got, want, atol=1e-5, rtol=1e-4)
+        for got, want in zip(received.after, expected.after, strict=True)
+    )
+
+
+def _which_schedule(
+    received: _TinyPolicy,
+    expected: _TinyPolicy,
+    case: _UpdateCase,
+    tensors: tuple[torch.Tensor, ...],
+) -> str | None:
+    features, weights, tokens, mask, advantages = tensors
+    for schedule, message in _WRONG_SCHEDULES.items():
+        wrong = _TinyPolicy(features, weights, tokens)
+        reference_rollout_batch_update(wrong, advantages, mask, case, schedule)
+        if not _same_steps(wrong, expected) and _same_steps(received, wrong):
+            return message
+    return None
 
 
 def _check_one_update(student_fn: Callable[..., Any], case: _UpdateCase) -> None:
-    features, weights, tokens, mask, advantages = _case_tensors(case)
+    tensors = _case_tensors(case)
+    features, weights, tokens, mask, advantages = tensors
     expected = _TinyPolicy(features, weights, tokens)
     reference_rollout_batch_update(expected, advantages, mask, case)
     received = _TinyPolicy(features, weights, tokens)
@@ -182,19 +240,27 @@ def _check_one_update(student_fn: Callable[..., Any], case: _UpdateCase) -> None
         case.cliprange,
     )
     inputs = case.describe()
-    if len(received.losses) != len(expected.losses):
+    if not _same_steps(received, expected):
+        schedule = _which_schedule(received, expected, case, tensors)
+        if schedule is not None:
+            raise ExerciseFailed(f"For {inputs}: {schedule}")
+    if len(received.after) != len(expected.after):
         raise ExerciseFailed(
-            f"For {inputs}: expected {len(expected.losses)} optimizer steps, got "
-            f"{len(received.losses)}"
+            f"For {inputs}: expected {len(expected.after)} optimizer steps (one "
+            f"per train batch of {case.train_batch_size} rows, per epoch), got "
+            f"{len(received.after)}"
         )
-    for step, (got, want) in enumerate(zip(received.losses, expected.losses)):
-        assert_close(got, want, f"{inputs}, the loss of optimizer step {step + 1}")
+    for step in range(len(expected.after)):
         assert_close(
             received.gradients[step],
             expected.gradients[step],
             f"{inputs}, the gradient of optimizer step {step + 1}",
         )
-    assert_close(received.weights, expected.weights, f"{inputs}, the final weights")
+        assert_close(
+            received.after[step],
+            expected.after[step],
+            f"{inputs}, the parameters after optimizer step {step + 1}",
+        )
     if received.rows_scored != expected.rows_scored:
         raise ExerciseFailed(
             f"For {inputs}: every step is right, but {received.rows_scored} rows "
@@ -214,7 +280,7 @@ def _rows(slices: Any, rollout_batch_size: int) -> list[list[int]]:
     return [list(range(rollout_batch_size))[piece] for piece in slices]
 
 
-@exercise_check("Exercise 08a (group-aligned train batches)")
+@exercise_check("Exercise 08-train_batch_slices (group-aligned train batches)")
 def check_train_batch_slices(
     student_fn: Callable[[int, int, int], list[slice]], cases: CaseCount
 ) -> None:
@@ -277,7 +343,7 @@ def _key(student_fn: Callable[[dict[str, Any]], str], config: dict[str, Any]) ->
     return key
 
 
-@exercise_check("Exercise 09 (a cache key for a run)")
+@exercise_check("Exercise 09-cache_key (a cache key for a run)")
 def check_cache_key(
     student_fn: Callable[[dict[str, Any]], str], cases: CaseCount
 ) -> None:

@@ -99,7 +99,7 @@ def _describe(x, weight, lora_A, lora_B, alpha, rank) -> str:
     )
 
 
-@exercise_check("Exercise 13 (the LoRA forward)")
+@exercise_check("Exercise 13-lora_linear (the LoRA forward)")
 def check_lora_linear(student_fn: LoraFunction, cases: CaseCount) -> None:
     """``student_fn(x, weight, lora_A, lora_B, alpha, rank)`` -> (..., out)."""
     for case in CASES:

@@ -36,7 +36,7 @@ def _loss_cases() -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]
     ]
 
 
-@exercise_check("Clipped per-token loss (PPO/GRPO)")
+@exercise_check("Exercise 04-clipped_loss (the clipped per-token loss)")
 def check_clipped_loss(
     student_fn: Callable[
         [torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor

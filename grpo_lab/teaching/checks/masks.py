@@ -29,7 +29,9 @@ MASK_CASES = (
 )
 
 
-@exercise_check("Response mask and one-token shift")
+@exercise_check(
+    "Exercise 01-build_training_tensors (the response mask and one-token shift)"
+)
 def check_response_mask(
     student_fn: Callable[..., dict[str, torch.Tensor]], cases: CaseCount
 ) -> None:

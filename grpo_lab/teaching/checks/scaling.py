@@ -68,7 +68,9 @@ def _cases() -> list[tuple[torch.Tensor, torch.Tensor, int, int]]:
     ]
 
 
-@exercise_check("Exercise 12 (one device's share of a global token mean)")
+@exercise_check(
+    "Exercise 12-device_token_loss (one device's share of a global token mean)"
+)
 def check_device_token_loss(student_fn: DeviceLoss, cases: CaseCount) -> None:
     """``student_fn(per_token_loss, response_mask, global_tokens, num_devices)``
     -> a scalar; its gradient w.r.t. ``per_token_loss`` must match too."""

@@ -34,7 +34,7 @@ def reference_next_token(
     return generated[:, -1]
 
 
-@exercise_check("Greedy next token")
+@exercise_check("Exercise 00-greedy_next_token (the greedy next token)")
 def check_greedy_next_token(
     student_fn: Callable[[PreTrainedModel, torch.Tensor], torch.Tensor],
     cases: CaseCount,

@@ -72,8 +72,10 @@ def reference_microbatch_losses(
 # gives microbatches of 3 and 2 rows (shares 3/5 and 2/5, not 1/K); K = 3 gives
 # 2, 2 and 1 (ceil, not floor); the token cases split the tokens unevenly
 # (7 of 10 in the first half), so a share of rows is not a share of tokens.
+# B = 7 in K = 3 gives 3, 3 and 1 rows, where torch.tensor_split gives 3, 2, 2.
 _LOSS_CASES = (
     ((4, 1, 3, 2, 4), 2, "sequence", None),
+    ((2, 4, 1, 3, 4, 2, 1), 3, "sequence", None),
     ((2, 3, 1, 4, 1), 3, "sequence", None),
     ((4, 3, 1, 2), 2, "token", None),
     ((1, 4, 2, 4, 3), 2, "token", None),
@@ -120,6 +122,22 @@ def _loss_slips(
     slips[f"scaled by 1/K = 1/{len(parts)} instead of each microbatch's share"] = [
         value / len(parts) for value in means
     ]
+    even = [len(rows) for rows in torch.arange(len(mask)).tensor_split(steps)]
+    if normalization == "sequence" and even != [len(m) for _, m in parts]:
+        slips[
+            f"microbatches of {even} rows (torch.tensor_split): each microbatch "
+            f"holds ceil(B / K) = {size} rows but the last, "
+            f"{[len(m) for _, m in parts]}"
+        ] = [
+            aggregate_loss_across_microbatch(loss, m, normalization, constant).item()
+            * len(m)
+            / len(mask)
+            for loss, m in zip(
+                per_token_loss.tensor_split(steps),
+                mask.tensor_split(steps),
+                strict=True,
+            )
+        ]
     return slips
 
 
@@ -188,7 +206,7 @@ def _check_one_microbatch_loss(
     assert_close(received, expected, f"{where} (gradient w.r.t. per_token_loss)")
 
 
-@exercise_check("Exercise 07a (the losses of gradient accumulation)")
+@exercise_check("Exercise 07-microbatch_losses (the losses of gradient accumulation)")
 def check_microbatch_losses(student_fn: MicrobatchLosses, cases: CaseCount) -> None:
     """``student_fn(per_token_loss (B, T), response_mask (B, T),
     gradient_accumulation_steps, loss_normalization, normalization_constant)``
@@ -200,7 +218,7 @@ def check_microbatch_losses(student_fn: MicrobatchLosses, cases: CaseCount) -> N
             _check_losses_case(student_fn, case, seed)
 
 
-@exercise_check("Exercise 07b (responses that need a backward pass)")
+@exercise_check("Exercise 07-active_rows (responses that need a backward pass)")
 def check_active_rows(
     student_fn: Callable[[torch.Tensor], torch.Tensor], cases: CaseCount
 ) -> None:
@@ -250,7 +268,7 @@ _STEP_CASES = (
 )
 
 
-@exercise_check("Exercise 07c (a microbatch train step)")
+@exercise_check("Exercise 07-train_step (a microbatch train step)")
 def check_microbatch_train_step(student_fn: TrainStep, cases: CaseCount) -> None:
     """``student_fn(model, optimizer, batch, advantages,
     gradient_accumulation_steps, max_grad_norm)``: one on-policy step
@@ -292,12 +310,14 @@ def _check_step_case(
     )
     student_model = copy.deepcopy(model)
     optimizer = GradientRecorder(student_model.parameters(), lr=1.0)
-    with _LastGradient(student_model) as last:
+    forwards = _Forwards(student_model)
+    with _LastGradient(student_model) as last, forwards:
         _run_step(
             student_fn,
             (student_model, optimizer, batch, advantages, steps, max_grad_norm),
         )
     _check_step_count(optimizer.steps, inputs)
+    _check_forwards(forwards.rows, advantages.shape[0], steps, inputs)
     _check_accumulated_gradient(
         last.gradient(), model, batch, advantages, steps, clips, inputs
     )
@@ -391,6 +411,69 @@ class _LastGradient:
         )
 
 
+_FORWARDS_BUFFER = "check_forward_rows"
+_MOST_FORWARDS = 64
+
+
+def _count_rows(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict) -> None:
+    """A forward pre-hook: the rows of each forward pass, kept in a buffer of
+    the model (a buffer travels with the model's state wherever it runs)."""
+    given = args[0] if args else kwargs.get("input_ids")
+    if not isinstance(given, torch.Tensor) or given.dim() == 0:
+        return
+    seen = getattr(module, _FORWARDS_BUFFER)  # [count, rows of each pass...]
+    count = int(seen[0]) + 1
+    if count < len(seen):
+        seen[count] = given.shape[0]
+        seen[0] = count
+
+
+class _Forwards:
+    """The rows of each forward pass of a model (its input's first dimension)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.handle: Any = None
+
+    @property
+    def rows(self) -> list[int]:
+        seen = getattr(self.model, _FORWARDS_BUFFER)
+        return [int(x) for x in seen[1 : int(seen[0]) + 1]]
+
+    def __enter__(self) -> _Forwards:
+        self.model.register_buffer(
+            _FORWARDS_BUFFER,
+            torch.zeros(_MOST_FORWARDS, dtype=torch.long),
+            persistent=False,
+        )
+        self.handle = self.model.register_forward_pre_hook(
+            _count_rows, with_kwargs=True
+        )
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.handle.remove()
+
+
+def _check_forwards(rows: list[int], batch_size: int, steps: int, inputs: str) -> None:
+    """K (gradient_accumulation_steps) counts microbatches: at most K forward
+    passes, each of at most ceil(B / K) rows (the memory a step may use)."""
+    size = -(-batch_size // steps)
+    if any(count > size for count in rows):
+        raise ExerciseFailed(
+            f"For {inputs}: a forward pass of {max(rows)} rows, where a microbatch "
+            f"holds at most ceil(B / K) = {size}: the model must see one "
+            f"microbatch at a time (rows per forward: {rows})"
+        )
+    if len(rows) > steps:
+        raise ExerciseFailed(
+            f"For {inputs}: {len(rows)} forward passes of {rows} rows, where "
+            f"gradient_accumulation_steps = {steps} asks for at most {steps} "
+            f"microbatches of ceil(B / K) = {size} rows: K is how many "
+            "microbatches, not how many rows each holds"
+        )
+
+
 def _check_step_count(steps_taken: int, inputs: str) -> None:
     if steps_taken == 1:
         return
@@ -422,6 +505,10 @@ def _check_accumulated_gradient(
         return
     count = len(pieces)
     mistakes = {
+        "the sign is flipped: the gradient is minus the right one (the loss is "
+        "-A log pi, so that gradient descent raises the log-probs of responses "
+        f"with A > 0; norms {received.norm():.6f} and {expected.norm():.6f} "
+        "agree, the directions are opposite)": -expected,
         "no scale: each microbatch's mean loss is backpropagated as it is, so the "
         f"gradient is the sum of {count} microbatch means (scale each by "
         "microbatch rows / B)": sum(gradient for _, gradient in pieces),

@@ -122,7 +122,7 @@ def _diagnosis(received: torch.Tensor, prompt_ids, segments) -> str:
     return ""
 
 
-@exercise_check("Exercise 14 (the multi-turn response mask)")
+@exercise_check("Exercise 14-multi_turn_response_mask (the multi-turn response mask)")
 def check_multi_turn_mask(student_fn: MaskFunction, cases: CaseCount) -> None:
     """``student_fn(prompt_ids, segments)`` -> response_mask (B, T - 1)."""
     for prompt_ids, segments in MASK_CASES:

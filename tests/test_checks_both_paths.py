@@ -1,0 +1,575 @@
+"""One refusal, one verdict: the same answers run through the check cell (the
+check called in this process, as Jupyter calls it) and through `grpo-lab
+grade` (a contained kernel), and get the same verdict.
+
+The answers: the right ones that name a package function in a helper, a
+comment or a docstring (neither path refuses them), and, for each exercise
+whose check changed, two differently written right answers and at least five
+plausible wrong ones. Each answer is source text, as a student writes it; a
+wrong one is its exercise's body with one slip chosen by ``slip``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from grpo_lab.teaching.checks import ExerciseFailed
+
+NOTEBOOK = "07_both_paths.ipynb"
+CONTEXT = (
+    "import math\n"
+    "import torch\n"
+    "from grpo_lab.teaching.gradient_recorder import GradientRecorder\n"
+    "GradientRecorder(torch.nn.Linear(1, 1).parameters())\n"
+    "from grpo_lab.logprobs import get_response_log_probs\n"
+    "from grpo_lab.masks import masked_mean\n"
+)
+
+# --- the five right answers that name a package function ---------------------------
+
+CORRECTION_WEIGHTS = """
+def correction_weights(old_log_probs, sampler_log_probs, response_mask, low, high):
+    response = response_mask.bool()  # (B, T)
+    log_gap = torch.where(response, old_log_probs - sampler_log_probs, 0.0)
+    rho = torch.exp(log_gap.sum(dim=1, keepdim=True))  # (B, 1)
+    return torch.where((rho >= low) & (rho <= high), rho, 0.0).detach()
+
+
+def corrected_own_helper(policy_log_probs, old_log_probs, sampler_log_probs,
+                         advantages, response_mask, cliprange, low, high):
+    weight = correction_weights(
+        old_log_probs, sampler_log_probs, response_mask, low, high)  # (B, 1)
+    ratio = torch.exp(policy_log_probs - old_log_probs)  # (B, T)
+    advantages = advantages.unsqueeze(-1)  # (B, 1)
+    clipped = torch.clamp(ratio, 1 - cliprange, 1 + cliprange)
+    loss = -torch.minimum(ratio * advantages, clipped * advantages) * weight
+    return ((loss * response_mask).sum(1) / response_mask.sum(1)).mean()
+"""
+
+MICROBATCH_LOSS_07 = """
+def microbatch_loss(model, batch, advantages, rows):
+    log_probs = get_response_log_probs(
+        model, batch["input_ids"][rows], batch["labels"][rows])["log_probs"]
+    per_token_loss = -advantages[rows].unsqueeze(-1) * log_probs  # (b, T)
+    return masked_mean(per_token_loss, batch["response_mask"][rows], dim=1).mean()
+
+
+def train_step_own_helper(model, optimizer, batch, advantages,
+                          gradient_accumulation_steps, max_grad_norm):
+    batch_size = advantages.shape[0]
+    size = -(-batch_size // gradient_accumulation_steps)
+    optimizer.zero_grad(set_to_none=True)
+    for rows in torch.arange(batch_size).split(size):
+        (microbatch_loss(model, batch, advantages, rows) * len(rows) / batch_size
+         ).backward()
+    if max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+"""
+
+MICROBATCH_LOSS_10 = """
+def microbatch_loss(policy, old, reference, advantages, low, high, beta):
+    ratio = torch.exp(policy - old)  # (B, T)
+    a = advantages.unsqueeze(-1)  # (B, 1)
+    clipped = torch.clamp(ratio, 1 - low, 1 + high)
+    log_r = reference - policy
+    k3 = torch.exp(log_r) - log_r - 1
+    return -torch.minimum(ratio * a, clipped * a) + beta * ratio * k3  # (B, T)
+
+
+def dapo_own_helper(policy_log_probs, old_log_probs, reference_log_probs,
+                    advantages, response_mask, cliprange_low, cliprange_high,
+                    kl_coef):
+    per_token = microbatch_loss(policy_log_probs, old_log_probs,
+        reference_log_probs, advantages, cliprange_low, cliprange_high, kl_coef)
+    return (per_token * response_mask).sum() / response_mask.sum()
+"""
+
+DOCSTRING_06 = '''
+def grpo_loss_docstring(policy_log_probs, old_log_probs, advantages,
+                        response_mask, cliprange, loss_normalization,
+                        normalization_constant=None):
+    """What grpo_lab.losses.compute_policy_gradient_loss(advantages,
+    policy_log_probs, "grpo", old_log_probs, cliprange) computes per token,
+    then reduced; written again."""
+    ratio = torch.exp(policy_log_probs - old_log_probs)  # (B, T)
+    a = advantages.unsqueeze(-1)  # (B, 1)
+    clipped = torch.clamp(ratio, 1 - cliprange, 1 + cliprange)
+    per_token = -torch.minimum(ratio * a, clipped * a)
+    if loss_normalization == "sequence":
+        return masked_mean(per_token, response_mask, dim=1).mean()
+    if loss_normalization == "token":
+        return masked_mean(per_token, response_mask)
+    return (per_token * response_mask).sum() / normalization_constant
+'''
+
+COMMENT_12 = """
+def device_loss_comment(per_token_loss, response_mask, global_tokens, num_devices):
+    # Not aggregate_loss_across_microbatch(per_token_loss, response_mask, "token"):
+    # that divides by this device's tokens, not the global count.
+    token_sum = (per_token_loss * response_mask).sum()
+    return num_devices * token_sum / global_tokens
+"""
+
+# Routes to the answer that the check hides (tests/test_checks_reach.py): wrong
+# answers in both paths.
+ROUTES = {
+    "mask_by_written": (
+        "turns",
+        "check_multi_turn_mask",
+        "from grpo_lab.teaching.checks.turns import _written\n\n"
+        "def mask_by_written(prompt_ids, segments):\n"
+        "    return _written(prompt_ids, segments, ('model',))[:, 1:]\n",
+    ),
+    "lora_by_slips": (
+        "lora",
+        "check_lora_linear",
+        "from grpo_lab.teaching.checks import lora as _lora_checks\n\n"
+        "def lora_by_slips(x, weight, lora_A, lora_B, alpha, rank):\n"
+        "    slips = _lora_checks._slips(x, weight, lora_A, lora_B, rank, alpha)\n"
+        "    return next(v for k, v in slips.items() if 'upside down' in k)\n",
+    ),
+    "dapo_by_grpo_clip_loss": (
+        "family",
+        "check_dapo_kl_loss",
+        "import grpo_lab.losses as _losses\n\n"
+        "def dapo_by_grpo_clip_loss(policy, old, reference, advantages, mask, low,\n"
+        "                           high, beta):\n"
+        "    options = _losses.ObjectiveOptions(cliprange=low, cliprange_high=high)\n"
+        "    surrogate = _losses.grpo_clip_loss(\n"
+        "        advantages.unsqueeze(-1), policy, old, mask.bool(), options)[0]\n"
+        "    log_r = reference - policy\n"
+        "    kl = torch.exp(policy - old) * (log_r.exp() - log_r - 1)\n"
+        "    return ((surrogate + beta * kl) * mask).sum() / mask.sum()\n",
+    ),
+    "slices_by_reference": (
+        "loop",
+        "check_train_batch_slices",
+        "import importlib\n\n"
+        "def slices_by_reference(rollout_batch_size, train_batch_size, group_size):\n"
+        "    loop = importlib.import_module('grpo_lab.teaching.checks.loop')\n"
+        "    if train_batch_size % group_size:\n"
+        "        raise ValueError('group_size must divide train_batch_size')\n"
+        "    return loop._reference_slices(rollout_batch_size, train_batch_size)\n",
+    ),
+}
+
+NAMED_HELPERS = {
+    "corrected_own_helper": ("mismatch", "check_corrected_loss", CORRECTION_WEIGHTS),
+    "train_step_own_helper": (
+        "train_step",
+        "check_microbatch_train_step",
+        MICROBATCH_LOSS_07,
+    ),
+    "dapo_own_helper": ("family", "check_dapo_kl_loss", MICROBATCH_LOSS_10),
+    "grpo_loss_docstring": ("aggregation", "check_grpo_loss", DOCSTRING_06),
+    "device_loss_comment": ("scaling", "check_device_token_loss", COMMENT_12),
+}
+
+# --- the changed exercises: one body each, a slip chosen by name ---------------------
+
+UPDATE = """
+def {name}(score, optimizer_step, advantages, response_mask, group_size,
+           train_batch_size, epochs_per_rollout_batch, cliprange, slip={slip!r}):
+    size = advantages.shape[0]
+    step_rows = size if slip == "whole_batch" else train_batch_size
+    batches = [slice(s, s + step_rows) for s in range(0, size, step_rows)]
+    off_policy = epochs_per_rollout_batch * len(batches) > 1
+    old = None
+    if off_policy and slip not in ("never_old", "fresh_old"):
+        with torch.no_grad():
+            old = score(slice(0, size))  # (B, T)
+    schedule = [(e, rows) for e in range(epochs_per_rollout_batch) for rows in batches]
+    if slip == "epochs_inside":
+        schedule = [(e, rows) for rows in batches
+                    for e in range(epochs_per_rollout_batch)]
+    for epoch, rows in schedule:
+        if slip == "old_per_epoch" and off_policy and rows == batches[0]:
+            with torch.no_grad():
+                old = score(slice(0, size))
+        log_probs = score(rows)  # (b, T)
+        a = advantages[rows].unsqueeze(-1)  # (b, 1)
+        if old is None and slip in ("trl", "fresh_old"):
+            reference = log_probs.detach()  # TRL's on-policy old log-probs
+        else:
+            reference = None if old is None else old[rows]
+        if reference is None:
+            per_token = -a * log_probs
+        else:
+            ratio = torch.exp(log_probs - reference)
+            clipped = torch.clamp(ratio, 1 - cliprange, 1 + cliprange)
+            per_token = -torch.minimum(ratio * a, clipped * a)
+        mask = response_mask[rows]
+        if slip == "token_mean":
+            optimizer_step((per_token * mask).sum() / mask.sum())
+        else:
+            optimizer_step(((per_token * mask).sum(1) / mask.sum(1)).mean())
+"""
+
+LOSSES = """
+def {name}(per_token_loss, response_mask, gradient_accumulation_steps,
+           loss_normalization, normalization_constant=None, slip={slip!r}):
+    batch_size = per_token_loss.shape[0]
+    size = -(-batch_size // gradient_accumulation_steps)
+    if slip == "floor":
+        size = batch_size // gradient_accumulation_steps
+    microbatches = torch.arange(batch_size).split(size)
+    if slip == "tensor_split":
+        microbatches = torch.arange(batch_size).tensor_split(gradient_accumulation_steps)
+    losses = []
+    for rows in microbatches:
+        loss, mask = per_token_loss[rows] * response_mask[rows], response_mask[rows]
+        if loss_normalization == "sequence":
+            mean = (loss.sum(1) / mask.sum(1)).mean()
+            share = {{"one_over_k": 1 / len(microbatches), "no_scale": 1.0}}.get(
+                slip, len(rows) / batch_size)
+            losses.append(mean * share)
+        elif loss_normalization == "token":
+            if slip == "token_by_rows":
+                losses.append(loss.sum() / mask.sum() * len(rows) / batch_size)
+            else:
+                losses.append(loss.sum() / response_mask.sum())
+        else:
+            losses.append(loss.sum() / normalization_constant)
+    return losses
+"""
+
+LOSSES_BY_WEIGHTS = """
+def {name}(per_token_loss, response_mask, steps, normalization, constant=None):
+    # Each token's weight in the whole batch's loss, then a sum per microbatch.
+    mask = response_mask.float()  # (B, T)
+    if normalization == "sequence":
+        weight = mask / (mask.sum(dim=1, keepdim=True) * mask.shape[0])
+    elif normalization == "token":
+        weight = mask / mask.sum()
+    else:
+        weight = mask / constant
+    size = (mask.shape[0] + steps - 1) // steps
+    return [(per_token_loss[s:s + size] * weight[s:s + size]).sum()
+            for s in range(0, mask.shape[0], size)]
+"""
+
+STEP = """
+def {name}(model, optimizer, batch, advantages, gradient_accumulation_steps,
+           max_grad_norm, slip={slip!r}):
+    batch_size = advantages.shape[0]
+    size = -(-batch_size // gradient_accumulation_steps)
+    if slip == "k_as_size":
+        size = gradient_accumulation_steps
+    if slip == "one_forward":
+        size = batch_size
+    microbatches = torch.arange(batch_size).split(size)
+    optimizer.zero_grad(set_to_none=True)
+    for rows in microbatches:
+        log_probs = get_response_log_probs(
+            model, batch["input_ids"][rows], batch["labels"][rows])["log_probs"]
+        sign = -1.0 if slip == "sign" else 1.0
+        per_token = -sign * advantages[rows].unsqueeze(-1) * log_probs
+        loss = masked_mean(per_token, batch["response_mask"][rows], dim=1).mean()
+        share = {{"no_scale": 1.0, "one_over_k": 1 / len(microbatches)}}.get(
+            slip, len(rows) / batch_size)
+        (loss * share).backward()
+        if slip == "step_each":
+            optimizer.step()
+    if max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    if slip != "step_each":
+        optimizer.step()
+"""
+
+STEP_BY_SUMS = """
+def {name}(model, optimizer, batch, advantages, steps, norm):
+    # Each response's token sum over its length, over B, by slicing ranges.
+    optimizer.zero_grad()
+    batch_size = advantages.shape[0]
+    size = (batch_size + steps - 1) // steps
+    for start in range(0, batch_size, size):
+        stop = min(start + size, batch_size)
+        log_probs = get_response_log_probs(
+            model, batch["input_ids"][start:stop], batch["labels"][start:stop]
+        )["log_probs"]  # (b, T)
+        mask = batch["response_mask"][start:stop].float()  # (b, T)
+        per_response = (log_probs * mask).sum(dim=1) / mask.sum(dim=1)  # (b,)
+        (-(advantages[start:stop] * per_response).sum() / batch_size).backward()
+    if norm is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), norm)
+    optimizer.step()
+"""
+
+DAPO = """
+def {name}(policy_log_probs, old_log_probs, reference_log_probs, advantages,
+           response_mask, cliprange_low, cliprange_high, kl_coef, slip={slip!r}):
+    ratio = torch.exp(policy_log_probs - old_log_probs)  # (B, T)
+    a = advantages.unsqueeze(-1)  # (B, 1)
+    high = cliprange_low if slip == "symmetric" else cliprange_high
+    clipped = torch.clamp(ratio, 1 - cliprange_low, 1 + high)
+    surrogate = -torch.minimum(ratio * a, clipped * a)  # (B, T)
+    log_r = reference_log_probs - policy_log_probs
+    if slip == "k2":
+        kl = 0.5 * log_r**2
+    else:
+        kl = torch.exp(log_r) - log_r - 1  # k3
+        weight = {{"plain_k3": 1.0, "detached_ratio": ratio.detach()}}.get(slip, ratio)
+        kl = weight * kl
+    sign = -1.0 if slip == "flipped" else 1.0
+    per_token = surrogate + sign * kl_coef * kl
+    if slip == "sequence_mean":
+        return masked_mean(per_token, response_mask, dim=1).mean()
+    return (per_token * response_mask).sum() / response_mask.sum()
+"""
+
+DAPO_BY_WHERE = """
+def {name}(policy, old, reference, advantages, mask, low, high, beta):
+    # torch.where for the clip, and the two token means taken apart.
+    ratio = (policy - old).exp()
+    a = advantages[:, None]
+    clipped = torch.where(ratio > 1 + high, 1 + high, ratio)
+    clipped = torch.where(clipped < 1 - low, 1 - low, clipped)
+    surrogate = torch.maximum(-ratio * a, -clipped * a)
+    log_r = reference - policy
+    penalty = (log_r.exp() - log_r - 1) * ratio
+    keep = mask.bool()
+    return surrogate[keep].mean() + beta * penalty[keep].mean()
+"""
+
+CORRECTED = """
+def {name}(policy_log_probs, old_log_probs, sampler_log_probs, advantages,
+           response_mask, cliprange, low, high, slip={slip!r}):
+    keep = response_mask.bool()
+    gap = old_log_probs - sampler_log_probs  # log pi_old - log pi_sampler
+    if slip == "upside_down":
+        gap = -gap
+    if slip == "padding":
+        log_rho = gap.sum(1, keepdim=True)
+    else:
+        log_rho = torch.where(keep, gap, 0.0).sum(1, keepdim=True)  # (B, 1)
+    if slip == "token_level":
+        log_rho = torch.where(keep, gap, 0.0)  # (B, T)
+    if slip == "geometric_mean":
+        log_rho = log_rho / response_mask.sum(1, keepdim=True)
+    rho = log_rho.exp()
+    if slip == "math_log":
+        inside = (log_rho >= math.log(low)) & (log_rho <= math.log(high))
+    else:
+        inside = (rho >= low) & (rho <= high)
+    weight = torch.where(inside, rho, 0.0).detach()
+    if slip == "uncorrected":
+        weight = torch.ones_like(weight)
+    ratio = torch.exp(policy_log_probs - old_log_probs)  # (B, T)
+    a = advantages.unsqueeze(-1)  # (B, 1)
+    clipped = torch.clamp(ratio, 1 - cliprange, 1 + cliprange)
+    loss = -torch.minimum(ratio * a, clipped * a) * weight
+    return ((loss * response_mask).sum(1) / response_mask.sum(1)).mean()
+"""
+
+CORRECTED_BY_PRODUCT = """
+def {name}(policy, old, sampler, advantages, mask, cliprange, low, high):
+    # A product of the token ratios (1 off the response), a row mask, and the
+    # per-row mean by boolean indexing.
+    token_ratio = torch.exp(old - sampler)
+    rho = torch.where(mask == 1, token_ratio, torch.ones_like(token_ratio)).prod(1)
+    kept = ((rho >= low) & (rho <= high)).double()  # (B,)
+    weight = (rho * kept).unsqueeze(1)
+    ratio = torch.exp(policy - old)
+    a = advantages.unsqueeze(-1)
+    terms = -torch.minimum(ratio * a, ratio.clamp(1 - cliprange, 1 + cliprange) * a)
+    terms = terms * weight
+    rows = [terms[i][mask[i].bool()].mean() for i in range(mask.shape[0])]
+    return torch.stack(rows).mean()
+"""
+
+RESPONSE = """
+def {name}(logits, labels, response_mask, slip={slip!r}):
+    wide = logits if slip == "bfloat16" else logits.float()
+    picked = wide.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    if slip == "exp":
+        total = wide.exp().sum(-1).log()  # no max shift
+    else:
+        total = torch.logsumexp(wide, dim=-1)
+    token = (picked - total).float()  # (B, T)
+    mask = torch.ones_like(response_mask) if slip == "unmasked" else response_mask
+    summed = (token * mask).sum(dim=-1)  # (B,)
+    if slip == "mean":
+        return summed / mask.sum(-1)
+    if slip == "half_gradient":
+        return 0.5 * summed + 0.5 * summed.detach()
+    return summed
+"""
+
+RESPONSE_BY_LOG_SOFTMAX = """
+def {name}(logits, labels, response_mask):
+    # log_softmax, then take the labels' entries where the mask is 1.
+    table = torch.log_softmax(logits.float(), dim=-1)  # (B, T, V)
+    token = torch.take_along_dim(table, labels[..., None], dim=-1)[..., 0]
+    return torch.where(response_mask.bool(), token, 0.0).sum(-1)
+"""
+
+CHANGED = {
+    ("loop", "check_rollout_batch_update"): (
+        UPDATE,
+        ["right", "trl"],
+        [
+            "never_old",
+            "fresh_old",
+            "old_per_epoch",
+            "epochs_inside",
+            "token_mean",
+            "whole_batch",
+        ],
+        None,
+    ),
+    ("train_step", "check_microbatch_losses"): (
+        LOSSES,
+        ["right"],
+        ["floor", "tensor_split", "one_over_k", "no_scale", "token_by_rows"],
+        LOSSES_BY_WEIGHTS,
+    ),
+    ("train_step", "check_microbatch_train_step"): (
+        STEP,
+        ["right"],
+        ["k_as_size", "one_forward", "sign", "no_scale", "one_over_k", "step_each"],
+        STEP_BY_SUMS,
+    ),
+    ("family", "check_dapo_kl_loss"): (
+        DAPO,
+        ["right"],
+        [
+            "plain_k3",
+            "detached_ratio",
+            "symmetric",
+            "k2",
+            "flipped",
+            "sequence_mean",
+        ],
+        DAPO_BY_WHERE,
+    ),
+    ("mismatch", "check_corrected_loss"): (
+        CORRECTED,
+        ["right"],
+        [
+            "math_log",
+            "upside_down",
+            "token_level",
+            "geometric_mean",
+            "padding",
+            "uncorrected",
+        ],
+        CORRECTED_BY_PRODUCT,
+    ),
+    ("logprobs", "check_response_log_probs"): (
+        RESPONSE,
+        ["right"],
+        ["exp", "bfloat16", "mean", "unmasked", "half_gradient"],
+        RESPONSE_BY_LOG_SOFTMAX,
+    ),
+}
+
+
+def _answers() -> dict[str, tuple[str, str, str, bool]]:
+    """name -> (check module, check, source, right?)."""
+    answers = {
+        name: (module, check, source, True)
+        for name, (module, check, source) in NAMED_HELPERS.items()
+    }
+    answers.update(
+        {
+            name: (module, check, source, False)
+            for name, (module, check, source) in ROUTES.items()
+        }
+    )
+    for (module, check), (template, rights, wrongs, other) in CHANGED.items():
+        short = check.removeprefix("check_")
+        for slip in rights + wrongs:
+            name = f"{short}_{slip}"
+            source = template.format(name=name, slip=slip)
+            answers[name] = (module, check, source, slip in rights)
+        if other is not None:
+            name = f"{short}_written_another_way"
+            answers[name] = (module, check, other.format(name=name), True)
+    return answers
+
+
+ANSWERS = _answers()
+RIGHT = sorted(name for name, entry in ANSWERS.items() if entry[3])
+WRONG = sorted(name for name, entry in ANSWERS.items() if not entry[3])
+
+
+def test_each_changed_exercise_has_two_right_and_five_wrong_answers():
+    for _module, check in CHANGED:
+        answers = [entry for entry in ANSWERS.values() if entry[1] == check]
+        assert sum(entry[3] for entry in answers) >= 2, check
+        assert sum(not entry[3] for entry in answers) >= 5, check
+
+
+def _in_the_check_cell(name: str) -> bool:
+    import importlib
+
+    module, check, source, _ = ANSWERS[name]
+    names: dict = {}
+    exec(CONTEXT + source, names)
+    checks = importlib.import_module(f"grpo_lab.teaching.checks.{module}")
+    return getattr(checks, check)(names[name])
+
+
+@pytest.mark.parametrize("name", RIGHT)
+def test_a_right_answer_passes_the_check_cell(name, capsys):
+    assert _in_the_check_cell(name) is True
+    assert "correct ✔" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", WRONG)
+def test_a_wrong_answer_fails_the_check_cell(name):
+    with pytest.raises(Exception) as failure:
+        _in_the_check_cell(name)
+    assert not isinstance(failure.value, NotImplementedError)
+    if not isinstance(failure.value, ExerciseFailed):  # the student's own error
+        assert failure.value.__notes__, failure.value  # with the cases counted
+
+
+@pytest.fixture(scope="module")
+def grades(tmp_path_factory):
+    """Every answer graded by `grpo-lab grade`, in one submitted notebook."""
+    import nbformat
+
+    from grpo_lab.instructor import grading
+    from grpo_lab.instructor.rubric import Rubric
+
+    root = tmp_path_factory.mktemp("both_paths")
+    course = [nbformat.v4.new_code_cell(CONTEXT)]
+    submitted = []
+    for name, (module, check, source, _) in ANSWERS.items():
+        stub = (
+            f"def {name}(*args):\n    ### BEGIN SOLUTION\n"
+            "    raise NotImplementedError()\n    ### END SOLUTION\n"
+        )
+        call = (
+            f"from grpo_lab.teaching.checks.{module} import {check}\n\n{check}({name});"
+        )
+        course += [nbformat.v4.new_code_cell(stub), nbformat.v4.new_code_cell(call)]
+        answer = nbformat.v4.new_code_cell(source.strip())
+        answer.metadata["nbgrader"] = {"grade_id": f"07-{name}"}
+        submitted.append(answer)
+    (root / "course").mkdir()
+    nbformat.write(nbformat.v4.new_notebook(cells=course), root / "course" / NOTEBOOK)
+    (root / "submitted" / "sam").mkdir(parents=True)
+    nbformat.write(
+        nbformat.v4.new_notebook(cells=submitted),
+        root / "submitted" / "sam" / NOTEBOOK,
+    )
+    rubric = Rubric({f"07-{name}": 1.0 for name in ANSWERS}, {})
+    found = grading.grade_submissions(
+        root / "submitted", notebooks_dir=root / "course", rubric=rubric, timeout=60
+    )
+    return {g.exercise_id.split("-", 1)[1]: g for g in found}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", RIGHT)
+def test_a_right_answer_passes_the_grader(name, grades):
+    assert grades[name].outcome == "pass", grades[name]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", WRONG)
+def test_a_wrong_answer_gets_no_points_from_the_grader(name, grades):
+    assert grades[name].outcome == "fail" and grades[name].points == 0, grades[name]

@@ -1,0 +1,267 @@
+"""Hide by reach: while an exercise's answer runs, nothing the student can reach
+computes it.
+
+For every exercise of the notebooks, every function of the course's modules
+and of the check modules (what a student reaches by import, however the
+notebook's own imports name it) that takes the answer's arguments is called
+in the answer's place, and must not pass the check. Routes that need an
+adapter (a library's ``generate``, a check module's helper called with its
+arguments turned around) are listed by hand, and refused too. The grader hides
+what the same table lists (``PACKAGE_COUNTERPARTS``); the routes below also run
+through `grpo-lab grade` in tests/test_checks_both_paths.py.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import functools
+import importlib
+import inspect
+import io
+import types
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+
+from grpo_lab.instructor.rubric import find_exercises
+from grpo_lab.teaching.checks import PACKAGE_COUNTERPARTS
+
+NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
+# What a student reaches by import: the course's modules and the checks'.
+REACHABLE_MODULES = (
+    "grpo_lab.advantages",
+    "grpo_lab.aggregation",
+    "grpo_lab.kl",
+    "grpo_lab.logprobs",
+    "grpo_lab.lora",
+    "grpo_lab.losses",
+    "grpo_lab.masks",
+    "grpo_lab.prefix_sharing",
+    "grpo_lab.rollouts.multiturn",
+    "grpo_lab.sampler_correction",
+    "grpo_lab.train_step",
+    "grpo_lab.training.loop",
+    "grpo_lab.teaching.explorer",
+    "grpo_lab.teaching.checks.advantages",
+    "grpo_lab.teaching.checks.aggregation",
+    "grpo_lab.teaching.checks.family",
+    "grpo_lab.teaching.checks.gspo",
+    "grpo_lab.teaching.checks.logprobs",
+    "grpo_lab.teaching.checks.loop",
+    "grpo_lab.teaching.checks.lora",
+    "grpo_lab.teaching.checks.losses",
+    "grpo_lab.teaching.checks.masks",
+    "grpo_lab.teaching.checks.mismatch",
+    "grpo_lab.teaching.checks.scaling",
+    "grpo_lab.teaching.checks.setup",
+    "grpo_lab.teaching.checks.train_step",
+    "grpo_lab.teaching.checks.turns",
+)
+# Checks too slow to call once per candidate (a fresh process per case).
+SLOW_CHECKS = {"check_cache_key"}
+# Functions that act on a model in place and return nothing an exercise asks
+# for; with integers in the model's place merge_adapter_into runs for minutes.
+NOT_ANSWERS = {"grpo_lab.lora.merge_adapter_into", "grpo_lab.lora.add_adapters"}
+
+
+def _exercises() -> list[tuple[str, str, str, int]]:
+    """(notebook, check name, function name, positional arguments it takes)."""
+    found = []
+    for path in sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb")):
+        notebook = nbformat.read(path, as_version=4)
+        for exercise in find_exercises(notebook, path.name):
+            source = notebook.cells[exercise.check_index].source
+            tree = ast.parse(source.split("### BEGIN HIDDEN TESTS")[0])
+            calls = [
+                n.func.id
+                for n in ast.walk(tree)
+                if isinstance(n, ast.Call)
+                and isinstance(n.func, ast.Name)
+                and n.func.id in PACKAGE_COUNTERPARTS
+            ]
+            function = exercise.exercise_id.split("-", 1)[1]
+            definition = next(
+                n
+                for n in ast.walk(
+                    ast.parse(notebook.cells[exercise.solution_index].source)
+                )
+                if isinstance(n, ast.FunctionDef) and n.name == function
+            )
+            arguments = len(definition.args.args) - len(definition.args.defaults)
+            found.append((path.name[:2], calls[0], function, arguments))
+    return found
+
+
+EXERCISES = _exercises()
+
+
+def _check(check_name: str):
+    for module in REACHABLE_MODULES:
+        if module.startswith("grpo_lab.teaching.checks."):
+            found = getattr(importlib.import_module(module), check_name, None)
+            if found is not None:
+                return found
+    raise AssertionError(f"no check module defines {check_name}")
+
+
+@functools.cache
+def _tiny_model_and_tokenizer():
+    from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2
+
+    tokenizer = build_char_tokenizer()
+    return build_tiny_qwen2(tokenizer, hidden_size=32, num_layers=1, seed=0), tokenizer
+
+
+def _extra(check_name: str) -> tuple:
+    if check_name == "check_greedy_next_token":
+        return _tiny_model_and_tokenizer()
+    return ()
+
+
+def _candidates(arguments: int) -> list[tuple[str, types.FunctionType]]:
+    """Every reachable function that accepts ``arguments`` positional values."""
+    found = {}
+    for name in REACHABLE_MODULES:
+        module = importlib.import_module(name)
+        for attribute, value in vars(module).items():
+            if not isinstance(value, types.FunctionType) or not (
+                value.__module__.startswith("grpo_lab")
+            ):
+                continue
+            if value.__module__ == "grpo_lab.teaching.checks.framework":
+                continue
+            if attribute.startswith("check_"):
+                continue  # a check is not an answer
+            if f"{value.__module__}.{value.__qualname__}" in NOT_ANSWERS:
+                continue
+            try:
+                inspect.signature(value).bind(*range(arguments))
+            except TypeError:
+                continue
+            found[id(value)] = (f"{value.__module__}.{value.__qualname__}", value)
+    return sorted(found.values(), key=lambda pair: pair[0])
+
+
+def _passes(check_name: str, answer) -> bool:
+    """Whether the check, as a check cell calls it, passes ``answer``."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        try:
+            return _check(check_name)(answer, *_extra(check_name)) is True
+        except Exception:
+            return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("notebook", "check_name", "function", "arguments"),
+    [e for e in EXERCISES if e[1] not in SLOW_CHECKS],
+    ids=[f"{e[0]}-{e[2]}" for e in EXERCISES if e[1] not in SLOW_CHECKS],
+)
+def test_no_reachable_function_answers_the_exercise(
+    notebook, check_name, function, arguments
+):
+    answering = []
+    for path, candidate in _candidates(arguments):
+
+        def in_its_place(*args, _candidate=candidate, **kwargs):
+            return _candidate(*args, **kwargs)
+
+        if _passes(check_name, in_its_place):
+            answering.append(path)
+    assert not answering, f"{notebook}-{function}: {answering} answer it"
+
+
+def test_the_enumeration_finds_what_answers_when_nothing_is_hidden(monkeypatch):
+    """The test above can fail: with the hiding off, the package's own
+    functions answer their exercises."""
+    from grpo_lab.teaching.checks import framework
+
+    monkeypatch.setattr(framework, "hide_while_running", lambda fn, name: fn)
+    from grpo_lab.masks import pad_prompt_and_response_ids
+
+    def in_its_place(*args, **kwargs):
+        return pad_prompt_and_response_ids(*args, **kwargs)
+
+    assert _passes("check_response_mask", in_its_place)
+
+
+# --- routes that need an adapter -------------------------------------------------
+
+
+def _by_generate(model, input_ids):
+    generated = model.generate(
+        input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        max_new_tokens=1,
+        do_sample=False,
+    )
+    return generated[:, -1]
+
+
+def _by_reference_next_token(model, input_ids):
+    from grpo_lab.teaching.checks.setup import reference_next_token
+
+    return reference_next_token(model, input_ids, 0)
+
+
+def _by_written(prompt_ids, segments):
+    from grpo_lab.rollouts.multiturn import MODEL
+    from grpo_lab.teaching.checks.turns import _written
+
+    return _written(prompt_ids, segments, (MODEL,))[:, 1:]
+
+
+def _by_slips(x, weight, lora_A, lora_B, alpha, rank):
+    from grpo_lab.teaching.checks.lora import _slips
+
+    # alpha and rank swapped: the "upside down" slip is then the answer.
+    return next(
+        value
+        for message, value in _slips(x, weight, lora_A, lora_B, rank, alpha).items()
+        if "upside down" in message
+    )
+
+
+def _by_grpo_clip_loss(policy, old, reference, advantages, mask, low, high, beta):
+    from grpo_lab.losses import ObjectiveOptions, grpo_clip_loss
+
+    options = ObjectiveOptions(cliprange=low, cliprange_high=high)
+    surrogate = grpo_clip_loss(
+        advantages.unsqueeze(-1), policy, old, mask.bool(), options
+    )[0]
+    ratio = torch.exp(policy - old)
+    log_r = reference - policy
+    per_token = surrogate + beta * ratio * (log_r.exp() - log_r - 1)
+    return (per_token * mask).sum() / mask.sum()
+
+
+def _by_reference_slices(rollout_batch_size, train_batch_size, group_size):
+    from grpo_lab.teaching.checks.loop import _reference_slices
+
+    if train_batch_size % group_size:
+        raise ValueError("group_size must divide train_batch_size")
+    return _reference_slices(rollout_batch_size, train_batch_size)
+
+
+ROUTES = {
+    "generate": ("check_greedy_next_token", _by_generate),
+    "reference_next_token": ("check_greedy_next_token", _by_reference_next_token),
+    "turns._written": ("check_multi_turn_mask", _by_written),
+    "lora._slips": ("check_lora_linear", _by_slips),
+    "losses.grpo_clip_loss": ("check_dapo_kl_loss", _by_grpo_clip_loss),
+    "loop._reference_slices": ("check_train_batch_slices", _by_reference_slices),
+}
+
+
+@pytest.mark.parametrize("route", sorted(ROUTES))
+def test_a_route_that_needs_an_adapter_is_hidden(route, monkeypatch):
+    check_name, answer = ROUTES[route]
+    assert not _passes(check_name, answer), route
+    # ... and it is a real route: with the hiding off, it passes.
+    from grpo_lab.teaching.checks import framework
+
+    monkeypatch.setattr(framework, "hide_while_running", lambda fn, name: fn)
+    assert _passes(check_name, answer), route
