@@ -6,8 +6,7 @@
     grpo-lab plot RUN_DIR                                 # RUN_DIR/curves.png
     grpo-lab push RUN_DIR REPO_ID [--private]             # model + card to the Hub
     grpo-lab merge RUN_DIR --out DIR                      # a LoRA run, merged
-    grpo-lab student-notebooks OUT_DIR [--source notebooks]
-    grpo-lab notebooks DIR [--force]                      # copy the course notebooks
+    grpo-lab notebooks DIR [--source FOLDER]             # the student copies
     grpo-lab doctor RUN_DIR [--json]                      # name a run's problems
     grpo-lab export trl|verl --profile gpu --out DIR      # a launch folder for TRL/verl
     grpo-lab export trl --gpus 8 --nodes 2 [--vllm-mode server] --out DIR
