@@ -12,7 +12,6 @@ Like every command, each imports what it needs when it runs, so that
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from grpo_lab.errors import UserError

@@ -14,12 +14,12 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_outp
 from grpo_lab.instructor.student import (
     STUB,
     WALK_THROUGH_TAG,
+    course_cells_hash,
     is_walk_through,
+    made_from,
     strip_hidden_tests,
     strip_solutions,
     student_notebook,
-    course_cells_hash,
-    made_from,
     update_student_folder,
 )
 
@@ -175,8 +175,10 @@ def test_a_student_folder_is_written_once_and_never_overwritten(tmp_path):
     hash_of_new = course_cells_hash(changed)
     assert new.name == f"00_a.update-{hash_of_new[:8]}.ipynb"
     assert made_from(nbformat.read(new, as_version=4)) == hash_of_new
-    assert f"00_a.ipynb is kept as it is; the course changed it, and its new " \
+    assert (
+        f"00_a.ipynb is kept as it is; the course changed it, and its new "
         f"version is {new.name}" in third.lines()
+    )
     # Once written, an update is not written again.
     assert update_student_folder(source_dir, out).beside == {}
 
