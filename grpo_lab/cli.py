@@ -402,10 +402,14 @@ def run_train(arguments: argparse.Namespace) -> int:
     """``grpo-lab train``: train, then print where the run went."""
     from grpo_lab.training import checkpoint as checkpoints
     from grpo_lab.training import run_dir as run_dirs
+    from grpo_lab.training.config.profiles import sampler_note
     from grpo_lab.training.loop import train
 
     config = train_config(arguments)
     check_can_train(config)
+    note = sampler_note(config.profile, config.backend)
+    if note is not None:
+        print(note, file=sys.stderr)
     if arguments.push_to_hub is not None:  # before training, not after it
         from grpo_lab.hub import check_repo_id, hub_token
 
