@@ -324,3 +324,18 @@ def test_run_code_cells_reports_the_cell_that_raises(tmp_path):
     notebook.cells.pop()
     nbformat.write(notebook, path)
     assert run_code_cells(path) == "hi\n"
+
+
+def test_no_check_cell_of_a_student_copy_shows_its_return_value():
+    """A check returns False when not attempted; a check call that ends its
+    cell (after the hidden tests are cut) must end with ';', or Jupyter shows
+    a stray ``Out: False`` under it."""
+    bare = []
+    for path in sorted(NOTEBOOK_DIR.glob("*.ipynb")):
+        copy = student_notebook(nbformat.read(path, as_version=4), path.name)
+        for cell in copy.cells:
+            lines = cell.source.rstrip().splitlines()
+            if cell.cell_type == "code" and lines and lines[-1].startswith("check_"):
+                if not lines[-1].endswith(";"):
+                    bare.append(f"{path.name}: {lines[-1]}")
+    assert bare == []
