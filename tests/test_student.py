@@ -334,8 +334,8 @@ def test_no_check_cell_of_a_student_copy_shows_its_return_value():
     for path in sorted(NOTEBOOK_DIR.glob("*.ipynb")):
         copy = student_notebook(nbformat.read(path, as_version=4), path.name)
         for cell in copy.cells:
-            lines = cell.source.rstrip().splitlines()
-            if cell.cell_type == "code" and lines and lines[-1].startswith("check_"):
-                if not lines[-1].endswith(";"):
-                    bare.append(f"{path.name}: {lines[-1]}")
+            last = (cell.source.rstrip().splitlines() or [""])[-1]
+            code = cell.cell_type == "code"
+            if code and last.startswith("check_") and not last.endswith(";"):
+                bare.append(f"{path.name}: {last}")
     assert bare == []
