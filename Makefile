@@ -115,6 +115,12 @@ test-fast: $(STAMP)
 notebooks: $(STAMP)
 	$(PY) -m pytest -n $(JOBS) --dist loadfile --durations=0 --nbval-lax notebooks
 
+# The rendered copies in rendered/ (student copies executed on the cpu profile, linked
+# from the README): run again after a notebook changes (tests/test_rendered.py fails
+# until then); `make rendered NOTEBOOKS="03 09"` renders only those.
+rendered: $(STAMP)
+	$(PY) -m grpo_lab.instructor.rendered $(NOTEBOOKS)
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check grpo_lab tests benchmarks notebooks
 	$(VENV)/bin/ruff format --check grpo_lab tests benchmarks

@@ -148,7 +148,7 @@ def test_the_project_url_is_set_once_and_the_readme_uses_it():
     readme = (root / "README.md").read_text(encoding="utf-8")
     repository = url.removeprefix("https://github.com/")
     badge = (
-        f"https://colab.research.google.com/github/{repository}/blob/main/notebooks/"
+        f"https://colab.research.google.com/github/{repository}/blob/main/rendered/"
     )
     assert badge + "00_welcome_and_setup.ipynb" in readme
     assert f"git+{url}" in readme
