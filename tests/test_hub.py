@@ -21,7 +21,7 @@ from huggingface_hub import HfApi
 from huggingface_hub.errors import HfHubHTTPError
 from transformers import AutoModelForCausalLM
 
-from grpo_lab import cli
+from grpo_lab.cli import main as cli
 from grpo_lab.models import load_tokenizer
 from grpo_lab.training import model_card
 from grpo_lab.training.config import TrainConfig

@@ -2,8 +2,8 @@
 
 A run writes it when it saves final_model/ (in place of the blank card peft
 writes beside an adapter), and ``grpo-lab push`` writes it again naming the
-repository and adding the reward curve (:mod:`grpo_lab.hub`). The card is read
-from the run folder alone: ``config.json`` gives its front matter
+repository and adding the reward curve (:mod:`grpo_lab.integrations.hub`). The
+card is read from the run folder alone: ``config.json`` gives its front matter
 (``library_name: transformers``, or ``peft`` for an adapter; tags ``grpo`` and
 ``grpo-lab``; the base model when it was a Hub model; the dataset when the task
 read one from the Hub) and its settings table; ``metrics.jsonl`` gives the
