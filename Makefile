@@ -1,5 +1,6 @@
 # Two commands do all the setup:
-#   make lab    build .venv if it is missing, then open the notebooks in JupyterLab
+#   make lab    build .venv if it is missing, write the student copies of the notebooks
+#               into your own folder (LAB_DIR) and open it in JupyterLab
 #   make test   build .venv if it is missing, then run the tests and execute every notebook
 VENV ?= .venv
 PYTHON ?= python3
@@ -29,12 +30,20 @@ PIP_INSTALL := $(PY) -m pip install --progress-bar on
 LAB_IP ?= 127.0.0.1
 LAB_ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 LAB_ARGS ?=
-# Course notebooks are saved without outputs (the README's policy), so autosave
+# `make lab` serves the student's own folder LAB_DIR (git ignores it): the student
+# copies of the notebooks (no solution, hidden test or model answer), written on the
+# first run; later runs add new course notebooks and write a changed one beside the
+# student's, never over it (`grpo-lab notebooks`).
+LAB_DIR ?= my_notebooks
+LAB_SERVER = $(VENV)/bin/jupyter lab --ServerApp.ip=$(LAB_IP) $(LAB_ROOT_FLAG)
+LAB_COMMAND = $(LAB_SERVER) $(LAB_DIR)/ $(LAB_ARGS)
+# `make lab-instructor` serves the course source notebooks/ (solutions, hidden tests,
+# model answers). They are saved without outputs (the README's policy), so autosave
 # leaves the tracked files clean; an open tab keeps its outputs until reloaded.
 LAB_SAVE_HOOK := --ContentsManager.pre_save_hook=grpo_lab.teaching.output_policy.strip_outputs_before_save
-LAB_COMMAND = $(VENV)/bin/jupyter lab notebooks/ --ServerApp.ip=$(LAB_IP) $(LAB_ROOT_FLAG) $(LAB_SAVE_HOOK) $(LAB_ARGS)
+LAB_INSTRUCTOR_COMMAND = $(LAB_SERVER) notebooks/ $(LAB_SAVE_HOOK) $(LAB_ARGS)
 
-.PHONY: lab test test-verl test-fast notebooks lint format bench student-notebooks train clean-venv
+.PHONY: lab lab-instructor test test-verl test-fast notebooks rendered lint format bench train clean-venv
 
 # An index that cannot be reached (no network, a firewall) costs at most
 # TORCH_INDEX_TIMEOUT seconds: pip skips it and installs from what it finds
@@ -55,7 +64,11 @@ $(STAMP): pyproject.toml
 	@echo "==> $(VENV) is ready"
 
 lab: $(STAMP)
+	$(VENV)/bin/grpo-lab notebooks $(LAB_DIR)
 	$(LAB_COMMAND)
+
+lab-instructor: $(STAMP)
+	$(LAB_INSTRUCTOR_COMMAND)
 
 # The tests also need the instructor extra (nbgrader); `make lab` does not.
 $(INSTRUCTOR_STAMP): $(STAMP)
@@ -102,6 +115,12 @@ test-fast: $(STAMP)
 notebooks: $(STAMP)
 	$(PY) -m pytest -n $(JOBS) --dist loadfile --durations=0 --nbval-lax notebooks
 
+# The rendered copies in rendered/ (student copies executed on the cpu profile, linked
+# from the README): run again after a notebook changes (tests/test_rendered.py fails
+# until then); `make rendered NOTEBOOKS="03 09"` renders only those.
+rendered: $(STAMP)
+	$(PY) -m grpo_lab.instructor.rendered $(NOTEBOOKS)
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check grpo_lab tests benchmarks notebooks
 	$(VENV)/bin/ruff format --check grpo_lab tests benchmarks
@@ -114,9 +133,6 @@ format: $(STAMP)
 bench: $(STAMP)
 	$(PIP_INSTALL) -e ".[$(EXTRAS),bench]"
 	$(PY) benchmarks/run_cpu.py
-
-student-notebooks: $(STAMP)
-	$(VENV)/bin/grpo-lab student-notebooks student_notebooks
 
 train: $(STAMP)
 	$(VENV)/bin/grpo-lab train

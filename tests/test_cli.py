@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import shutil
 import sys
@@ -418,26 +419,27 @@ def test_plot_writes_curves(tmp_path, capsys):
     assert error.startswith("grpo-lab plot: ") and "no metrics" in error
 
 
-def test_student_notebooks_calls_the_writer(tmp_path, monkeypatch, capsys):
-    from grpo_lab.instructor import student
+def test_notebooks_calls_the_folder_update(tmp_path, monkeypatch, capsys):
+    # The module the command imports (another test may have imported it anew).
+    student = importlib.import_module("grpo_lab.instructor.student")
 
     calls = []
+    update = student.StudentFolderUpdate(added=[tmp_path / "out" / "00_a.ipynb"])
     monkeypatch.setattr(
         student,
-        "write_student_notebooks",
-        lambda source, out: calls.append((source, out)) or [out],
+        "update_student_folder",
+        lambda source, out: calls.append((source, out)) or update,
     )
-    source = tmp_path / "notebooks"
-    source.mkdir()
-    assert (
-        cli.main(["student-notebooks", str(tmp_path / "out"), "--source", str(source)])
-        == 0
-    )
+    source = str(tmp_path / "notebooks")
+    assert cli.main(["notebooks", str(tmp_path / "out"), "--source", source]) == 0
     assert calls == [(source, str(tmp_path / "out"))]
-    assert "1 student notebooks written" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert out.startswith("added 00_a.ipynb\n") and "1 notebooks added" in out
+    monkeypatch.undo()
     missing = str(tmp_path / "missing")
-    assert cli.main(["student-notebooks", "out", "--source", missing]) == 2
-    assert "is not a folder" in capsys.readouterr().err
+    assert cli.main(["notebooks", "out", "--source", missing]) == 2
+    error = capsys.readouterr().err
+    assert "source_dir must be a directory" in error and error.count("\n") == 1
 
 
 def test_export_shows_its_stages_on_a_terminal(tmp_path, capsys, monkeypatch):

@@ -68,6 +68,11 @@ def test_train_help_shows_defaults_and_profile_values(capsys):
     cpu, gpu = TrainConfig.for_profile("cpu"), TrainConfig.for_profile("gpu")
     assert cpu.lr != gpu.lr
     assert f"(default: {cpu.lr}; gpu: {gpu.lr}" in text
+    # --lr shows the rate each profile trains at: a LoRA profile's lora_lr.
+    small = TrainConfig.for_profile("small-gpu")
+    assert small.lora_rank > 0 and small.lora_lr != small.lr
+    rates = f"gpu: {gpu.lr}, small-gpu: {small.lora_lr} (lora_lr: it trains LoRA))"
+    assert rates in text
     assert "--seed SEED Seed of the model weights" in text
     assert f"(default: {cpu.seed})" in text
     assert "--profile {cpu,gpu,small-gpu,smoke}" in text

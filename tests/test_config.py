@@ -27,6 +27,7 @@ from grpo_lab.training.config import (
     field_value,
     inert_settings,
 )
+from grpo_lab.training.config import profiles as config_profiles
 
 
 def parse(flags: list[str]) -> TrainConfig:
@@ -710,7 +711,10 @@ def test_the_machine_profile_follows_the_gpu_memory(monkeypatch, gigabytes, prof
     assert default_profile() == chosen_profile() == profile
 
 
-def test_small_gpu_profile_is_an_instruct_model_without_vllm_or_bfloat16():
+def test_small_gpu_profile_is_an_instruct_model_without_vllm_or_bfloat16(
+    monkeypatch,
+):
+    monkeypatch.setattr(config_profiles, "vllm_installed", lambda: False)
     config = TrainConfig.for_profile("small-gpu")
     assert config.model == "Qwen/Qwen2.5-0.5B-Instruct" and config.chat_template
     assert (config.backend, config.dtype, config.autocast_dtype) == (
@@ -721,6 +725,38 @@ def test_small_gpu_profile_is_an_instruct_model_without_vllm_or_bfloat16():
     assert config.lora_rank == 1 and config.lora_target_modules == "all-linear"
     assert config.gradient_checkpointing and config.logits_chunk_size > 0
     assert config.off_policy and config.importance_reweighting_method == "grpo"
+
+
+def test_small_gpu_samples_with_vllm_where_it_is_installed(monkeypatch):
+    gib = 2**30
+    monkeypatch.setattr(config_profiles, "vllm_installed", lambda: False)
+    with_hf = TrainConfig.for_profile("small-gpu")
+    count = config_module.KNOWN_PARAMETER_COUNTS[with_hf.model]
+    hf_need = config_module.training_memory_bytes(with_hf, count)
+    monkeypatch.setattr(config_profiles, "vllm_installed", lambda: True)
+    config = TrainConfig.for_profile("small-gpu")
+    assert (config.backend, config.autocast_dtype) == ("vllm", "float16")
+    # vLLM's share: what the hf run's estimate leaves of a 15 GiB T4, in 0.05s.
+    share = math.floor((1 - hf_need / (15 * gib)) * 20) / 20
+    assert config.vllm_gpu_memory_utilization == share == 0.75
+    assert config_module.training_memory_bytes(config, count) <= 15 * gib
+    assert "rollout_max_batch_size" not in inert_settings(config)
+    assert dataclasses.replace(
+        config, backend="hf", vllm_gpu_memory_utilization=0.3,
+        rollout_max_batch_size=with_hf.rollout_max_batch_size,
+    ) == with_hf  # only the sampler differs  # fmt: skip
+    assert TrainConfig.for_profile("small-gpu", backend="hf").backend == "hf"
+    assert TrainConfig.for_profile("gpu").vllm_gpu_memory_utilization == 0.3
+
+
+def test_the_run_says_which_sampler_small_gpu_uses(monkeypatch):
+    note = config_profiles.sampler_note
+    assert note("gpu", "vllm") is None and note("cpu", "hf") is None
+    assert note("small-gpu", "vllm").startswith("small-gpu samples with vllm")
+    monkeypatch.setattr(config_profiles, "vllm_installed", lambda: False)
+    assert "vLLM is not installed" in note("small-gpu", "hf")
+    monkeypatch.setattr(config_profiles, "vllm_installed", lambda: True)
+    assert "as asked" in note("small-gpu", "hf")
 
 
 def test_sampler_correction_needs_a_backend_with_sampler_log_probs(monkeypatch):

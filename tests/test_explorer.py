@@ -18,6 +18,7 @@ import ipywidgets as widgets
 import matplotlib.image
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from grpo_lab.teaching import explorer
 from grpo_lab.teaching.curves import curve
@@ -472,3 +473,35 @@ def test_warmed_up_model_is_built_once_and_loads(tmp_path, monkeypatch):
     model, tokenizer = load_pretrained(folder, dtype="float32")
     assert model.config.hidden_size == 16
     assert tokenizer.decode(tokenizer.encode("12 34")) == "12 34"
+
+
+def test_a_long_run_label_wraps_in_one_legend_below_the_panels(base_config, tmp_path):
+    runs = explorer.sweep(base_config, "lr", [1e-3, 1e-2], tmp_path, FakeTrain())
+    # A Run of several changed settings: a 91-character label.
+    label = (
+        "objective=gspo, baseline=leave_one_out, advantage_normalizer=none, "
+        "loss_normalization=token"
+    )
+    assert len(label) == 91
+    runs[1] = dataclasses.replace(runs[1], label=label)
+    metrics = ["train/reward_mean", "eval/accuracy_greedy"]
+    figure = explorer.comparison_figure(runs, metrics)
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()  # the layout is settled by drawing
+    renderer = canvas.get_renderer()
+    (legend,) = figure.legends
+    assert not any(axis.get_legend() for axis in figure.axes)
+    assert [text.get_text() for text in legend.get_texts()] == [
+        "lr=0.001",
+        "objective=gspo, baseline=leave_one_out,\nadvantage_normalizer=none, "
+        "loss_normalization=token",
+    ]
+    box = legend.get_window_extent(renderer)
+    whole = figure.bbox
+    assert whole.x0 <= box.x0 and box.x1 <= whole.x1
+    assert whole.y0 <= box.y0 and box.y1 <= whole.y1  # not cropped
+    for axis in figure.axes:
+        assert not box.overlaps(axis.get_tightbbox(renderer))  # covers no panel
+    # The image as the notebook shows it, for a person to look at.
+    out = Path(tempfile.gettempdir()) / "grpo_lab_comparison_legend.png"
+    out.write_bytes(explorer.figure_png(figure))

@@ -22,8 +22,8 @@ from huggingface_hub.errors import HfHubHTTPError
 from transformers import AutoModelForCausalLM
 
 from grpo_lab.cli import main as cli
-from grpo_lab.integrations import hub
 from grpo_lab.models import load_tokenizer
+from grpo_lab.training import model_card
 from grpo_lab.training.config import TrainConfig
 from grpo_lab.training.loop import train
 from grpo_lab.training.metrics import read_metrics
@@ -95,7 +95,7 @@ def one_line_error(capsys, argv: list[str]) -> str:
 
 def test_the_front_matter_names_the_base_model_and_dataset_when_known():
     gsm8k = {"model": "Qwen/Qwen2.5-Math-1.5B", "task": "gsm8k", "task_options": {}}
-    assert hub.card_metadata(gsm8k) == {
+    assert model_card.card_metadata(gsm8k) == {
         "library_name": "transformers",
         "pipeline_tag": "text-generation",
         "tags": ["grpo", "grpo-lab"],
@@ -103,15 +103,15 @@ def test_the_front_matter_names_the_base_model_and_dataset_when_known():
         "datasets": ["openai/gsm8k"],
     }
     local = {**gsm8k, "task_options": {"train_path": "train.jsonl"}, "task": "math"}
-    assert "datasets" not in hub.card_metadata(local)
+    assert "datasets" not in model_card.card_metadata(local)
     math = {**gsm8k, "task": "math"}
-    assert hub.card_metadata(math)["datasets"] == ["EleutherAI/hendrycks_math"]
-    tiny = hub.card_metadata({"model": "tiny", "task": "reverse"})
+    assert model_card.card_metadata(math)["datasets"] == ["EleutherAI/hendrycks_math"]
+    tiny = model_card.card_metadata({"model": "tiny", "task": "reverse"})
     assert "base_model" not in tiny and "datasets" not in tiny
 
 
 def test_a_local_model_folder_is_not_named_as_a_base_model(tmp_path):
-    metadata = hub.card_metadata({"model": str(tmp_path), "task": "reverse"})
+    metadata = model_card.card_metadata({"model": str(tmp_path), "task": "reverse"})
     assert "base_model" not in metadata
 
 
@@ -128,7 +128,7 @@ def test_the_card_reports_accuracy_before_and_after_and_the_settings():
             "eval/accuracy_sampled": 0.8125,
         },
     ]
-    card = hub.model_card(config, history, REPO)
+    card = model_card.model_card(config, history, REPO)
     assert front_matter(card)["tags"] == ["grpo", "grpo-lab"]
     assert "# grpo-reverse-tiny\n" in card
     assert "| decoding | before (step 0) | after (step 3) |" in card
@@ -141,7 +141,7 @@ def test_the_card_reports_accuracy_before_and_after_and_the_settings():
     assert '| `task_options` | `{"n_digits": 5}` |' in card
     assert "| `run_dir` |" not in card and "time/step_seconds" not in card
     assert f'tokenizer = AutoTokenizer.from_pretrained("{REPO}")' in card
-    without_eval = hub.model_card(config, history[2:3], REPO, curve_file=None)
+    without_eval = model_card.model_card(config, history[2:3], REPO, curve_file=None)
     assert "Not measured in this run" in without_eval
     assert "reward_curve.png" not in without_eval
 

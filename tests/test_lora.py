@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import signal
 import subprocess
 import threading
@@ -464,8 +465,11 @@ def test_vllm_receives_merged_weights_under_the_base_names(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_run_saves_an_adapter_peft_opens_and_merge_reproduces_its_logits(tmp_path):
-    from peft import PeftModel
+def test_a_run_saves_an_adapter_peft_opens_and_merge_reproduces_its_logits(
+    tmp_path, monkeypatch
+):
+    import huggingface_hub
+    from peft import AutoPeftModelForCausalLM, PeftModel
 
     # An entropy bonus: every step has a gradient, so the norm copies move.
     config = tiny_config(
@@ -496,6 +500,19 @@ def test_a_run_saves_an_adapter_peft_opens_and_merge_reproduces_its_logits(tmp_p
     for folder in (final, checkpoint_folder):
         with torch.no_grad():
             assert torch.equal(opened(folder)(input_ids=ids).logits, expected)
+    # The adapter folder alone opens, its base named in it (a local folder stands
+    # in for the Hub, which is offline), and it carries grpo_lab's card.
+    adapter_config = json.loads((final / "adapter_config.json").read_text())
+    assert adapter_config["base_model_name_or_path"] == str(base_dir.resolve())
+    card = (final / "README.md").read_text()
+    assert card.startswith("---\n") and "library_name: peft" in card
+    assert f"# {run_dir.name}\n" in card and "[More Information Needed]" not in card
+    alone = tmp_path / "elsewhere" / "adapter"
+    shutil.copytree(final, alone)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with torch.no_grad():
+        logits = AutoPeftModelForCausalLM.from_pretrained(alone).eval()(ids).logits
+    assert torch.equal(logits, expected)
     merged_dir = tmp_path / "merged"
     assert cli.main(["merge", str(run_dir), "--out", str(merged_dir)]) == 0
     merged = AutoModelForCausalLM.from_pretrained(merged_dir).eval()
@@ -800,8 +817,21 @@ def test_the_first_lora_step_equals_trls_with_the_same_peft_config(tmp_path):
         torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-12)
 
 
+def test_an_adapter_names_the_model_it_applies_to(tmp_path):
+    run_dir = tmp_path / "run"
+    base = str((run_dir / loop.BASE_MODEL_DIR).resolve())
+    tiny = TrainConfig.for_profile("cpu", lora_rank=8, sft_max_steps=0)
+    assert loop.adapter_base(tiny, run_dir) == base
+    hub_name = dataclasses.replace(tiny, model="Qwen/Qwen2.5-0.5B-Instruct")
+    assert loop.adapter_base(hub_name, run_dir) == "Qwen/Qwen2.5-0.5B-Instruct"
+    warmed = dataclasses.replace(hub_name, sft_max_steps=5)
+    assert loop.adapter_base(warmed, run_dir) == base
+    local = dataclasses.replace(tiny, model=str(tmp_path))
+    assert loop.adapter_base(local, run_dir) == str(tmp_path.resolve())
+
+
 def test_the_model_card_of_a_lora_run_says_it_is_an_adapter():
-    from grpo_lab.integrations.hub import card_metadata, model_card
+    from grpo_lab.training.model_card import card_metadata, model_card
 
     config = TrainConfig.for_profile("cpu", lora_rank=8).to_dict()
     assert card_metadata(config)["library_name"] == "peft"

@@ -147,9 +147,7 @@ def test_the_project_url_is_set_once_and_the_readme_uses_it():
     assert source_url() == url and url.startswith("https://github.com/")
     readme = (root / "README.md").read_text(encoding="utf-8")
     repository = url.removeprefix("https://github.com/")
-    badge = (
-        f"https://colab.research.google.com/github/{repository}/blob/main/notebooks/"
-    )
+    badge = f"https://colab.research.google.com/github/{repository}/blob/main/rendered/"
     assert badge + "00_welcome_and_setup.ipynb" in readme
     assert f"git+{url}" in readme
 
@@ -206,11 +204,15 @@ def test_the_lab_saves_course_notebooks_without_outputs():
     assert text["content"] == "08_x.ipynb"
 
 
-def test_make_lab_sets_the_save_hook():
+def test_make_lab_instructor_sets_the_save_hook():
+    # The course source is saved without outputs; a student's own folder keeps them.
     makefile = (NOTEBOOK_DIR.parent / "Makefile").read_text(encoding="utf-8")
     hook = "grpo_lab.teaching.output_policy.strip_outputs_before_save"
     assert f"LAB_SAVE_HOOK := --ContentsManager.pre_save_hook={hook}" in makefile
-    assert "$(LAB_SAVE_HOOK)" in makefile.split("LAB_COMMAND =", 1)[1].splitlines()[0]
+    line = makefile.split("LAB_INSTRUCTOR_COMMAND =", 1)[1].splitlines()[0]
+    assert "notebooks/" in line and "$(LAB_SAVE_HOOK)" in line
+    student = makefile.split("\nLAB_COMMAND =", 1)[1].splitlines()[0]
+    assert "$(LAB_DIR)/" in student and "$(LAB_SAVE_HOOK)" not in student
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

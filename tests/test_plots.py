@@ -135,6 +135,7 @@ def test_the_loop_diagram_names_its_four_stages_in_order():
 
 def test_advantage_bars_are_the_package_advantages():
     figure = plot_advantages([1.0, 0.0, 0.0, 1.0])
+    assert [axis.get_ylabel() for axis in figure.axes] == ["reward", "advantage"]
     heights = [bar.get_height() for bar in figure.axes[1].patches]
     # mean 0.5, sample std sqrt(1/3): A = +-0.866
     assert heights == pytest.approx([0.866, -0.866, -0.866, 0.866], abs=1e-3)

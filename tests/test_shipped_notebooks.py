@@ -1,10 +1,9 @@
-"""The notebooks ship in the wheel; ``grpo-lab notebooks`` copies them out."""
+"""The notebooks ship in the wheel; ``grpo-lab notebooks`` writes them out."""
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import stat
 import subprocess
@@ -21,11 +20,15 @@ from grpo_lab.cli import main as cli
 from grpo_lab.instructor import shipped_notebooks
 from grpo_lab.instructor.rubric import MODEL_ANSWERS_NAME, find_exercises, load_rubric
 from grpo_lab.instructor.shipped_notebooks import (
-    copy_notebooks,
     course_notebooks_dir,
     shipped_notebooks_dir,
 )
-from grpo_lab.instructor.student import BEGIN_MARKER, END_MARKER
+from grpo_lab.instructor.student import (
+    BEGIN_MARKER,
+    END_MARKER,
+    student_copy,
+    update_student_folder,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 # Where `import grpo_lab` would load from (without importing it, and torch).
@@ -111,40 +114,43 @@ def test_no_notebooks_anywhere_is_a_clear_error(tmp_path, monkeypatch):
 
 
 def test_copies_are_writable_and_existing_ones_are_kept(tmp_path, monkeypatch):
-    fake_installation(tmp_path, monkeypatch, with_notebooks=True)
+    package = fake_installation(tmp_path, monkeypatch, with_notebooks=True)
     out = tmp_path / "course"
-    copied = copy_notebooks(out)
-    assert [path.name for path in copied] == ["00_a.ipynb", "01_b.ipynb"]
-    assert (out / "01_b.ipynb").read_text() == _tiny_notebook("01_b.ipynb")
-    assert all(path.stat().st_mode & stat.S_IWUSR for path in copied)
+    assert cli.main(["notebooks", str(out)]) == 0
+    assert sorted(path.name for path in out.iterdir()) == ["00_a.ipynb", "01_b.ipynb"]
+    shipped = json.loads((package / "notebooks" / "01_b.ipynb").read_text())
+    assert json.loads((out / "01_b.ipynb").read_text()) == student_copy(
+        shipped, "01_b.ipynb"
+    )
+    assert all(path.stat().st_mode & stat.S_IWUSR for path in out.iterdir())
     (out / "00_a.ipynb").write_text("a student's work")
-    with pytest.raises(FileExistsError, match=r"00_a\.ipynb, 01_b\.ipynb.*--force"):
-        copy_notebooks(out)
+    assert cli.main(["notebooks", str(out)]) == 0
     assert (out / "00_a.ipynb").read_text() == "a student's work"
-    copy_notebooks(out, overwrite=True)
-    assert (out / "00_a.ipynb").read_text() == _tiny_notebook("00_a.ipynb")
 
 
 def test_cli_notebooks_copies_every_notebook(tmp_path, capsys):
     assert cli.main(["notebooks", str(tmp_path / "out")]) == 0
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == NOTEBOOKS
-    assert f"{len(NOTEBOOKS)} notebooks copied" in capsys.readouterr().out
-    capsys.readouterr()
-    assert cli.main(["notebooks", str(tmp_path / "out")]) == 2
-    assert re.fullmatch(r"grpo-lab notebooks: .* --force.*\n", capsys.readouterr().err)
-    assert cli.main(["notebooks", str(tmp_path / "out"), "--force"]) == 0
+    out = capsys.readouterr().out
+    assert f"{len(NOTEBOOKS)} notebooks added" in out
+    assert [line for line in out.splitlines() if line.startswith("added ")] == [
+        f"added {name}" for name in NOTEBOOKS
+    ]
+    assert cli.main(["notebooks", str(tmp_path / "out")]) == 0
+    again = capsys.readouterr().out
+    assert again.count("\n") == 1 and f"{len(NOTEBOOKS)} already current" in again
 
 
-def test_student_notebooks_default_to_the_shipped_ones(tmp_path, monkeypatch):
+def test_notebooks_default_to_the_shipped_ones(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no notebooks/ here
-    assert cli.main(["student-notebooks", "out"]) == 0
+    assert cli.main(["notebooks", "out"]) == 0
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == NOTEBOOKS
 
 
-def test_student_notebooks_need_no_nbformat(tmp_path, monkeypatch, capsys):
+def test_notebooks_need_no_nbformat(tmp_path, monkeypatch, capsys):
     monkeypatch.delitem(sys.modules, "grpo_lab.instructor.student", raising=False)
     monkeypatch.setitem(sys.modules, "nbformat", None)  # import nbformat fails
-    assert cli.main(["student-notebooks", str(tmp_path / "out")]) == 0
+    assert cli.main(["notebooks", str(tmp_path / "out")]) == 0
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == NOTEBOOKS
 
 
@@ -154,7 +160,7 @@ def test_a_solved_installation_is_copied_as_student_copies(tmp_path, monkeypatch
         _tiny_notebook("00_a.ipynb", solved=True)
     )
     assert course_notebooks_dir() == package / "notebooks"  # solved: gradeable
-    (copy,) = copy_notebooks(tmp_path / "out")
+    (copy,) = update_student_folder(package / "notebooks", tmp_path / "out").added
     text = copy.read_text()
     assert "raise NotImplementedError()" in text and "return 42" not in text
 
@@ -375,7 +381,7 @@ def test_the_wheel_ships_student_copies_and_grades_with_the_instructors_kit(tmp_
     ).stdout
     assert Path(where.strip()).is_relative_to(site)  # the installed copy runs
     copied = installed("notebooks", "course").stdout
-    assert f"{len(NOTEBOOKS)} notebooks copied" in copied
+    assert f"{len(NOTEBOOKS)} notebooks added" in copied
     course = {p.name: p.read_text() for p in (work / "course").iterdir()}
     assert sorted(course) == NOTEBOOKS
     assert_no_solution_and_no_answer(course)
@@ -385,8 +391,6 @@ def test_the_wheel_ships_student_copies_and_grades_with_the_instructors_kit(tmp_
         capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
     assert url == "https://github.com/grpo-lab/grpo-lab"  # from the wheel's metadata
-    installed("student-notebooks", "students")
-    assert sorted(path.name for path in (work / "students").iterdir()) == NOTEBOOKS
 
     # The kit comes from the course source; the installed grader grades with it.
     refused = installed("instructor", "kit", "kit", check=False)

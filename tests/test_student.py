@@ -14,11 +14,13 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_outp
 from grpo_lab.instructor.student import (
     STUB,
     WALK_THROUGH_TAG,
+    course_cells_hash,
     is_walk_through,
+    made_from,
     strip_hidden_tests,
     strip_solutions,
     student_notebook,
-    write_student_notebooks,
+    update_student_folder,
 )
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
@@ -141,16 +143,69 @@ def test_hidden_tests_are_left_out_of_the_student_copy():
         strip_hidden_tests("### BEGIN HIDDEN TESTS\nx")
 
 
-def test_write_student_notebooks(tmp_path):
+def test_a_student_folder_is_written_once_and_never_overwritten(tmp_path):
     source_dir = tmp_path / "source"
     source_dir.mkdir()
     for name in ("01_b.ipynb", "00_a.ipynb"):
         nbformat.write(_solved_notebook(), source_dir / name)
-    written = write_student_notebooks(source_dir, tmp_path / "out")
-    assert [path.name for path in written] == ["00_a.ipynb", "01_b.ipynb"]
-    copy = nbformat.read(written[0], as_version=4)
+    out = tmp_path / "mine"
+    first = update_student_folder(source_dir, out)
+    assert [path.name for path in first.added] == ["00_a.ipynb", "01_b.ipynb"]
+    assert first.lines() == ["added 00_a.ipynb", "added 01_b.ipynb"]
+    copy = nbformat.read(out / "00_a.ipynb", as_version=4)
     assert STUB in copy.cells[1].source
-    assert not list((tmp_path / "out").glob("*.tmp"))
+    assert not list(out.glob("*.tmp"))
+    # The student edits a notebook; the next run changes nothing.
+    edited = copy.cells[1].source.replace(STUB, "return y * 2")
+    copy.cells[1].source = edited
+    nbformat.write(copy, out / "00_a.ipynb")
+    second = update_student_folder(source_dir, out)
+    assert (second.added, second.beside) == ([], {})
+    assert [path.name for path in second.current] == ["00_a.ipynb", "01_b.ipynb"]
+    # The course changes 00 and gains 02: the student's 00 stays, the new 00 is
+    # written beside it, 02 is added.
+    changed = _solved_notebook()
+    changed.cells.append(new_markdown_cell("A new section."))
+    nbformat.write(changed, source_dir / "00_a.ipynb")
+    nbformat.write(_solved_notebook(), source_dir / "02_c.ipynb")
+    third = update_student_folder(source_dir, out)
+    assert nbformat.read(out / "00_a.ipynb", as_version=4).cells[1].source == edited
+    assert [path.name for path in third.added] == ["02_c.ipynb"]
+    (new,) = third.beside.values()
+    hash_of_new = course_cells_hash(changed)
+    assert new.name == f"00_a.update-{hash_of_new[:8]}.ipynb"
+    assert made_from(nbformat.read(new, as_version=4)) == hash_of_new
+    assert (
+        f"00_a.ipynb is kept as it is; the course changed it, and its new "
+        f"version is {new.name}" in third.lines()
+    )
+    # Once written, an update is not written again.
+    assert update_student_folder(source_dir, out).beside == {}
+
+
+def test_a_file_that_is_not_a_student_copy_is_kept(tmp_path):
+    source_dir = tmp_path / "source"
+    source_dir.mkdir()
+    nbformat.write(_solved_notebook(), source_dir / "00_a.ipynb")
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "00_a.ipynb").write_text("not json")
+    update = update_student_folder(source_dir, out)
+    assert (out / "00_a.ipynb").read_text() == "not json"
+    assert list(update.beside) == [out / "00_a.ipynb"]
+
+
+def test_the_course_hash_follows_sources_and_tags_not_outputs():
+    notebook = _solved_notebook()
+    before = course_cells_hash(notebook)
+    notebook.cells[1].outputs = [new_output("stream", text="4\n")]
+    notebook.cells[1].execution_count = 3
+    assert course_cells_hash(notebook) == before
+    notebook.cells[1].metadata["tags"] = [WALK_THROUGH_TAG]
+    assert course_cells_hash(notebook) != before
+    assert made_from(student_notebook(notebook, "x.ipynb")) == course_cells_hash(
+        notebook
+    )
 
 
 def test_an_unbalanced_notebook_writes_nothing(tmp_path):
@@ -160,15 +215,15 @@ def test_an_unbalanced_notebook_writes_nothing(tmp_path):
     broken = new_notebook(cells=[new_code_cell("### BEGIN SOLUTION\nx = 1")])
     nbformat.write(broken, source_dir / "01_broken.ipynb")
     with pytest.raises(ValueError, match=r"01_broken.ipynb, cell 0"):
-        write_student_notebooks(source_dir, tmp_path / "out")
+        update_student_folder(source_dir, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 
 def test_bad_source_dir(tmp_path):
     with pytest.raises(ValueError, match="source_dir must be a directory"):
-        write_student_notebooks(tmp_path / "missing", tmp_path / "out")
+        update_student_folder(tmp_path / "missing", tmp_path / "out")
     with pytest.raises(ValueError, match=r"source_dir must hold \.ipynb files"):
-        write_student_notebooks(tmp_path, tmp_path / "out")
+        update_student_folder(tmp_path, tmp_path / "out")
 
 
 def test_every_course_notebook_has_balanced_markers_and_an_exercise():
@@ -183,7 +238,8 @@ def test_every_course_notebook_has_balanced_markers_and_an_exercise():
 
 @pytest.fixture(scope="module")
 def student_copies(tmp_path_factory):
-    return write_student_notebooks(NOTEBOOK_DIR, tmp_path_factory.mktemp("student"))
+    out = tmp_path_factory.mktemp("student")
+    return update_student_folder(NOTEBOOK_DIR, out).added
 
 
 def run_code_cells(path: Path, cell_timeout: float = 300.0) -> str:
@@ -268,3 +324,18 @@ def test_run_code_cells_reports_the_cell_that_raises(tmp_path):
     notebook.cells.pop()
     nbformat.write(notebook, path)
     assert run_code_cells(path) == "hi\n"
+
+
+def test_no_check_cell_of_a_student_copy_shows_its_return_value():
+    """A check returns False when not attempted; a check call that ends its
+    cell (after the hidden tests are cut) must end with ';', or Jupyter shows
+    a stray ``Out: False`` under it."""
+    bare = []
+    for path in sorted(NOTEBOOK_DIR.glob("*.ipynb")):
+        copy = student_notebook(nbformat.read(path, as_version=4), path.name)
+        for cell in copy.cells:
+            last = (cell.source.rstrip().splitlines() or [""])[-1]
+            code = cell.cell_type == "code"
+            if code and last.startswith("check_") and not last.endswith(";"):
+                bare.append(f"{path.name}: {last}")
+    assert bare == []

@@ -111,9 +111,11 @@ def test_explorers_show_a_drawn_image_as_soon_as_they_are_built():
 
 def test_advantage_explorer_has_one_slider_per_response():
     explorer = advantage_explorer((1.0, 0.0, 0.0, 1.0, 0.5))
-    sliders = explorer.children[1].children
+    # The chart comes first (right under the cell, not below the controls).
+    assert isinstance(explorer.children[0], widgets.Image)
+    sliders = explorer.children[3].children
     assert [s.value for s in sliders] == [1.0, 0.0, 0.0, 1.0, 0.5]
-    label = explorer.children[2]
+    label = explorer.children[1]
     # GRPO over (1, 0, 0, 1, 0.5): mean 0.5, std 0.5: advantages +-1, 0.
     assert label.value == "GRPO: advantages = [1.0, -1.0, -1.0, 1.0, 0.0]"
     with pytest.raises(ValueError, match="at least 2"):
@@ -142,9 +144,9 @@ def test_every_advantage_explorer_update_draws_a_chart():
     before = plt.get_fignums()
     explorer = advantage_explorer((1.0, 0.0, 0.0, 0.0))
     image = image_of(explorer)
-    baseline, normalizer = explorer.children[0].children
-    first_slider = explorer.children[1].children[0]
-    label = explorer.children[2]
+    baseline, normalizer = explorer.children[2].children
+    first_slider = explorer.children[3].children[0]
+    label = explorer.children[1]
     first = image.value
     shown = drive(first_slider, [0.05 * (i % 19) for i in range(1, UPDATES + 1)], image)
     assert_every_image_is_drawn_and_new(shown, first)

@@ -1,8 +1,7 @@
 """The course's commands of ``grpo-lab``: student copies, grading, the
 instructor's kit.
 
-    grpo-lab student-notebooks OUT_DIR [--source notebooks]
-    grpo-lab notebooks DIR [--force]                      # the student copies
+    grpo-lab notebooks DIR [--source FOLDER]             # the student copies
     grpo-lab grade SUBMISSIONS_DIR --out grades.csv [-j N]
     grpo-lab instructor kit KIT [--source CHECKOUT]      # solutions, key, answers
 
@@ -13,7 +12,6 @@ Like every command, each imports what it needs when it runs, so that
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from grpo_lab.errors import UserError
@@ -21,28 +19,9 @@ from grpo_lab.errors import UserError
 
 def add_course_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     """The course's subcommands, in the order ``grpo-lab --help`` lists them."""
-    _add_student_notebooks_command(commands, common)
     _add_notebooks_command(commands, common)
     _add_grade_command(commands, common)
     _add_instructor_command(commands, common)
-
-
-def _add_student_notebooks_command(
-    commands: Any, common: argparse.ArgumentParser
-) -> None:
-    """``grpo-lab student-notebooks`` and its arguments."""
-    notebooks_parser = commands.add_parser(
-        "student-notebooks",
-        parents=[common],
-        help="write copies of the notebooks with exercise solutions removed",
-    )
-    notebooks_parser.add_argument("out_dir", metavar="OUT_DIR")
-    notebooks_parser.add_argument(
-        "--source",
-        default=None,
-        help="folder of solution notebooks (default: ./notebooks if it exists, "
-        "else the notebooks shipped with the package)",
-    )
 
 
 def _add_notebooks_command(commands: Any, common: argparse.ArgumentParser) -> None:
@@ -50,11 +29,17 @@ def _add_notebooks_command(commands: Any, common: argparse.ArgumentParser) -> No
     copy_parser = commands.add_parser(
         "notebooks",
         parents=[common],
-        help="write the student copies of the course notebooks into DIR",
+        help="write the student copies of the course notebooks into DIR (your own "
+        "folder: a notebook already there is never overwritten; a course update "
+        "is written beside it)",
     )
     copy_parser.add_argument("out_dir", metavar="DIR")
     copy_parser.add_argument(
-        "--force", action="store_true", help="overwrite notebooks already in DIR"
+        "--source",
+        default=None,
+        metavar="FOLDER",
+        help="folder of the course notebooks (default: the checkout's notebooks/, "
+        "or those shipped with the package)",
     )
 
 
@@ -113,46 +98,23 @@ def _add_instructor_command(commands: Any, common: argparse.ArgumentParser) -> N
     )
 
 
-def run_student_notebooks(arguments: argparse.Namespace) -> int:
-    """``grpo-lab student-notebooks OUT_DIR``: strip solutions into OUT_DIR."""
-    from grpo_lab.instructor.shipped_notebooks import shipped_notebooks_dir
-
-    try:
-        from grpo_lab.instructor.student import write_student_notebooks
-    except ModuleNotFoundError as error:
-        if error.name != "nbformat":
-            raise
-        raise UserError(
-            "student-notebooks needs nbformat, which is not installed",
-            "pip install nbformat; the lab and dev extras include it",
-        ) from error
-    if arguments.source is not None:
-        source = Path(arguments.source)
-    elif Path("notebooks").is_dir():
-        source = Path("notebooks")
-    else:
-        try:
-            source = shipped_notebooks_dir()
-        except FileNotFoundError as error:
-            raise UserError(str(error), "give --source the notebooks") from error
-    if not source.is_dir():
-        raise UserError(f"{source} is not a folder", "give --source the notebooks")
-    written = write_student_notebooks(source, arguments.out_dir)
-    print(f"{len(written)} student notebooks written to {arguments.out_dir}")
-    return 0
-
-
 def run_notebooks(arguments: argparse.Namespace) -> int:
-    """``grpo-lab notebooks DIR``: write the student copies into DIR."""
-    from grpo_lab.instructor.shipped_notebooks import copy_notebooks
+    """``grpo-lab notebooks DIR``: the student copies DIR lacks, written there."""
+    from grpo_lab.instructor.shipped_notebooks import shipped_notebooks_dir
+    from grpo_lab.instructor.student import update_student_folder
 
     try:
-        copied = copy_notebooks(arguments.out_dir, overwrite=arguments.force)
-    except (FileNotFoundError, FileExistsError) as error:
-        raise UserError(
-            str(error), "pass --force to overwrite, or another DIR"
-        ) from error
-    print(f"{len(copied)} notebooks copied to {arguments.out_dir}")
+        source = arguments.source or shipped_notebooks_dir()
+        update = update_student_folder(source, arguments.out_dir)
+    except (FileNotFoundError, ValueError) as error:
+        raise UserError(str(error), "give --source the course notebooks") from error
+    for line in update.lines():
+        print(line)
+    print(
+        f"{arguments.out_dir}: {len(update.added)} notebooks added, "
+        f"{len(update.beside)} course updates written beside yours, "
+        f"{len(update.current)} already current"
+    )
     return 0
 
 
@@ -201,7 +163,6 @@ def run_instructor(arguments: argparse.Namespace) -> int:
 
 
 COURSE_COMMANDS = {
-    "student-notebooks": run_student_notebooks,
     "notebooks": run_notebooks,
     "grade": run_grade,
     "instructor": run_instructor,

@@ -29,6 +29,10 @@ TABLE_PATH = Path(__file__).with_name("flags.json")
 CONFIG_PACKAGE = Path(__file__).parents[1] / "training" / "config"
 # The flag whose default is chosen by the machine, not by a profile.
 PROFILE_FIELD = "profile"
+# The flag whose rate a LoRA profile replaces by lora_lr, and the flag whose
+# small-gpu value depends on whether vLLM is installed.
+LR_FIELD = "lr"
+BACKEND_FIELD = "backend"
 
 
 def config_digest() -> str:
@@ -46,10 +50,11 @@ def flag_table() -> dict[str, Any]:
     from grpo_lab.training.run_dir import RESUMABLE_FIELDS
 
     hints = typing.get_type_hints(config_module.TrainConfig)
-    profiles = {
-        name: config_module.TrainConfig.for_profile(name).to_dict()
+    configs = {
+        name: config_module.TrainConfig.for_profile(name)
         for name in config_module.PROFILES
     }
+    profiles = {name: config.to_dict() for name, config in configs.items()}
     fields = []
     for config_field in dataclasses.fields(config_module.TrainConfig):
         kind = hints[config_field.name]
@@ -66,6 +71,19 @@ def flag_table() -> dict[str, Any]:
                 },
             }
         )
+    # What a help line shows in place of a profile's value: under LoRA the
+    # optimizer trains at lora_lr; small-gpu's sampler depends on the machine.
+    shown = {
+        LR_FIELD: {
+            name: f"{config.learning_rate} (lora_lr: it trains LoRA)"
+            for name, config in configs.items()
+            if config.learning_rate != config.lr
+        },
+        BACKEND_FIELD: {"small-gpu": "vllm where vLLM is installed, else hf"},
+    }
+    for field in fields:
+        if field["name"] in shown:
+            field["shown"] = shown[field["name"]]
     return {
         "config_sha256": config_digest(),
         "sections": list(config_module.SECTIONS),
@@ -146,10 +164,11 @@ def add_config_flags(
 
 def profile_values(field: dict[str, Any]) -> str:
     """``(default: 0.0003; gpu: 1e-06)``: the cpu value, then each profile's
-    value where it differs."""
+    value where it differs; for ``--lr``, the rate a LoRA profile trains at, and
+    for ``--backend``, small-gpu's choice by the machine."""
     if field["name"] == PROFILE_FIELD:
         return "(default: chosen by the machine, or $GRPO_LAB_PROFILE)"
-    values = field["profiles"]
+    values = {**field["profiles"], **field.get("shown", {})}
     cpu = values["cpu"]
     others = [f"{p}: {_shown(v)}" for p, v in values.items() if p != "cpu" and v != cpu]
     if not others:

@@ -6,8 +6,7 @@
     grpo-lab plot RUN_DIR                                 # RUN_DIR/curves.png
     grpo-lab push RUN_DIR REPO_ID [--private]             # model + card to the Hub
     grpo-lab merge RUN_DIR --out DIR                      # a LoRA run, merged
-    grpo-lab student-notebooks OUT_DIR [--source notebooks]
-    grpo-lab notebooks DIR [--force]                      # copy the course notebooks
+    grpo-lab notebooks DIR [--source FOLDER]             # the student copies
     grpo-lab doctor RUN_DIR [--json]                      # name a run's problems
     grpo-lab export trl|verl --profile gpu --out DIR      # a launch folder for TRL/verl
     grpo-lab export trl --gpus 8 --nodes 2 [--vllm-mode server] --out DIR
@@ -417,10 +416,14 @@ def run_train(arguments: argparse.Namespace) -> int:
     """``grpo-lab train``: train, then print where the run went."""
     from grpo_lab.training import checkpoint as checkpoints
     from grpo_lab.training import run_dir as run_dirs
+    from grpo_lab.training.config.profiles import sampler_note
     from grpo_lab.training.loop import train
 
     config = train_config(arguments)
     check_can_train(config)
+    note = sampler_note(config.profile, config.backend)
+    if note is not None:
+        print(note, file=sys.stderr)
     if arguments.push_to_hub is not None:  # before training, not after it
         from grpo_lab.integrations.hub import check_repo_id, hub_token
 

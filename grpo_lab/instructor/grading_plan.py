@@ -116,7 +116,7 @@ def plan_submission(
 def course_sources(course: nbformat.NotebookNode) -> set[str]:
     """The stripped sources of the course's own code cells as a student copy
     shows them: every code cell but a solution, and each solution's stub (as
-    ``grpo-lab student-notebooks`` and as nbgrader write it)."""
+    ``grpo-lab notebooks`` and as nbgrader write it)."""
     known = set()
     for cell in course.cells:
         if cell.cell_type != "code":

@@ -22,7 +22,7 @@ nbgrader would score as full marks; :func:`autograde_preprocessors` adds
 autograde_preprocessors = autograde_preprocessors()`` in nbgrader_config.py).
 :func:`generate_assignment_preprocessors` adds :class:`DropWalkThroughs`, so
 the release copies leave out the ``walk-through`` cells (the package's own
-version of an exercise) as ``grpo-lab student-notebooks`` does; the lines of a
+version of an exercise) as ``grpo-lab notebooks`` does; the lines of a
 check cell between ``### BEGIN HIDDEN TESTS`` and ``### END HIDDEN TESTS`` are
 nbgrader's hidden tests: cut from the release, run by ``autograde`` (and by
 ``grpo-lab grade``, which reads the course's check cells).

@@ -5,8 +5,8 @@ A wheel carries the *student copies* of the notebooks as
 ``notebooks/`` folder there, and :mod:`grpo_lab.instructor.wheel_build` stubs
 their solutions at build time); a source checkout, and an editable install of
 one, has the course source itself in ``notebooks/`` beside the package, solutions
-included. ``grpo-lab notebooks DIR`` writes student copies into DIR from either,
-and ``grpo-lab student-notebooks`` reads them when it is given no ``--source``.
+included. ``grpo-lab notebooks DIR`` writes student copies into DIR from either
+(:func:`grpo_lab.instructor.student.update_student_folder`).
 The solved notebooks reach an instructor through ``grpo-lab instructor kit``
 (:mod:`grpo_lab.instructor.instructor_kit`), from a checkout.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from grpo_lab.instructor.student import is_solution_source, notebook_text, student_copy
+from grpo_lab.instructor.student import is_solution_source
 
 # The grpo_lab package folder (this file is grpo_lab/instructor/shipped_notebooks.py).
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -41,37 +41,6 @@ def shipped_notebooks_dir() -> Path:
         f"no notebooks found in {installed} (an installed wheel) or {checkout} "
         "(a source checkout); reinstall grpo-lab from a wheel or a checkout"
     )
-
-
-def copy_notebooks(out_dir: str | Path, overwrite: bool = False) -> list[Path]:
-    """Write a student copy of every shipped ``*.ipynb`` into ``out_dir``
-    (created); the copies' paths.
-
-    A student copy has no solution, hidden test or walk-through cell (see
-    :mod:`grpo_lab.instructor.student`), even when the shipped notebooks are the
-    course source of a checkout. A notebook already in ``out_dir`` (perhaps a
-    student's work) is kept unless ``overwrite``: then nothing is copied and
-    FileExistsError names the notebooks in the way.
-    """
-    sources = sorted(shipped_notebooks_dir().glob("*.ipynb"))
-    out_dir = Path(out_dir)
-    in_the_way = [path.name for path in sources if (out_dir / path.name).exists()]
-    if in_the_way and not overwrite:
-        raise FileExistsError(
-            f"{out_dir} already holds {', '.join(in_the_way)}; "
-            "pass --force to overwrite them"
-        )
-    copies = [
-        (path.name, student_copy(json.loads(path.read_text("utf-8")), path.name))
-        for path in sources
-    ]
-    out_dir.mkdir(parents=True, exist_ok=True)
-    copied = []
-    for name, notebook in copies:
-        target = out_dir / name
-        target.write_text(notebook_text(notebook), encoding="utf-8")
-        copied.append(target)
-    return copied
 
 
 def course_notebooks_dir() -> Path:

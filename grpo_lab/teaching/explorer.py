@@ -26,6 +26,7 @@ import json
 import os
 import shutil
 import tempfile
+import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,10 @@ CACHE_EXCLUDED_FIELDS = ("run_dir", "resume")
 CACHED_HISTORY_FILE = "history.json"
 # The environment variable naming the folder that holds the explorer's cache.
 RUNS_DIR_VARIABLE = "GRPO_LAB_RUNS_DIR"
+# A comparison's legend: characters per line of a run's label, and the
+# figure's extra height per legend line (inches).
+LEGEND_WIDTH = 60
+LEGEND_LINE_INCHES = 0.2
 # The label of the Run button; its layout makes room for all of it.
 RUN_BUTTON_LABEL = "Run (or load from cache)"
 
@@ -274,7 +279,11 @@ def run_ablations(
 
 
 def plot_comparison(
-    results: Sequence[CachedRun], metric: str, axis: Axes | None = None
+    results: Sequence[CachedRun],
+    metric: str,
+    axis: Axes | None = None,
+    *,
+    legend: bool = True,
 ) -> Figure:
     """One line per run: ``metric`` against the GRPO step, on ``axis`` or on a
     new standalone figure."""
@@ -312,7 +321,8 @@ def plot_comparison(
         )
     axis.set_xlabel("GRPO step")
     axis.set_ylabel(metric)
-    axis.legend(fontsize=8)
+    if legend:
+        axis.legend(fontsize=8)
     return figure
 
 
@@ -411,11 +421,16 @@ def comparison_figure(
     there are no results)."""
     if not results:
         return None
-    figure = Figure(figsize=(5.2 * len(metrics), 3.6))
+    labels = [textwrap.fill(run.label, LEGEND_WIDTH) for run in results]
+    lines = sum(label.count("\n") + 1 for label in labels)
+    height = 3.6 + LEGEND_LINE_INCHES * lines  # the legend gets rows of its own
+    figure = Figure(figsize=(5.2 * len(metrics), height), layout="constrained")
     axes = figure.subplots(1, len(metrics), squeeze=False)
     for axis, metric in zip(axes[0], metrics):
-        plot_comparison(results, metric, axis=axis)
-    figure.tight_layout()
+        plot_comparison(results, metric, axis=axis, legend=False)
+    # One legend for every panel, below them: a long label wraps, never covers.
+    handles = axes[0][0].get_lines()[: len(results)]
+    figure.legend(handles, labels, loc="outside lower center", fontsize=8)
     return figure
 
 

@@ -180,13 +180,16 @@ def plot_advantages(
     reward_axis, advantage_axis = figure.subplots(1, 2)
     positions = range(len(rewards))
     reward_axis.bar(positions, raw_rewards.tolist(), color="#6c8ebf")
-    reward_axis.set(title="rewards r_i", xlabel="response i", ylim=(-0.05, 1.05))
+    reward_axis.set(
+        title="rewards r_i", xlabel="response i", ylabel="reward", ylim=(-0.05, 1.05)
+    )
     colours = ["#2a9d8f" if a >= 0 else "#e76f51" for a in advantages.tolist()]
     advantage_axis.bar(positions, advantages.tolist(), color=colours)
     advantage_axis.axhline(0, color="black", linewidth=0.8)
     advantage_axis.set(
         title=f"advantages (baseline={baseline}, normalizer={advantage_normalizer})",
         xlabel="response i",
+        ylabel="advantage",
     )
     advantage_axis.title.set_fontsize(9)
     return figure

@@ -119,12 +119,13 @@ def advantage_explorer(rewards: Sequence[float] = (1.0, 0.0, 0.0, 1.0)) -> widge
     )
     controls = {"baseline": baseline, "advantage_normalizer": normalizer, **sliders}
     image, label = chart_explorer(controls, draw_advantages, advantages_caption)
+    # The chart first, so that it shows right under the cell; its controls below.
     return widgets.VBox(
         [
+            image,
+            label,
             widgets.HBox([baseline, normalizer]),
             widgets.VBox(list(sliders.values())),
-            label,
-            image,
         ]
     )
 

@@ -106,6 +106,7 @@ from grpo_lab.training.metrics import (
     read_metrics,
     truncate_metrics,
 )
+from grpo_lab.training.model_card import CARD_FILE, model_card
 from grpo_lab.training.overlong import (
     mask_truncated,
     truncation_metrics,
@@ -208,7 +209,7 @@ def _train_in(config: TrainConfig, progress: bool) -> RunResult:
         trackers.close()
     if not _has_checkpoint(run_dir, completed_step):
         save_checkpoint(config, run_dir, policy, completed_step)
-    save_final_model(policy, run_dir / FINAL_MODEL_DIR)
+    save_run_model(policy, run_dir, config)
     return RunResult(run_dir=run_dir, history=read_metrics(run_dir))
 
 
@@ -712,6 +713,48 @@ def save_final_model(policy: Policy, folder: Path) -> None:
     transformers_logging.disable_progress_bar()
     (policy.adapters or policy.model).save_pretrained(folder)
     policy.tokenizer.save_pretrained(folder)
+
+
+def save_run_model(policy: Policy, run_dir: Path, config: TrainConfig) -> None:
+    """A finished run's ``final_model/``: :func:`save_final_model`, with
+    grpo_lab's model card as its README.md (in place of peft's blank one).
+
+    An adapter names its base in ``adapter_config.json``
+    (``base_model_name_or_path``), so ``AutoPeftModelForCausalLM`` opens the
+    folder alone: the Hub model or local folder the run started from, or, for
+    the tiny model or after a warm-up, the run's ``base_model/`` folder (saved
+    here when a warm-up has not saved it).
+    """
+    if policy.adapters is not None:
+        base = adapter_base(config, run_dir)
+        if (
+            base == str((run_dir / BASE_MODEL_DIR).resolve())
+            and not Path(base).is_dir()
+        ):
+            save_base_model(policy, Path(base))
+        for adapter in policy.adapters.peft_config.values():
+            adapter.base_model_name_or_path = base
+    folder = run_dir / FINAL_MODEL_DIR
+    save_final_model(policy, folder)
+    card = model_card(
+        run_dirs.read_saved_config(run_dir),
+        read_metrics(run_dir),
+        str(folder.resolve()),
+        curve_file=None,
+        title=run_dir.resolve().name,
+    )
+    (folder / CARD_FILE).write_text(card, encoding="utf-8")
+
+
+def adapter_base(config: TrainConfig, run_dir: Path) -> str:
+    """What a LoRA run's adapter applies to: ``config.model`` (a Hub name, or a
+    local folder as an absolute path) when the run trained on it as loaded,
+    else the run's ``base_model/`` folder (the tiny model, or weights after a
+    warm-up)."""
+    if config.model == "tiny" or config.sft_max_steps > 0:
+        return str((run_dir / BASE_MODEL_DIR).resolve())
+    local = Path(config.model)
+    return str(local.resolve()) if local.exists() else config.model
 
 
 def save_base_model(policy: Policy, folder: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 # The cpu profile is the dataclass defaults: a 0.5 M-parameter character model
@@ -81,10 +82,11 @@ SMOKE_CHANGES: dict[str, Any] = {
 # an L4: rank-1 LoRA on every linear layer at lr 5e-5 (TRL's "LoRA Without
 # Regret" GRPO recipe, which trains no norm gains), so only the adapters carry
 # gradients and AdamW moments; float16 autocast with a dynamic loss scale over
-# float32 weights; hf rollouts on the policy itself (no vLLM copy), its chat
-# template, gradient checkpointing and a chunked head; 8 prompts x 8 responses,
-# two optimizer steps per rollout batch. Its memory is estimated by
-# training_memory_bytes (about 3 GiB); its speed on a T4 has not been measured.
+# float32 weights; its chat template, gradient checkpointing and a chunked head;
+# 8 prompts x 8 responses, two optimizer steps per rollout batch. It samples with
+# vLLM where vLLM is installed (SMALL_GPU_VLLM_CHANGES), else with hf on the
+# policy itself. Its memory is estimated by training_memory_bytes (about 3 GiB
+# with hf); its speed on a T4 has not been measured.
 SMALL_GPU_CHANGES: dict[str, Any] = {
     **{k: v for k, v in GPU_CHANGES.items() if k not in ("backend", "autocast_dtype")},
     "model": "Qwen/Qwen2.5-0.5B-Instruct",
@@ -101,9 +103,48 @@ SMALL_GPU_CHANGES: dict[str, Any] = {
     "autocast_dtype": "float16",
 }
 
+# small-gpu where vLLM is installed: vLLM samples in the training process
+# (colocated) in float16 (autocast_dtype: a T4 has no bfloat16), taking the share
+# of a 15 GiB T4 that the hf run's estimate (training_memory_bytes, 3.03 GiB)
+# leaves, rounded down to 0.05: 1 - 3.03 / 15 = 0.798 -> 0.75
+# (tests/test_config.py recomputes it). vLLM batches its own generation.
+SMALL_GPU_VLLM_CHANGES: dict[str, Any] = {
+    "backend": "vllm",
+    "vllm_gpu_memory_utilization": 0.75,
+    "rollout_max_batch_size": None,
+}
+
+
+def vllm_installed() -> bool:
+    """Whether ``import vllm`` would find the package (without importing it)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
 PROFILE_CHANGES = {
     "cpu": CPU_CHANGES,
     "gpu": GPU_CHANGES,
     "small-gpu": SMALL_GPU_CHANGES,
     "smoke": SMOKE_CHANGES,
 }
+
+
+def profile_changes(profile: str) -> dict[str, Any]:
+    """What ``profile`` changes from the defaults on this machine: small-gpu
+    samples with vLLM where it is installed."""
+    if profile == "small-gpu" and vllm_installed():
+        return {**SMALL_GPU_CHANGES, **SMALL_GPU_VLLM_CHANGES}
+    return PROFILE_CHANGES[profile]
+
+
+def sampler_note(profile: str, backend: str) -> str | None:
+    """The line that says which sampler small-gpu runs with here, and why."""
+    if profile != "small-gpu":
+        return None
+    if backend == "vllm":
+        return "small-gpu samples with vllm (installed): float16, colocated"
+    if vllm_installed():
+        return "small-gpu samples with hf (as asked; vLLM is installed)"
+    return (
+        "small-gpu samples with hf: vLLM is not installed "
+        "(pip install 'grpo-lab[vllm]' to sample with it)"
+    )

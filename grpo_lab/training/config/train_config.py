@@ -21,7 +21,7 @@ from grpo_lab.training.config.fields import (
     check_field_names,
 )
 from grpo_lab.training.config.inert import inert_settings
-from grpo_lab.training.config.profiles import CPU_TASK_CHANGES, PROFILE_CHANGES
+from grpo_lab.training.config.profiles import CPU_TASK_CHANGES, profile_changes
 from grpo_lab.training.config.validation import validate_config
 
 
@@ -37,7 +37,7 @@ class TrainConfig(TrainFields):
         if profile not in PROFILES:
             raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
         check_field_names(overrides)
-        changes = PROFILE_CHANGES[profile]
+        changes = profile_changes(profile)
         if "task" in overrides and "task_options" not in overrides:
             changes = {**changes, "task_options": {}}  # the profile's are its task's
         if profile == "cpu":
