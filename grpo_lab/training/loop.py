@@ -621,7 +621,9 @@ def grpo_update(
             update_records.append(metadata)
     policy.backend.sync(policy.model)
     if sampler_log_probs is not None and old_log_probs is None:
-        old_log_probs = unchanged_policy_log_probs(config, policy, batch, update_records)
+        old_log_probs = unchanged_policy_log_probs(
+            config, policy, batch, update_records
+        )
     sampler_metrics = rollout_sampler_metrics(
         config, batch, old_log_probs, sampler_log_probs, update_records
     )
