@@ -1,9 +1,10 @@
 """Rollout backends: sample groups of responses from the policy.
 
 ``hf`` samples with the live model's ``generate`` (any device, exact policy
-distribution); ``vllm`` serves a copy of the weights with vLLM on a GPU and is
-imported only when asked for; ``mismatch`` samples from a controlled
-perturbation of the policy, to study sampler/trainer mismatch on any device.
+distribution); ``vllm`` serves a copy of the weights with vLLM on a GPU (or
+its CPU build) and is imported only when asked for; ``mismatch`` samples from a
+controlled perturbation of the policy, to study sampler/trainer mismatch on any
+device.
 Taught in ``notebooks/`` on rollouts.
 """
 
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_lab.rollouts.base import RolloutBackend, Rollouts, SamplingSettings
@@ -34,25 +34,26 @@ def make_backend(
     ``mismatch`` wraps them too (``options``: ``mismatch``, ``scale``,
     ``sync_every``; see ``MismatchRolloutBackend``).
     ``vllm`` loads ``model_name_or_path`` into a vLLM engine (``options`` go to
-    ``VLLMRolloutBackend``); ``sync(model)`` then copies the policy's weights in.
+    ``VLLMRolloutBackend``) that encodes prompts with ``tokenizer``;
+    ``sync(model)`` then copies the policy's weights in.
     """
     if name == "hf":
         return HFRolloutBackend(model, tokenizer, **options)
     if name == "mismatch":
         return MismatchRolloutBackend(model, tokenizer, **options)
     if name == "vllm":
-        return _make_vllm_backend(model_name_or_path, **options)
+        return _make_vllm_backend(model_name_or_path, tokenizer, **options)
     raise ValueError(f"name must be one of {BACKENDS}, got {name!r}")
 
 
-def _make_vllm_backend(model_name_or_path: str | None, **options: Any):
+def _make_vllm_backend(
+    model_name_or_path: str | None,
+    tokenizer: PreTrainedTokenizerBase,
+    **options: Any,
+):
     if model_name_or_path is None:
         raise ValueError(
             "model_name_or_path must name the checkpoint vLLM loads, got None"
-        )
-    if not torch.cuda.is_available():
-        raise RuntimeError(
-            "The vllm backend needs a CUDA GPU and none is visible; use backend='hf'"
         )
     try:
         from grpo_lab.rollouts.vllm import VLLMRolloutBackend
@@ -61,7 +62,7 @@ def _make_vllm_backend(model_name_or_path: str | None, **options: Any):
             "The vllm backend needs vLLM: pip install 'grpo-lab[vllm]' "
             f"(import failed: {error}); or use backend='hf'"
         ) from error
-    return VLLMRolloutBackend(model_name_or_path, **options)
+    return VLLMRolloutBackend(model_name_or_path, tokenizer=tokenizer, **options)
 
 
 __all__ = [
