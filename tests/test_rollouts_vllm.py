@@ -643,15 +643,32 @@ def test_sync_reloads_every_weight_then_resets_the_prefix_cache(fake_vllm, tiny_
     assert torch.equal(loaded["lm_head.weight"], loaded["model.embed_tokens.weight"])
 
 
-def test_the_cpu_platform_gets_a_small_kv_cache(fake_vllm):
+def test_the_cpu_platform_gets_a_small_kv_cache(fake_vllm, monkeypatch):
+    from grpo_lab.rollouts import vllm as module
     from grpo_lab.rollouts.vllm import CPU_KV_CACHE_BYTES
 
+    config = types.SimpleNamespace(hidden_size=128, num_attention_heads=4)
+    monkeypatch.setattr(module, "_model_config", lambda name: config)
     sys.modules["vllm.platforms"].current_platform = FakePlatform("cpu")
     backend = VLLMRolloutBackend("some/model")
     assert backend.llm.kwargs["kv_cache_memory_bytes"] == CPU_KV_CACHE_BYTES
     sys.modules["vllm.platforms"].current_platform = FakePlatform("cuda")
     backend = VLLMRolloutBackend("some/model")
     assert "kv_cache_memory_bytes" not in backend.llm.kwargs
+
+
+def test_a_head_size_the_cpu_attention_lacks_is_refused_by_name(fake_vllm, monkeypatch):
+    from grpo_lab.rollouts import vllm as module
+
+    config = types.SimpleNamespace(hidden_size=16, num_attention_heads=4)
+    monkeypatch.setattr(module, "_model_config", lambda name: config)
+    sys.modules["vllm.platforms"].current_platform = FakePlatform("cpu")
+    with pytest.raises(
+        ValueError, match="model 'some/model' has attention head size 4"
+    ):
+        VLLMRolloutBackend("some/model")
+    sys.modules["vllm.platforms"].current_platform = FakePlatform("cuda")
+    VLLMRolloutBackend("some/model")  # CUDA's attention is another matter
 
 
 def test_prompts_are_encoded_by_the_given_tokenizer(fake_vllm):

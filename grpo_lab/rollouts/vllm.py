@@ -74,9 +74,9 @@ from typing import Any
 import torch
 
 from grpo_lab.logprobs import check_temperature, get_response_log_probs
+from grpo_lab.lora import merged_named_parameters
 from grpo_lab.masks import pad_prompt_and_response_ids
 from grpo_lab.rollouts.base import Rollouts, SamplingSettings, check_generate_arguments
-from grpo_lab.training.lora import merged_named_parameters
 
 # Sources checked (vllm-project/vllm unless named; commit prefixes):
 #   vllm/entrypoints/llm.py @10fdb8f0 (apply_model, collective_rpc,
@@ -148,6 +148,8 @@ class VLLMRolloutBackend:
         _check_kv_cache_bytes(kv_cache_memory_bytes)
         vllm = import_vllm()
         self.platform = require_supported_platform()
+        if self.platform.is_cpu():
+            check_cpu_head_size(_model_config(model_name_or_path), model_name_or_path)
         # Read when the engine is built: keep the engine core in this process.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         if kv_cache_memory_bytes is None and self.platform.is_cpu():
@@ -313,6 +315,12 @@ def restored_threads_and_random_state() -> Iterator[None]:
             torch.cuda.set_rng_state_all(cuda_states)
         if numpy_state is not None:
             numpy.random.set_state(numpy_state)
+
+
+def _model_config(model_name_or_path: str) -> Any:
+    """The Hugging Face config vLLM is about to load."""
+    transformers = importlib.import_module("transformers")
+    return transformers.AutoConfig.from_pretrained(model_name_or_path)
 
 
 def _numpy_or_none() -> Any:
@@ -499,7 +507,7 @@ def policy_weights_for_vllm(
     ``.to(dtype)`` returns the parameter itself when
     it already has ``dtype``: no extra copy of the model is made. A policy
     with LoRA layers sends merged weights, W + (alpha / r) B A, under the base
-    model's names (:func:`grpo_lab.training.lora.merged_named_parameters`): vLLM
+    model's names (:func:`grpo_lab.lora.merged_named_parameters`): vLLM
     samples the adapted policy, and the sampler log-prob gap shows the sync.
     """
     config = getattr(policy, "config", None)

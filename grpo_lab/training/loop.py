@@ -57,7 +57,6 @@ import contextlib
 import copy
 import dataclasses
 import random
-import tempfile
 import time
 import warnings
 from collections.abc import Iterator
@@ -70,8 +69,9 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as transformers_logging
 
+from grpo_lab import lora
 from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2, load_pretrained
-from grpo_lab.rollouts import make_backend
+from grpo_lab.rollouts import build_backend
 from grpo_lab.rollouts.base import (
     RolloutBackend,
     Rollouts,
@@ -82,7 +82,6 @@ from grpo_lab.rollouts.multiturn import (
     MultiTurnRolloutBackend,
     trained_tool_token_metrics,
 )
-from grpo_lab.rollouts.vllm import CPU_KV_CACHE_BYTES, check_cpu_head_size
 from grpo_lab.sampler_correction import GAP_KEYS
 from grpo_lab.tasks import get_task, uses_tools
 from grpo_lab.tasks.base import Example, Task
@@ -94,7 +93,6 @@ from grpo_lab.train_step import (
     score_tokens,
 )
 from grpo_lab.training import checkpoint as checkpoints
-from grpo_lab.training import lora
 from grpo_lab.training import run_dir as run_dirs
 from grpo_lab.training.config import TrainConfig, inert_settings
 from grpo_lab.training.dynamic_sampling import (
@@ -330,68 +328,6 @@ def with_task_tool(config: TrainConfig, backend: RolloutBackend) -> RolloutBacke
         max_turns=task.max_turns,
         max_turn_tokens=task.max_turn_tokens,
     )
-
-
-def build_backend(
-    config: TrainConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
-) -> RolloutBackend:
-    """hf and mismatch wrap the live model; vllm loads its own copy, then syncs."""
-    if config.backend == "mismatch":
-        return make_backend(
-            "mismatch",
-            model,
-            tokenizer,
-            mismatch=config.mismatch,
-            scale=config.mismatch_scale,
-            sync_every=config.mismatch_sync_every,
-            max_batch_size=config.rollout_max_batch_size,
-        )
-    if config.backend == "hf":
-        return make_backend(
-            "hf",
-            model,
-            tokenizer,
-            max_batch_size=config.rollout_max_batch_size,
-            share_prompt_prefix=bool(config.share_prompt_prefix),  # auto samples so
-        )
-    engine_options = {}
-    if torch.device(config.device).type == "cpu":
-        check_cpu_head_size(model.config, config.model)
-        # vLLM's CPU build: no compilation (on a small model it costs more time
-        # than it saves) and a small KV cache instead of 0.3 of the memory.
-        engine_options = {
-            "enforce_eager": True,
-            "kv_cache_memory_bytes": CPU_KV_CACHE_BYTES,
-        }
-    with vllm_checkpoint(config, model, tokenizer) as path:
-        backend = make_backend(
-            "vllm",
-            model,
-            tokenizer,
-            model_name_or_path=path,
-            dtype=config.autocast_dtype or config.dtype,
-            gpu_memory_utilization=config.vllm_gpu_memory_utilization,
-            seed=config.seed,
-            **engine_options,
-        )
-    backend.sync(model)
-    return backend
-
-
-@contextlib.contextmanager
-def vllm_checkpoint(
-    config: TrainConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
-) -> Iterator[str]:
-    """What vLLM loads: ``config.model``, or for the "tiny" model (built here,
-    not a checkpoint) a temporary folder with its config, weights and tokenizer,
-    removed once the engine has loaded them (``sync`` sends the weights after)."""
-    if config.model != "tiny":
-        yield config.model
-        return
-    with tempfile.TemporaryDirectory(prefix="grpo-lab-vllm-") as folder:
-        model.save_pretrained(folder)
-        tokenizer.save_pretrained(folder)
-        yield folder
 
 
 def resume_or_start(
@@ -746,9 +682,12 @@ def evaluate(
     ``progress`` shows a bar over the two passes (it closes when they are done).
     """
     bar = tqdm(
-        total=2, desc=f"evaluation at step {step}", unit="pass", leave=False,
+        total=2,
+        desc=f"evaluation at step {step}",
+        unit="pass",
+        leave=False,
         disable=not progress,
-    )  # fmt: skip
+    )
     with autocast(config), bar:
         greedy = held_out_scores(
             policy.backend,
