@@ -57,8 +57,9 @@ def test_sync_after_1_and_10_optimizer_steps_keeps_vllm_on_policy(engine):
         < TOLERANCE
     )  # the engine loaded the saved weights
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-2)
+    batch = backend.generate(PROMPTS, 4, SAMPLING)  # the data of every step
     for step in range(1, 11):
-        optimizer_step(policy, optimizer, backend.generate(PROMPTS, 4, SAMPLING))
+        optimizer_step(policy, optimizer, batch)
         if step in (1, 10):
             stale = log_prob_gap(policy, backend.generate(PROMPTS, 4, SAMPLING), 1.0)
             # the step moved the policy away from what vLLM holds
