@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import csv
 import inspect
+import json
 import os
 import re
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -290,24 +292,175 @@ def test_csv_columns_and_points(tmp_path):
     ]
 
 
+OUT = ["--out", "{tmp}/g.csv"]
 BAD_GRADE_INVOCATIONS = {
-    "missing folder": (["{tmp}/nowhere"], "submissions_dir must be a folder"),
-    "no student folders": (["{tmp}/empty"], "must hold one folder per student"),
-    "zero timeout": (["{tmp}/empty", "--timeout", "0"], "timeout must be a positive"),
-    "zero jobs": (["{tmp}/empty", "-j", "0"], "jobs must be a positive integer"),
+    "missing folder": (["{tmp}/nowhere", *OUT], "submissions_dir must be a folder"),
+    "no student folders": (["{tmp}/empty", *OUT], "must hold one folder per student"),
+    "zero jobs": (["{tmp}/class", "-j", "0", *OUT], "jobs must be a positive integer"),
+    # Each refused before any kernel starts (a class with a written answer).
+    "missing notebooks": (
+        ["{tmp}/class", "--notebooks", "{tmp}/nope", *OUT],
+        "notebooks_dir must be a folder of course notebooks",
+    ),
+    "notebooks without any": (
+        ["{tmp}/class", "--notebooks", "{tmp}/empty", *OUT],
+        "notebooks_dir must hold the course's NN_*.ipynb notebooks",
+    ),
+    **{
+        f"{value} timeout": (
+            ["{tmp}/class", "--timeout", value, *OUT],
+            "timeout must be a positive, finite number of seconds",
+        )
+        for value in ("0", "-5", "inf", "nan", "1e300")
+    },
+    "out is a folder": (
+        ["{tmp}/class", "--out", "{tmp}/empty"],
+        "out must name a CSV file, got the folder",
+    ),
+    "out under a file": (
+        ["{tmp}/class", "--out", "{tmp}/a_file/g.csv"],
+        "out must be a file the grader can write",
+    ),
 }
 
 
 @pytest.mark.parametrize("name", BAD_GRADE_INVOCATIONS)
-def test_bad_grade_invocations_print_one_line_and_exit_2(name, tmp_path, capsys):
+def test_bad_grade_invocations_print_one_line_and_exit_2(
+    name, tmp_path, capsys, monkeypatch
+):
+    def no_kernel(*args, **kwargs):
+        raise AssertionError("a kernel was started for a refused invocation")
+
+    monkeypatch.setattr(grading, "_Kernel", no_kernel)
     (tmp_path / "empty").mkdir()
+    (tmp_path / "a_file").write_text("not a folder")
+    submit(tmp_path / "class", "ann", with_helper_cell(course()))
     argv, expected = BAD_GRADE_INVOCATIONS[name]
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
-    code = cli.main(["grade", *argv, "--out", str(tmp_path / "g.csv")])
+    code = cli.main(["grade", *argv])
     lines = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(lines) == 1
-    assert lines[0].startswith("grpo-lab grade: ") and expected in lines[0]
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("grpo-lab grade: ") and expected in lines[0], lines
     assert not (tmp_path / "g.csv").exists()
+    assert [p.name for p in (tmp_path / "empty").iterdir()] == []
+
+
+# --- one class, one table ------------------------------------------------------------
+
+
+def _malformed(key, change) -> str:
+    """A solved copy of ``key`` as JSON text, its solution cell given to
+    ``change(cell)``."""
+    (exercise,) = find_exercises(key, NAME)
+    copy = json.loads(nbformat.writes(with_helper_cell(key)))
+    change(copy["cells"][exercise.solution_index])
+    return json.dumps(copy)
+
+
+def _write(folder, name: str, text: str | bytes) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    data = text.encode() if isinstance(text, str) else text
+    (folder / name).write_bytes(data)
+
+
+def _malformed_class(root, outside) -> dict[str, str]:
+    """One student per malformed notebook, beside two honest students; the
+    message (or outcome) each malformed one's exercise must get."""
+    key = course()
+    submit(root, "honest_alice", with_helper_cell(key))
+    submit(root, "honest_bob", student_notebook(key, NAME))
+    untouched = nbformat.writes(student_notebook(key, NAME))
+    clash = nbformat.from_dict(student_notebook(key, NAME))
+    for cell in clash.cells:
+        cell["id"] = "same"
+    kinds = {
+        "tags_not_a_list": (lambda c: c["metadata"].update(tags=5), "metadata.tags"),
+        "tags_not_strings": (
+            lambda c: c["metadata"].update(tags=[["x"]]),
+            "metadata.tags",
+        ),
+        "metadata_not_a_dict": (lambda c: c.update(metadata=5), "metadata"),
+        "nbgrader_not_a_dict": (
+            lambda c: c["metadata"].update(nbgrader=5),
+            "metadata.nbgrader",
+        ),
+        "grade_id_not_a_str": (
+            lambda c: c["metadata"].update(nbgrader={"grade_id": 3}),
+            "grade_id",
+        ),
+        "missing_source": (lambda c: c.pop("source"), "source"),
+        "source_not_text": (lambda c: c.update(source=5), "source"),
+        "cell_type_not_text": (lambda c: c.update(cell_type=5), "cell"),
+    }
+    expected = {}
+    for student, (change, named) in kinds.items():
+        _write(root / student, NAME, _malformed(key, change))
+        expected[student] = named
+    _write(root / "id_clash", NAME, json.dumps(clash))
+    expected["id_clash"] = "not attempted"
+    from nbformat import v3
+
+    old_cells = [
+        v3.new_code_cell(input=c.source)
+        for c in student_notebook(key, NAME).cells
+        if c.cell_type == "code"
+    ]
+    old = v3.new_notebook(worksheets=[v3.new_worksheet(cells=old_cells)])
+    _write(root / "nbformat_3", NAME, v3.writes_json(old))  # upgraded on reading
+    expected["nbformat_3"] = "not attempted"
+    _write(root / "invalid_json", NAME, '{"cells": [')
+    expected["invalid_json"] = "cannot be read"
+    _write(root / "not_utf8", NAME, b"\xff\xfe" + untouched.encode())
+    expected["not_utf8"] = "cannot be read"
+    big = root / "huge" / NAME
+    big.parent.mkdir()
+    with open(big, "wb") as handle:  # 100 MB, sparse: no disk is spent
+        handle.truncate(100 << 20)
+    expected["huge"] = "larger than"
+    _write(root / "path_tricks", "03_..\n-- ; rm -rf ~.ipynb", untouched)
+    _write(root / "path_tricks_bytes", os.fsdecode(b"03_\xff\x1b[31m.ipynb"), untouched)
+    expected["path_tricks"] = expected["path_tricks_bytes"] = "not attempted"
+    # A link to a solved notebook outside the class: never read through.
+    nbformat.write(with_helper_cell(key), outside)
+    (root / "linked").mkdir()
+    (root / "linked" / NAME).symlink_to(outside)
+    expected["linked"] = f"{NAME} is a symbolic link"
+    (root / "piped").mkdir()
+    os.mkfifo(root / "piped" / NAME)  # opening it to read would wait forever
+    expected["piped"] = "not a plain file"
+    return expected
+
+
+@pytest.mark.slow
+def test_one_malformed_notebook_of_each_kind_leaves_the_class_graded(tmp_path, capsys):
+    """Every other student is graded, each malformed notebook's exercise is an
+    error with a one-line message (or, where nbformat mends it, graded), the
+    CSV is written and grading exits 0."""
+    root, outside = tmp_path / "class", tmp_path / "elsewhere.ipynb"
+    expected = _malformed_class(root, outside)
+    out = tmp_path / "grades.csv"
+    argv = ["grade", str(root), "--out", str(out), "--timeout", "30", "-j", "2"]
+    assert cli.main(argv) == 0
+    assert f"note: {grading.PER_PROCESS_LIMITS}" in capsys.readouterr().out
+    rows = [r for r in csv.DictReader(out.open()) if r["exercise"] == EXERCISE]
+    found = {r["student"]: r for r in rows}
+    assert set(found) == {"honest_alice", "honest_bob", *expected}
+    assert (found["honest_alice"]["outcome"], found["honest_alice"]["points"]) == (
+        "pass",
+        "3",
+    )
+    assert found["honest_bob"]["outcome"] == "not attempted"
+    for student, named in expected.items():
+        row = found[student]
+        assert row["points"] == "0", row
+        if named == "not attempted":
+            assert row["outcome"] == "not attempted", row
+            continue
+        assert row["outcome"] == "error" and named in row["message"], row
+        assert "\n" not in row["message"] and len(row["message"]) <= 200, row
+    assert "elsewhere" not in out.read_text()  # the link's target was not named
+    manual = [r for r in csv.DictReader(out.open()) if r["outcome"] == "manual"]
+    assert len(manual) == len(found) * len(load_rubric().questions_of("03"))
 
 
 def test_the_solutions_key_is_generated_with_every_exercise_and_answer(tmp_path):
@@ -947,8 +1100,8 @@ EXPECTED_MESSAGES = {
     "patched_in_call": "torch.allclose",
     "patched_json": "json.dumps",
     "patched_code": "the code of grpo_lab.teaching.checks.framework.assert_close",
-    # The solution's process holds no result channel to find: a plain fail.
-    "channel_forged": "0 of 4 cases passed; expected",
+    # The solution's process may not even look for the channel in /proc.
+    "channel_forged": "Permission denied: '/proc/self/fd'",
     "lying_tensor": "must be built of tensors",
     "function_mode": "a torch function mode",
     "memory_bomb": "MemoryError",
@@ -1031,8 +1184,11 @@ def _escape_answer(out, zoe_notebook) -> str:
         "    except OSError:\n"
         "        pass\n"
         f"attempt({str(zoe_notebook)!r}, 'overwritten')\n"
-        "warden = int(open(f'/proc/{os.getppid()}/status').read()"
+        "try:\n"
+        "    warden = int(open(f'/proc/{os.getppid()}/status').read()"
         ".split('PPid:')[1].split()[0])\n"
+        "except OSError:  # /proc is closed to the student's process\n"
+        "    warden = os.getppid()\n"
         "attempt(f'/proc/{warden}/cwd/pwned', 'pwned')\n"
         f"attempt({str(out.parent / 'pwned')!r}, 'pwned')\n" + _answer("escape")
     )
@@ -1185,6 +1341,11 @@ def test_the_grader_kernel_client_is_ready_and_runs_code():
     async def started_and_run() -> tuple[type, str]:
         manager = ContainedKernelManager(kernel_name="python3")
         await manager.start_kernel()
+        # The signing key is on no disk and the kernel's command names no file.
+        assert not os.path.exists(manager.connection_file)
+        command = Path(f"/proc/{manager.provisioner.process.pid}/cmdline")
+        if command.exists():
+            assert b".json" not in command.read_bytes()
         client = manager.client()
         client.start_channels()
         try:
@@ -1203,3 +1364,295 @@ def test_the_grader_kernel_client_is_ready_and_runs_code():
     kind, status = asyncio.run(started_and_run())
     assert kind is ReadyClient and status == "ok"
     assert "".join(printed).strip() == "42"
+
+
+# --- no way back into a kernel, the grader or the machine ----------------------------
+#
+# Each route is a probe in eve's solution: it answers right only when its route is
+# open (a file read, a socket connected, a process traced), so on a grader that
+# leaves the route open it passes. Two more are whole attacks: a signed request on
+# the kernel's shell channel, queued to forge the next exercise's verdict, and a
+# signed shutdown on the control channel of every other kernel (zoe's, graded beside
+# eve's with -j 2).
+
+
+def _route(name: str, opens: str) -> str:
+    """An answer that is right only when ``opens`` (statements that raise when
+    the route is closed) runs through."""
+    return _answer(
+        name,
+        body="    import os, socket, glob, ctypes, json, time, signal\n"
+        "    try:\n"
+        + textwrap.indent(opens, " " * 8)
+        + "\n    except Exception:\n"
+        + textwrap.indent(WRONG_BODY, "    ")
+        + RIGHT_BODY,
+    )
+
+
+def _routes(grader_pid: int, kit: Path) -> dict[str, str]:
+    return {
+        "kernel_cmdline": _route(
+            "kernel_cmdline",
+            "assert 'ipykernel' in open(f'/proc/{os.getppid()}/cmdline').read()",
+        ),
+        "connection_file": _route(
+            "connection_file",
+            "def readable(path):\n"
+            "    try:\n"
+            "        return 'key' in json.load(open(path))\n"
+            "    except Exception:\n"
+            "        return False\n"
+            "names = []\n"
+            "for way in (\n"
+            "    lambda: open(f'/proc/{os.getppid()}/cmdline').read().split('\\0'),\n"
+            "    lambda: glob.glob('/tmp/tmp*.json'),\n"
+            "    lambda: glob.glob('/root/.local/share/jupyter/runtime/kernel-*.json'),\n"
+            "    lambda: glob.glob('/tmp/**/kernel-*.json', recursive=True),\n"
+            "):\n"
+            "    try:\n"
+            "        names += [n for n in way() if n.endswith('.json')]\n"
+            "    except Exception:\n"
+            "        pass\n"
+            "assert any(readable(n) for n in names)",
+        ),
+        "loopback_tcp": _route(
+            "loopback_tcp",
+            "open_ports = 0\n"
+            "for port in range(1024, 65536):\n"
+            "    with socket.socket() as s:\n"
+            "        s.settimeout(0.2)\n"
+            "        if s.connect_ex(('127.0.0.1', port)) == 0:\n"
+            "            open_ports += 1\n"
+            "            break\n"
+            "assert open_ports",
+        ),
+        "ptrace_kernel": _route(
+            "ptrace_kernel",
+            "libc = ctypes.CDLL(None, use_errno=True)\n"
+            "assert libc.ptrace(16, os.getppid(), 0, 0) == 0  # PTRACE_ATTACH\n"
+            "os.waitpid(os.getppid(), 0x40000000)  # __WALL\n"
+            "libc.ptrace(17, os.getppid(), 0, 0)  # PTRACE_DETACH",
+        ),
+        "kernel_memory": _route(
+            "kernel_memory", "open(f'/proc/{os.getppid()}/mem', 'r+b').close()"
+        ),
+        "signal_kernel": _route("signal_kernel", "os.kill(os.getppid(), 0)"),
+        "grader_stdout": _route(
+            "grader_stdout", f"open('/proc/{grader_pid}/fd/1', 'w').close()"
+        ),
+        "grader_environ": _route(
+            "grader_environ",
+            f"assert b'hf_not_for_students' in open('/proc/{grader_pid}/environ', "
+            "'rb').read()",
+        ),
+        "grader_argv": _route(
+            "grader_argv", f"assert open('/proc/{grader_pid}/cmdline', 'rb').read()"
+        ),
+        "grader_memory": _route(
+            "grader_memory", f"open('/proc/{grader_pid}/mem', 'rb').close()"
+        ),
+        "kit_read": _route(
+            "kit_read", f"assert 'SOLUTION' in open({str(kit)!r}).read()"
+        ),
+        "dev_shm": _route(
+            "dev_shm",
+            "path = f'/dev/shm/grpo-lab-attack-{os.getpid()}'\n"
+            "open(path, 'w').close()\n"
+            "os.remove(path)",
+        ),
+        "dev_kmsg": _route("dev_kmsg", "open('/dev/kmsg', 'w').close()"),
+        "dev_loop": _route("dev_loop", "open('/dev/loop0', 'r+b').close()"),
+        "many_processes": _route(
+            "many_processes",
+            "born = []\n"
+            "try:\n"
+            "    for _ in range(300):\n"
+            "        pid = os.fork()\n"
+            "        if pid == 0:\n"
+            "            time.sleep(30)\n"
+            "            os._exit(0)\n"
+            "        born.append(pid)\n"
+            "finally:\n"
+            "    for pid in born:\n"
+            "        os.kill(pid, signal.SIGKILL)\n"
+            "        os.waitpid(pid, 0)\n"
+            "assert len(born) == 300",
+        ),
+        "root_again": _route("root_again", "os.setuid(0)\nassert os.getuid() == 0"),
+    }
+
+
+# Queued on the kernel's shell channel: once this exercise's cell ends, the
+# kernel's verdict writer says "pass", and the guard's record is taken afresh.
+SHELL_INJECTION = (
+    "import grpo_lab.instructor.grading_kernel as g\n"
+    "_write = g._report\n"
+    "g._report = lambda s, o, m, p, r: _write(s, 'pass', '', None, None)\n"
+    "g._state['record'] = g._record()\n"
+)
+
+
+def _kernel_clients() -> str:
+    """Statements that connect a client to every kernel whose connection file
+    the solution can read: ``clients`` maps the file to (client, own)."""
+    return (
+        "from jupyter_client import BlockingKernelClient\n"
+        "names = []\n"
+        "try:\n"
+        "    names += open(f'/proc/{os.getppid()}/cmdline').read().split('\\0')\n"
+        "except OSError:\n"
+        "    pass\n"
+        "own = next((n for n in names if n.endswith('.json')), '')\n"
+        "for line in glob.glob('/proc/[0-9]*/cmdline'):  # the neighbours'\n"
+        "    try:\n"
+        "        names += open(line).read().split('\\0')\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "clients = {}\n"
+        "for name in dict.fromkeys(n for n in names if n.endswith('.json')):\n"
+        "    try:\n"
+        "        client = BlockingKernelClient(connection_file=name)\n"
+        "        client.load_connection_file()\n"
+        "        client.start_channels(hb=False)\n"
+        "        clients[name] = (client, name == own)\n"
+        "    except Exception:\n"
+        "        pass\n"
+    )
+
+
+def _channel_attacks() -> dict[str, str]:
+    inject = (
+        _kernel_clients()
+        + "for client, mine in clients.values():\n"
+        + "    if mine:\n"
+        + f"        client.execute({SHELL_INJECTION!r}, silent=True)\n"
+        + "    else:\n"
+        + "        client.shutdown()\n"
+        + "time.sleep(1)\n"
+    )
+    return {
+        "shell_injection": _answer(
+            "shell_injection",
+            body="    import os, glob, time\n"
+            "    try:\n"
+            + textwrap.indent(inject, " " * 8)
+            + "\n    except Exception:\n        pass\n"
+            + WRONG_BODY,
+        ),
+        # Graded after it: a wrong answer that the forged writer would pass.
+        "after_injection": _answer("after_injection"),
+        # The neighbours are shut down from eve's later exercises too, while
+        # zoe's kernel is certainly running.
+        **{
+            f"control_shutdown_{n}": _answer(
+                f"control_shutdown_{n}",
+                body="    import os, glob, time\n"
+                "    try:\n"
+                + textwrap.indent(
+                    _kernel_clients()
+                    + "for client, mine in clients.values():\n"
+                    + "    if not mine:\n        client.shutdown()\n",
+                    " " * 8,
+                )
+                + "\n    except Exception:\n        pass\n"
+                + WRONG_BODY,
+            )
+            for n in range(3)
+        },
+    }
+
+
+@pytest.mark.slow
+def test_a_solution_reaches_no_kernel_no_grader_secret_and_no_device(
+    tmp_path, monkeypatch
+):
+    """eve's routes back into a kernel (its command line, its connection file,
+    its sockets, a signed request on its shell or control channel, ptrace, its
+    memory), into the grader (its stdout, environment, argv and memory, the
+    kit) and into the machine (/dev writes, unlimited processes, root again):
+    no points, zoe beside her graded as before, nothing left behind."""
+    from grpo_lab.instructor.rubric import Rubric
+
+    course_dir = tmp_path / "kit"
+    kit = course_dir / ATTACK_NOTEBOOK
+    eve = {**_routes(os.getpid(), kit), **_channel_attacks()}
+    zoe = {f"zoe_{n}": _answer(f"zoe_{n}", body=RIGHT_BODY) for n in range(6)}
+    cells = [nbformat.v4.new_code_cell("import torch")]
+    for name in [*eve, *zoe]:
+        solution = f"def {name}{SIGNATURE}:\n    ### BEGIN SOLUTION\n{RIGHT_BODY}"
+        cells += [
+            nbformat.v4.new_code_cell(solution + "    ### END SOLUTION"),
+            nbformat.v4.new_code_cell(
+                "from grpo_lab.teaching.checks.advantages import "
+                "check_group_normalized_advantages\n\n"
+                f"check_group_normalized_advantages({name});"
+            ),
+        ]
+    course_dir.mkdir()
+    nbformat.write(nbformat.v4.new_notebook(cells=cells), kit)
+    rubric = Rubric({f"03-{n}": 1.0 for n in [*eve, *zoe]}, {})
+    root = tmp_path / "submitted"
+    for student, answers in (("eve", eve), ("zoe", zoe)):
+        (root / student).mkdir(parents=True)
+        nbformat.write(attack_submission(answers), root / student / ATTACK_NOTEBOOK)
+    monkeypatch.setenv("HF_TOKEN", "hf_not_for_students")
+    shm_before = set(os.listdir("/dev/shm"))
+    grades = grading.grade_submissions(
+        root, notebooks_dir=course_dir, rubric=rubric, timeout=60, jobs=2
+    )
+    table = {(g.student, g.exercise_id.split("-", 1)[1]): g for g in grades}
+    opened = sorted(n for n in eve if table[("eve", n)].points)
+    zoe_lost = sorted(n for n in zoe if table[("zoe", n)].outcome != "pass")
+    assert (opened, zoe_lost) == ([], []), " ".join(opened + zoe_lost)
+    assert set(os.listdir("/dev/shm")) == shm_before
+    assert _processes_with("grpo-lab-attack") == []
+
+
+# Stands in for the kernels: both notebooks reach their checks at once, so the
+# grader's own imports for them (transformers', lazily) happen in two threads.
+_AT_ONCE = """
+import sys, threading
+from grpo_lab.instructor import grading
+
+barrier = threading.Barrier(2, timeout=60)
+
+
+class AtOnce:
+    def __init__(self, *args):
+        self.first = True
+
+    def grade(self, plan):
+        if self.first and plan.exercise.exercise_id.startswith("00-"):
+            self.first = False
+            barrier.wait()  # the two notebooks 00 meet here
+        return ("pass", "", None, None)
+
+    def stop(self):
+        pass
+
+
+grading._Kernel = AtOnce
+grades = grading.grade_submissions(sys.argv[1], jobs=2)
+print(sorted({(g.outcome, g.message) for g in grades if g.outcome != "manual"}))
+"""
+
+
+@pytest.mark.slow
+def test_two_threads_grading_notebook_14_never_race_on_an_import(tmp_path):
+    """Notebooks 00 (whose check compares against transformers' generate) and
+    14, two at a time; each run is a fresh interpreter, where transformers is
+    not imported yet."""
+    for student, numbers in (("ann", ["00"]), ("ben", ["00", "14"])):
+        for path in shipped_notebooks_dir().glob("[0-9][0-9]_*.ipynb"):
+            if path.name[:2] in numbers:
+                key = nbformat.read(path, as_version=4)
+                submit(tmp_path, student, key, path.name)
+    environment = {**os.environ, "PYTHONPATH": str(Path(grading.__file__).parents[2])}
+    for _ in range(3):
+        finished = subprocess.run(
+            [sys.executable, "-c", _AT_ONCE, str(tmp_path)],
+            capture_output=True, text=True, timeout=300, env=environment,
+        )  # fmt: skip
+        assert finished.returncode == 0, finished.stderr[-2000:]
+        assert finished.stdout.strip() == "[('pass', '')]", finished.stdout

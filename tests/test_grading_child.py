@@ -5,8 +5,11 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import shutil
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -269,3 +272,93 @@ def test_a_message_past_the_limit_is_refused_before_it_is_read():
             grading_child.receive(read_end)
     finally:
         os.close(read_end)
+
+
+# A solved notebook of the checkout: the kit, as far as the child knows.
+SOLVED = str(
+    Path(__file__).parents[1] / "notebooks" / "03_rewards_and_advantages.ipynb"
+)
+
+
+def _probe_routes() -> dict:
+    """In the confined child: which routes out are open."""
+    import ctypes
+    import socket
+
+    def opens(route) -> bool:
+        try:
+            route()
+        except Exception:
+            return False
+        return True
+
+    def many_processes() -> None:
+        born = []
+        try:
+            for _ in range(300):
+                pid = os.fork()
+                if pid == 0:
+                    time.sleep(30)
+                    os._exit(0)
+                born.append(pid)
+        finally:
+            for pid in born:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+
+    parent = os.getppid()
+    return {
+        "300 processes": opens(many_processes),
+        "parent's command line": opens(lambda: open(f"/proc/{parent}/cmdline").read()),
+        "parent's memory": opens(lambda: open(f"/proc/{parent}/mem", "rb").close()),
+        "ptrace": ctypes.CDLL(None).ptrace(16, parent, 0, 0) == 0,
+        "signal": opens(lambda: os.kill(parent, 0)),
+        "tcp": opens(lambda: socket.create_connection(("127.0.0.1", 1), 1).close()),
+        "/dev/shm": opens(lambda: open(f"/dev/shm/grpo-lab-probe-{os.getpid()}", "w")),
+        "/tmp": opens(lambda: open(f"/tmp/grpo-lab-probe-{os.getpid()}", "w")),
+        "the course's solutions": opens(lambda: open(SOLVED).read()),
+        "root again": opens(lambda: os.setuid(0)) and os.getuid() == 0,
+        "its own folder": not opens(lambda: open("mine.txt", "w").write("x")),
+        "an import": not opens(lambda: __import__("statistics")),
+    }
+
+
+def _serve_probe(_) -> dict:
+    serve_function(_probe_routes)
+    return {}
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="the confinement is Linux's"
+)
+def test_a_confined_child_has_no_route_out(tmp_path):
+    """A child confined to its folder (as the grader confines a student's):
+    no route is open, and it still writes there and imports."""
+    from grpo_lab.instructor import sandbox
+
+    if sandbox.confinement_gaps():
+        pytest.skip(f"not confined here: {sandbox.confinement_gaps()}")
+    import tempfile
+
+    workdir = tempfile.mkdtemp(prefix="grpo-lab-grade-")  # as the grader's: 0711
+    os.chmod(workdir, 0o711)
+    scratch = Path(workdir) / "solution"
+    scratch.mkdir()
+    pid = os.fork()
+    if pid == 0:  # a warden's part: the bridge in a mount namespace of its own
+        try:
+            sandbox.bridge_for_solutions()
+            child = Child({"serve": _serve_probe}, scratch=str(scratch))
+            child.ask("serve", None)
+            found = RemoteFunction(child, "fn", [])()
+            child.stop()
+            (tmp_path / "found").write_text(repr(found))
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    try:
+        found = eval((tmp_path / "found").read_text())
+        assert [route for route, open_ in found.items() if open_] == []
+        assert (scratch / "mine.txt").read_text() == "x"
+    finally:
+        shutil.rmtree(workdir)

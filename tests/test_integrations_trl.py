@@ -11,6 +11,7 @@ print each configuration's largest |difference| (loss and gradients).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import itertools
 import json
 import math
@@ -781,6 +782,48 @@ def test_vllm_server_mode_writes_a_server_command_and_the_gpu_split(tmp_path):
                      "server")  # fmt: skip
     assert "--data-parallel-size 2" in (two / "vllm_serve.sh").read_text()
     assert {v["num_processes"] for v in accelerate_files(two).values()} == {4}
+
+
+def test_a_cpu_profile_export_for_gpus_leaves_use_cpu_out(tmp_path, monkeypatch):
+    """The folder is for its GPUs: accelerate places the processes, not use_cpu."""
+    flags = ["--profile", "cpu", "--sft-max-steps", "0", "--gpus", "8", "--nodes", "2"]
+    out = tmp_path / "trl_run"
+    assert cli.main(["export", "trl", *flags, "--out", str(out)]) == 0
+    arguments = json.loads((out / "grpo_config.json").read_text())
+    config = TrainConfig.from_dict(json.loads((out / "train_config.json").read_text()))
+    assert config.device == "cpu" and grpo_trl.to_trl_config(config)["use_cpu"]
+    assert "use_cpu" not in arguments
+    with_world_size(monkeypatch, 16)
+    loaded = GRPOConfig(output_dir=str(tmp_path / "o"), **arguments)
+    assert loaded.use_cpu is False
+    readme = (out / "README.md").read_text()
+    assert "`use_cpu` is not exported" in readme and "train.py --use-cpu" in readme
+    gpu = export_trl(tmp_path / "gpu", "--gpus", "2")  # a GPU config keeps its value
+    assert json.loads((gpu / "grpo_config.json").read_text())["use_cpu"] is False
+
+
+def test_the_server_readme_names_trls_ports_and_who_reaches_them(tmp_path):
+    from trl.generation.vllm_client import VLLMClient
+    from trl.scripts.vllm_serve import ScriptArguments
+
+    client = inspect.signature(VLLMClient.__init__).parameters
+    assert client["server_port"].default == grpo_trl_launch.VLLM_SERVER_PORT
+    assert client["group_port"].default == grpo_trl_launch.VLLM_GROUP_PORT
+    serve = {f.name: f.default for f in dataclasses.fields(ScriptArguments)}
+    assert serve["port"] == grpo_trl_launch.VLLM_SERVER_PORT
+    trl_defaults = grpo_trl_launch.field_defaults(GRPOConfig)
+    assert trl_defaults["vllm_server_port"] == grpo_trl_launch.VLLM_SERVER_PORT
+    assert trl_defaults["vllm_group_port"] == grpo_trl_launch.VLLM_GROUP_PORT
+    two = export_trl(tmp_path, "--gpus", "2", "--nodes", "2", "--vllm-mode", "server")
+    arguments = json.loads((two / "grpo_config.json").read_text())
+    assert (arguments["vllm_server_port"], arguments["vllm_group_port"]) == (
+        8000,
+        51216,
+    )
+    readme = " ".join((two / "README.md").read_text().split())
+    assert "reach VLLM_SERVER_HOST on port 8000" in readme
+    assert "must reach machine 0 on port 51216" in readme
+    assert "reach machine 0 on port 29500" in readme
 
 
 @pytest.mark.parametrize(

@@ -166,6 +166,8 @@ def run_grade(arguments: argparse.Namespace) -> int:
             "pip install nbformat nbclient ipykernel; the dev extra includes them",
         ) from error
     try:
+        grading.check_output(arguments.out)
+        notes = grading.containment_notes()
         grades = grading.grade_submissions(
             arguments.submissions_dir,
             notebooks_dir=arguments.notebooks,
@@ -181,6 +183,8 @@ def run_grade(arguments: argparse.Namespace) -> int:
     counts = {o: sum(g.outcome == o for g in grades) for o in grading.OUTCOMES}
     summary = ", ".join(f"{n} {o}" for o, n in counts.items())
     print(f"{len(grades)} grades ({summary}) written to {arguments.out}")
+    for note in notes:
+        print(f"note: {note}")
     return 0
 
 

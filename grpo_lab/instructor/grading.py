@@ -38,9 +38,11 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import math
 import os
 import re
 import signal
+import stat
 import sys
 import tempfile
 import threading
@@ -69,7 +71,7 @@ from grpo_lab.instructor.grading_plan import (  # noqa: F401 (read from here too
     solution_index,
     student_solution,
 )
-from grpo_lab.instructor.grading_refusal import pasted_counterpart
+from grpo_lab.instructor.grading_refusal import import_counterparts, pasted_counterpart
 from grpo_lab.instructor.rubric import (
     Exercise,
     Rubric,
@@ -77,6 +79,7 @@ from grpo_lab.instructor.rubric import (
     load_rubric,
     notebook_number,
 )
+from grpo_lab.instructor.sandbox import confinement_gaps
 from grpo_lab.instructor.shipped_notebooks import PACKAGE_DIR, course_notebooks_dir
 
 # What the kernel reports for an exercise; "manual" is a written question's.
@@ -98,6 +101,10 @@ MESSAGE_LIMIT = 200
 # The text of an unanswered written question's cell (nbgrader's answer stub).
 ANSWER_STUB = "YOUR ANSWER HERE"
 NOTHING_WRITTEN = "nothing written above the check (the stub is unchanged)"
+# The largest submitted notebook read, in bytes.
+SUBMISSION_BYTES = 32 << 20
+# The longest time limit of one exercise, in seconds.
+TIMEOUT_LIMIT = 86400.0
 # Seconds the course's context cells of one notebook may take in all.
 CONTEXT_TIMEOUT = 600.0
 # Address space of one grading kernel, and of each process it starts (a kernel
@@ -169,14 +176,18 @@ def grading_cell_source(
 
 
 def find_submissions(submissions_dir: str | Path) -> dict[str, dict[str, Path]]:
-    """``{student: {number: notebook path}}`` of every student folder."""
+    """``{student: {number: notebook path}}`` of every student folder (a
+    symbolic link to a folder is not one: links are never followed)."""
     submissions_dir = Path(submissions_dir)
     if not submissions_dir.is_dir():
         raise ValueError(
             f"submissions_dir must be a folder, got {str(submissions_dir)!r}"
         )
     found: dict[str, dict[str, Path]] = {}
-    for folder in sorted(p for p in submissions_dir.iterdir() if p.is_dir()):
+    folders = (
+        p for p in submissions_dir.iterdir() if p.is_dir() and not p.is_symlink()
+    )
+    for folder in sorted(folders):
         notebooks: dict[str, Path] = {}
         for path in sorted(folder.glob("*.ipynb")):
             with contextlib.suppress(ValueError):
@@ -192,11 +203,64 @@ def find_submissions(submissions_dir: str | Path) -> dict[str, dict[str, Path]]:
 
 
 def course_notebooks(notebooks_dir: str | Path | None = None) -> dict[str, Path]:
-    """``{number: path}`` of the course notebooks (default: a checkout's)."""
+    """``{number: path}`` of the course notebooks (default: a checkout's);
+    ValueError when ``notebooks_dir`` is not a folder holding some."""
     folder = course_notebooks_dir() if notebooks_dir is None else Path(notebooks_dir)
-    return {
+    if not folder.is_dir():
+        raise ValueError(
+            f"notebooks_dir must be a folder of course notebooks, got {str(folder)!r}"
+        )
+    found = {
         notebook_number(p.name): p for p in sorted(folder.glob("[0-9][0-9]_*.ipynb"))
     }
+    if not found:
+        raise ValueError(
+            "notebooks_dir must hold the course's NN_*.ipynb notebooks, found none "
+            f"in {folder}"
+        )
+    return found
+
+
+# Said with every grading run: the limits are not a cgroup's.
+PER_PROCESS_LIMITS = (
+    "memory and CPU limits hold per process of a kernel (RLIMIT_AS, "
+    "RLIMIT_CPU), not for its whole tree; processes are limited per user"
+)
+
+
+def containment_notes() -> list[str]:
+    """What the grader cannot fence on this system, for the grade output."""
+    return [*confinement_gaps(), PER_PROCESS_LIMITS]
+
+
+def check_timeout(timeout: float) -> None:
+    """ValueError unless ``timeout`` is a number of seconds in (0, TIMEOUT_LIMIT]."""
+    number = isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
+    if not (number and math.isfinite(timeout) and 0 < timeout <= TIMEOUT_LIMIT):
+        raise ValueError(
+            "timeout must be a positive, finite number of seconds, at most "
+            f"{TIMEOUT_LIMIT:g}, got {timeout!r}"
+        )
+
+
+def check_output(path: str | Path) -> None:
+    """ValueError unless ``path`` names a file the grader can write (checked
+    by opening it; a file made for the check is removed again)."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"out must name a CSV file, got the folder {str(path)!r}")
+    existed = path.exists()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as error:
+        raise ValueError(
+            f"out must be a file the grader can write, got {str(path)!r} "
+            f"({error.strerror or type(error).__name__})"
+        ) from None
+    if not existed:
+        path.unlink()
 
 
 # --- grading -----------------------------------------------------------------------
@@ -235,8 +299,7 @@ def grade_submissions(
     before the first kernel starts, and every kernel (with whatever it started)
     is dead when this returns.
     """
-    if not timeout > 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
+    check_timeout(timeout)
     if not (isinstance(memory_bytes, int) and memory_bytes >= 1 << 28):
         raise ValueError(
             f"memory_bytes must be an integer of at least 2**28, got {memory_bytes!r}"
@@ -247,22 +310,41 @@ def grade_submissions(
     rubric = load_rubric() if rubric is None else rubric
     course = course_notebooks(notebooks_dir)
     submitted = [
-        (student, path.name, _read_bytes(path), course[number])
+        (student, path.name, read_submission(path), course[number])
         for student, notebooks in find_submissions(submissions_dir).items()
         for number, path in notebooks.items()
         if number in course
     ]
+    for course_path in dict.fromkeys(entry[3] for entry in submitted):
+        course, exercises = course_exercises(course_path, rubric)  # faults up front
+        import_counterparts(notebook_checks(course, exercises))  # before any thread
     return _grade_all(submitted, rubric, limits, jobs, progress)
 
 
+def course_exercises(
+    course_path: Path, rubric: Rubric
+) -> tuple[nbformat.NotebookNode, list[Exercise]]:
+    """A course notebook and its exercises; ValueError when the rubric gives
+    one of them no points."""
+    course = nbformat.read(course_path, as_version=4)
+    exercises = find_exercises(course, course_path.name)
+    missing = [
+        e.exercise_id for e in exercises if e.exercise_id not in rubric.exercises
+    ]
+    if missing:
+        raise ValueError(f"rubric.toml must give points to {missing}, found none")
+    return course, exercises
+
+
 def _grade_all(
-    submitted: list[tuple[str, str, bytes | None, Path]],
+    submitted: list[tuple[str, str, bytes | str, Path]],
     rubric: Rubric,
     limits: Limits,
     jobs: int,
     progress: bool,
 ) -> list[Grade]:
     """Each submission's grades, in submission order, ``jobs`` at a time."""
+    import nbclient  # noqa: F401 (imported here once, not first in two threads)
     from tqdm.auto import tqdm
 
     results: list[list[Grade]] = [[] for _ in submitted]
@@ -271,7 +353,7 @@ def _grade_all(
     )
     with bar, ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {
-            pool.submit(grade_notebook, *submission, rubric, limits): number
+            pool.submit(_grade_or_error, *submission, rubric, limits): number
             for number, submission in enumerate(submitted)
         }
         for future in as_completed(futures):
@@ -280,41 +362,82 @@ def _grade_all(
     return [grade for grades in results for grade in grades]
 
 
-def _read_bytes(path: Path) -> bytes | None:
+def read_submission(path: Path) -> bytes | str:
+    """A submitted notebook's bytes, or (a ``str``) why it is not read: a
+    symbolic link (never followed), not a plain file, past SUBMISSION_BYTES,
+    or unreadable."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
     try:
-        return path.read_bytes()
-    except OSError:
-        return None
+        if path.is_symlink():
+            return f"{path.name} is a symbolic link, which the grader does not follow"
+        descriptor = os.open(path, flags)
+    except OSError as error:
+        return f"{path.name} could not be opened ({error.strerror})"
+    with os.fdopen(descriptor, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            return f"{path.name} is not a plain file"
+        try:
+            content = handle.read(SUBMISSION_BYTES + 1)
+        except OSError as error:
+            return f"{path.name} could not be read ({error.strerror})"
+    if len(content) > SUBMISSION_BYTES:
+        return f"{path.name} is larger than {SUBMISSION_BYTES >> 20} MiB"
+    return content
+
+
+def _grade_or_error(
+    student: str,
+    name: str,
+    content: bytes | str,
+    course_path: Path,
+    rubric: Rubric,
+    limits: Limits,
+) -> list[Grade]:
+    """:func:`grade_notebook`; whatever it raises (a submission the grader
+    did not foresee) makes each exercise an ``error`` with its message."""
+    try:
+        return grade_notebook(student, name, content, course_path, rubric, limits)
+    except Exception as error:
+        message = f"the grader could not grade this notebook: {_one_line(error)}"
+        return _error_grades(student, course_path, rubric, message)
+
+
+def _error_grades(
+    student: str, course_path: Path, rubric: Rubric, message: str
+) -> list[Grade]:
+    """Each exercise an ``error`` with ``message``; each question unanswered."""
+    _, exercises = course_exercises(course_path, rubric)
+    grades = [
+        _grade(student, course_path, e, rubric, ("error", message, None, None))
+        for e in exercises
+    ]
+    return grades + question_grades(student, course_path, None, rubric)
 
 
 def grade_notebook(
     student: str,
     name: str,
-    content: bytes | None,
+    content: bytes | str,
     course_path: Path,
     rubric: Rubric,
     limits: Limits,
 ) -> list[Grade]:
-    """Grade one submitted notebook (its bytes) against ``course_path``: its
-    exercises, then a ``manual`` row per written question."""
-    course = nbformat.read(course_path, as_version=4)
-    exercises = find_exercises(course, course_path.name)
-    missing = [
-        e.exercise_id for e in exercises if e.exercise_id not in rubric.exercises
-    ]
-    if missing:
-        raise ValueError(f"rubric.toml must give points to {missing}, found none")
+    """Grade one submitted notebook (its bytes, or why it was not read)
+    against ``course_path``: its exercises, then a ``manual`` row per written
+    question."""
+    course, exercises = course_exercises(course_path, rubric)
     try:
-        if content is None:
-            raise ValueError("the file could not be read")
-        submission = nbformat.reads(content.decode("utf-8"), as_version=4)
+        if isinstance(content, str):
+            raise ValueError(content)
+        text = content.decode("utf-8")
+        raw = json.loads(text)
+        if isinstance(raw, dict) and raw.get("nbformat") == 4:  # before nbformat
+            _refuse_malformed(raw)
+        submission = nbformat.reads(text, as_version=4)
+        _refuse_malformed(submission)  # an older format, upgraded
     except Exception as error:
         message = f"the notebook cannot be read: {_one_line(error)}"
-        grades = [
-            _grade(student, course_path, e, rubric, ("error", message, None, None))
-            for e in exercises
-        ]
-        return grades + question_grades(student, course_path, None, rubric)
+        return _error_grades(student, course_path, rubric, message)
     plans = plan_submission(course, exercises, submission)
     results = _run_exercises(course, plans, name, content, limits)
     grades = [
@@ -322,6 +445,48 @@ def grade_notebook(
         for plan, result in zip(plans, results)
     ]
     return grades + question_grades(student, course_path, submission, rubric)
+
+
+def _refuse_malformed(notebook: dict) -> None:
+    fault = malformed_cell(notebook)
+    if fault:
+        raise ValueError(fault)
+
+
+def malformed_cell(submission: dict) -> str:
+    """What in ``submission`` (a notebook, or its JSON) is not a cell as
+    nbformat 4 writes it (the first fault, naming the cell), or "" when
+    nothing is."""
+    cells = submission.get("cells")
+    if not isinstance(cells, list):
+        return f"cells must be a list, got {type(cells).__name__}"
+    for index, cell in enumerate(cells):
+        fault = _cell_fault(cell)
+        if fault:
+            return f"cell {index}: {fault}"
+    return ""
+
+
+def _cell_fault(cell: Any) -> str:
+    if not isinstance(cell, dict):
+        return f"a cell must be a mapping, got {type(cell).__name__}"
+    for name, kind in (("cell_type", str), ("metadata", dict)):
+        value = cell.get(name, {} if name == "metadata" else None)
+        if not isinstance(value, kind):
+            return f"{name} must be a {kind.__name__}, got {type(value).__name__}"
+    source = cell.get("source")
+    lines = source if isinstance(source, list) else [source]
+    if not all(isinstance(line, str) for line in lines):
+        return f"source must be text, got {type(source).__name__}"
+    metadata = cell.get("metadata", {})
+    tags, nbgrader = metadata.get("tags", []), metadata.get("nbgrader", {})
+    if not (isinstance(tags, list) and all(isinstance(t, str) for t in tags)):
+        return f"metadata.tags must be a list of strings, got {tags!r:.40}"
+    if not isinstance(nbgrader, dict):
+        return f"metadata.nbgrader must be a dict, got {type(nbgrader).__name__}"
+    if not isinstance(nbgrader.get("grade_id", ""), str):
+        return "metadata.nbgrader.grade_id must be a str"
+    return ""
 
 
 def question_grades(
@@ -404,6 +569,9 @@ def _run_exercises(
         return [(("not attempted", NOTHING_WRITTEN, None, None), "", 0.0)] * len(plans)
     results = []
     with tempfile.TemporaryDirectory(prefix="grpo-lab-grade-") as workdir:
+        # Another user (the student's process, see sandbox.confine_solution) may
+        # pass through to its own folder; it may not list, nor read the rest.
+        os.chmod(workdir, 0o711)
         (Path(workdir) / name).write_bytes(content)  # the folder holds this copy only
         kernel = _Kernel(course, workdir, [p.exercise for p in plans], limits)
         try:
@@ -412,7 +580,7 @@ def _run_exercises(
                 if not plan.cells:
                     result = ("not attempted", NOTHING_WRITTEN, None, None)
                 else:
-                    result = kernel.grade(plan)
+                    result = _kernel_grade(kernel, plan)
                 checks = check_names_in(course.cells[plan.exercise.check_index].source)
                 pasted = pasted_counterpart(plan.solution, checks)
                 flag = f"matches {pasted}" if pasted else ""
@@ -420,6 +588,16 @@ def _run_exercises(
         finally:
             kernel.stop()
     return results
+
+
+def _kernel_grade(kernel: _Kernel, plan: ExercisePlan) -> KernelResult:
+    """The kernel's verdict; anything the grader did not foresee is this
+    exercise's ``error``, and the next one gets a fresh kernel."""
+    try:
+        return kernel.grade(plan)
+    except Exception as error:
+        kernel.stop()
+        return "error", f"the grader failed on it: {_one_line(error)}", None, None
 
 
 class _Kernel:
@@ -695,7 +873,7 @@ def kernel_environment(workdir: str, result_fd: int) -> dict[str, str]:
     }
     environment = {key: str(Path(workdir) / sub) for key, sub in folders.items()}
     for folder in environment.values():
-        Path(folder).mkdir(parents=True, exist_ok=True)
+        Path(folder).mkdir(mode=0o700, parents=True, exist_ok=True)
     executable_dir = str(Path(sys.executable).parent)
     environment.update(
         {

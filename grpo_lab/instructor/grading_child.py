@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 
+from grpo_lab.instructor.sandbox import confine_solution
 from grpo_lab.instructor.tampering import Tampered
 
 PR_SET_PDEATHSIG = 1
@@ -556,7 +557,11 @@ class Child:
         self,
         handlers: dict[str, Handler],
         on_start: Callable[[], None] | None = None,
+        *,
+        scratch: str | None = None,
     ) -> None:
+        """``scratch``: the child is confined there before it serves (see
+        :func:`grpo_lab.instructor.sandbox.confine_solution`)."""
         handlers = {"call": _call, "vjp": _vjp, "dill": _dill, **handlers}
         _not_dumpable()
         child_reads, parent_writes = os.pipe()
@@ -570,6 +575,8 @@ class Child:
                 os.close(parent_writes)
                 os.close(parent_reads)
                 _become_child(child_reads, child_writes)
+                if scratch is not None:
+                    confine_solution(scratch)
                 if on_start is not None:
                     on_start()
                 _serve(child_reads, child_writes, handlers)

@@ -17,6 +17,7 @@ cell's: every reader filters by its request's id).
 
 from __future__ import annotations
 
+import os
 import time
 from queue import Empty
 from typing import Any, ClassVar
@@ -64,10 +65,38 @@ class ReadyClient(AsyncKernelClient):
 
 class ContainedKernelManager(AsyncKernelManager):
     """A kernel manager whose kernel command runs under the sandbox's warden
-    (``sandbox_prefix``), with a :class:`ReadyClient`."""
+    (``sandbox_prefix``, ending with ``--``), with a :class:`ReadyClient`.
+
+    The connection file (the channels' ports and signing key) is removed as
+    soon as it is written: the kernel reads it from a descriptor it inherits
+    (``-f /dev/fd/N``), so no command line names it and no process finds it
+    on disk. The manager and its client hold the key in memory."""
 
     sandbox_prefix: ClassVar[list[str]] = []
     client_factory = Type(ReadyClient, klass=AsyncKernelClient)
+    connection_descriptor: int | None = None
 
     def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
-        return self.sandbox_prefix + super().format_kernel_cmd(extra_arguments)
+        command = super().format_kernel_cmd(extra_arguments)
+        path = os.path.realpath(self.connection_file)
+        descriptor = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        os.unlink(path)
+        self.connection_descriptor = descriptor
+        command = [f"/dev/fd/{descriptor}" if arg == path else arg for arg in command]
+        if not self.sandbox_prefix:
+            return command
+        *options, end = self.sandbox_prefix
+        return [*options, "--keep-fd", str(descriptor), end, *command]
+
+    async def _async_launch_kernel(self, kernel_cmd: list[str], **kw: Any) -> None:
+        descriptor = self.connection_descriptor
+        if descriptor is not None:
+            kw["pass_fds"] = (*kw.get("pass_fds", ()), descriptor)
+        try:
+            await super()._async_launch_kernel(kernel_cmd, **kw)
+        finally:
+            if descriptor is not None:
+                os.close(descriptor)
+                self.connection_descriptor = None
+            # jupyter_client writes the file again once the kernel is launched.
+            self.cleanup_connection_file()

@@ -70,6 +70,16 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
+
+from grpo_lab.instructor.grading_child import (
+    Child,
+    ChildLost,
+    RemoteFunction,
+    SolutionRaised,
+    serve_function,
+    warm_up,
+)
 from grpo_lab.instructor.tampering import Tampered
 
 RESULT_FD_VARIABLE = "GRPO_LAB_RESULT_FD"
@@ -103,6 +113,9 @@ GUARDED_MODULES = (
     "re",
 )
 GUARDED_PREFIXES = ("grpo_lab.", "grpo_lab")
+# The folder of the working folder where the student's process works (its
+# HOME and TMPDIR, the only place it may write).
+SCRATCH_FOLDER = "solution"
 PLAIN_TYPES = (bool, int, float, complex, str, bytes, type(None), slice, range)
 
 _state: dict[str, Any] = {}
@@ -122,8 +135,6 @@ def _guarded_modules() -> dict[str, types.ModuleType]:
 
 def _record() -> dict[str, Any]:
     """What the guard compares: module dicts, function internals, class dicts."""
-    import torch
-
     modules = _guarded_modules()
     owners: dict[str, Any] = {"torch.Tensor": torch.Tensor, **modules}
     functions: dict[int, tuple[Any, tuple[Any, ...]]] = {}
@@ -194,8 +205,6 @@ def _put_back(owner: Any, key: str, value: Any) -> None:
 
 
 def _modes_and_threads() -> list[str]:
-    import torch
-
     found = []
     if torch._C._len_torch_function_stack() > 0:
         found.append("a torch function mode left on")
@@ -304,8 +313,6 @@ def hidden(functions: list[types.FunctionType]) -> Iterator[None]:
 
 def plain(value: Any, where: str = "the result") -> Any:
     """``value`` if it is built of plain types; else ValueError naming what is not."""
-    import torch
-
     kind = type(value)
     if kind in PLAIN_TYPES or kind in (torch.Tensor, torch.nn.Parameter):
         return value
@@ -359,7 +366,7 @@ def bootstrap() -> None:
     if "channel" in _state:
         raise RuntimeError("bootstrap() runs once per kernel")
     descriptor = int(os.environ.pop(RESULT_FD_VARIABLE))
-    grading_refusal.install()
+    grading_refusal.install(_scratch())
     _state["channel"] = (descriptor, os.fstat(descriptor).st_ino)
     _state["write"] = os.write
     _state["fstat"] = os.fstat
@@ -371,8 +378,6 @@ def bootstrap() -> None:
 def prepare(import_source: str) -> None:
     """Import what the check cells import, then record the world; run once per
     kernel, after the course's context cells and before any student code."""
-    from grpo_lab.instructor.grading_child import warm_up
-
     exec(compile(import_source, "<check imports>", "exec"), {})
     warm_up()
     _state["threads"] = threading.active_count()
@@ -393,8 +398,6 @@ def grade(
     the student's function called in the child; write its line.
     ``earlier_solutions`` (the course's) define the earlier exercises'
     functions, so this one is graded on its own code."""
-    from grpo_lab.instructor.grading_child import ChildLost
-
     _take_the_cells_input()
     try:
         verdict = forked_verdict(
@@ -426,8 +429,6 @@ def forked_verdict(
     RemoteFunction. What the child says can make the verdict worse (a cell
     that raised, a refused or missing function, a change its guard saw), never
     a pass. Raises Tampered and ChildLost."""
-    from grpo_lab.instructor.grading_child import RemoteFunction
-
     child = _child(namespace)
     request = {
         "cells": list(cells),
@@ -459,15 +460,22 @@ def _child_text(value: Any) -> str:
 def _child(namespace: dict[str, Any]) -> Any:
     """The kernel's child, forked once, before the first exercise: the
     student's code runs there, never here."""
-    from grpo_lab.instructor.grading_child import Child
-
     if "child" not in _state:
+        scratch = _scratch()
         _state["child"] = Child(
             {"cells": lambda request: student_part(request, namespace)},
             on_start=lambda: _in_the_child(namespace),
+            scratch=scratch,
         )
         _drop_the_working_folder()
     return _state["child"]
+
+
+def _scratch() -> str:
+    """The student's own folder, in the working folder (made on first use)."""
+    scratch = os.path.join(os.getcwd(), SCRATCH_FOLDER)
+    os.makedirs(scratch, mode=0o700, exist_ok=True)
+    return scratch
 
 
 def _drop_the_working_folder() -> None:
@@ -496,8 +504,6 @@ def _in_the_child(namespace: dict[str, Any]) -> None:
 def student_part(request: dict[str, Any], namespace: dict[str, Any]) -> dict[str, Any]:
     """In the child: run the student's cells, then serve the exercise's
     function (guarded, its counterparts hidden) for the calls to come."""
-    from grpo_lab.instructor.grading_child import serve_function
-
     serve_function(None)
     check_names = request["check_names"]
     hide = [f for name in check_names for f in counterpart_functions(name)]
@@ -671,7 +677,6 @@ def run_student_cells(
 
 def run_check(check_source: str, names: dict[str, Any]) -> Verdict:
     """Run the course's check cell in ``names`` (the student's function guarded)."""
-    from grpo_lab.instructor.grading_child import ChildLost
     from grpo_lab.teaching.checks.framework import ExerciseFailed
 
     printed = io.StringIO()
@@ -704,7 +709,6 @@ def case_counts(error: BaseException) -> tuple[int | None, int | None]:
     """``(cases passed, cases run)`` the check's CaseCount put on ``error``;
     ``(None, None)`` unless ``error`` is the check's ExerciseFailed or a
     built-in exception (a student's own class could fake its attributes)."""
-    from grpo_lab.instructor.grading_child import SolutionRaised
     from grpo_lab.teaching.checks.framework import ExerciseFailed
 
     kind = type(error)
@@ -761,7 +765,6 @@ def python_source(source: str) -> str:
 def one_line(error: BaseException) -> str:
     """``Type: message`` on one line."""
     text = " ".join(str(error).split())
-    child = sys.modules.get("grpo_lab.instructor.grading_child")
-    made = child is not None and isinstance(error, child.SolutionRaised)
+    made = isinstance(error, SolutionRaised)
     name = error.type_name if made else type(error).__name__  # type: ignore[attr-defined]
     return f"{name}: {text}" if text else name

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import difflib
 import inspect
+import sys
 import textwrap
 from collections.abc import Callable
 from typing import Any
@@ -44,11 +45,16 @@ def refuse_package_object(student_fn: Callable[..., Any], check_name: str) -> No
             )
 
 
-def install() -> None:
-    """Use :func:`refuse_package_object` in the checks (a grading kernel only)."""
+def install(scratch: str) -> None:
+    """Use :func:`refuse_package_object` in the checks, and a fresh Python
+    process confined as the student's own is (working in ``scratch``) for a
+    check that calls the student's function in one (a grading kernel only)."""
     from grpo_lab.teaching.checks import framework
 
     framework.refuse_package_function = refuse_package_object
+    confined = [sys.executable, "-m", "grpo_lab.instructor.sandbox"]
+    confined += ["--solution", scratch, "--", sys.executable]
+    framework.fresh_python = lambda: list(confined)
 
 
 class _Normalise(ast.NodeTransformer):
@@ -100,6 +106,18 @@ def normalised_body(source: str) -> list[str]:
             ):
                 lines.append(ast.dump(statement, annotate_fields=False))
     return lines
+
+
+def import_counterparts(check_names: tuple[str, ...]) -> None:
+    """Import every counterpart of ``check_names`` now, in this thread: a
+    lazy module (transformers') imported for the first time from two threads
+    at once can fail in one of them."""
+    from grpo_lab.teaching.checks.exercises import PACKAGE_COUNTERPARTS
+    from grpo_lab.teaching.checks.framework import resolve
+
+    for check_name in check_names:
+        for path in PACKAGE_COUNTERPARTS.get(check_name, ()):
+            resolve(path)
 
 
 def pasted_counterpart(solution_source: str, check_names: tuple[str, ...]) -> str:

@@ -29,6 +29,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from grpo_lab.errors import UserError
 from grpo_lab.integrations.cluster import Cluster, portable_config, source_install
 from grpo_lab.integrations.trl.translation import (
@@ -40,7 +42,12 @@ from grpo_lab.integrations.unrowed import field_defaults
 from grpo_lab.training.config import TrainConfig
 
 VLLM_MODES = ("colocate", "server")
+# TRL 1.16's defaults (GRPOConfig.vllm_server_port and vllm_group_port, as
+# VLLMClient's server_port and group_port in trl/generation/vllm_client.py):
+# the server's HTTP port, and the port of the NCCL group of the weight sync,
+# which the trainer opens on machine 0 (VLLMClient.init_communicator).
 VLLM_SERVER_PORT = 8000
+VLLM_GROUP_PORT = 51216
 MAIN_PROCESS_PORT = 29500
 # Versions the folder was tested with (CPU dry runs of train.py).
 TESTED_VERSIONS = {
@@ -243,7 +250,12 @@ def check_launch(config: TrainConfig, launch: TrlLaunch) -> None:
 
 
 def launch_arguments(config: TrainConfig, launch: TrlLaunch) -> dict[str, Any]:
-    """``to_trl_config`` for the launch's training processes, and its vLLM mode."""
+    """``to_trl_config`` for the launch's training processes, and its vLLM mode.
+
+    The folder is for the launch's GPUs, so a config whose device is the CPU
+    (the cpu profile) exports no ``use_cpu``: accelerate gives each process
+    its GPU, and ``train.py --use-cpu`` is the CPU run.
+    """
     try:
         arguments = to_trl_config(config, num_processes=launch.processes)
     except UserError as error:
@@ -255,9 +267,12 @@ def launch_arguments(config: TrainConfig, launch: TrlLaunch) -> dict[str, Any]:
             "give --gpus one more than a count that splits, or --nodes 2 and up "
             "(the server gets a machine of its own)",
         ) from error
+    if arguments.get("use_cpu"):
+        del arguments["use_cpu"]
     if launch.server:
         arguments["vllm_mode"] = "server"
         arguments["vllm_server_port"] = VLLM_SERVER_PORT
+        arguments["vllm_group_port"] = VLLM_GROUP_PORT
         arguments.pop("vllm_gpu_memory_utilization", None)  # the server's flag
     return arguments
 
@@ -465,7 +480,35 @@ def _server_section(launch: TrlLaunch) -> str:
         "The server takes the whole GPU, so `vllm_gpu_memory_utilization` is "
         "not exported (pass `--gpu-memory-utilization` to vllm_serve.sh's "
         "command to change vLLM's 0.9).\n\n"
-        f"```\n{start}\n```\n"
+        f"```\n{start}\n```\n\n" + _ports_note(launch)
+    )
+
+
+def _ports_note(launch: TrlLaunch) -> str:
+    """Which side must reach which port (TRL 1.16: trl/generation/)."""
+    rendezvous = (
+        f"The training machines reach machine 0 on port {MAIN_PROCESS_PORT} "
+        "(accelerate's rendezvous, `--main_process_port`). "
+        if launch.training_machines > 1
+        else ""
+    )
+    return (
+        "**Ports.** Only the first training process, on machine 0, talks to "
+        "the server (TRL builds its `VLLMClient` on the main process only: "
+        "`VLLMGeneration` in trl/generation/vllm_generation.py): it must reach "
+        f"VLLM_SERVER_HOST on port {VLLM_SERVER_PORT}, the server's HTTP port "
+        "(`vllm_server_port`, vllm_serve.sh's `--port`). The weight sync goes "
+        "the other way: after each optimizer step the trainer sends the weights "
+        "over an NCCL group in which it is rank 0, opened on machine 0 at the "
+        "address vLLM's `get_ip` gives there (VLLM_HOST_IP when set) and port "
+        f"{VLLM_GROUP_PORT} (`vllm_group_port`; `VLLMClient.init_communicator` "
+        "in trl/generation/vllm_client.py), so every vLLM worker of the server "
+        f"must reach machine 0 on port {VLLM_GROUP_PORT}; NCCL then opens more "
+        "connections between the two machines on ports of its own choosing, "
+        "so nothing between them may block those. "
+        + rendezvous
+        + "On one machine all of this stays on the machine: the ports must only "
+        "be free.\n"
     )
 
 
@@ -509,10 +552,21 @@ def _readme(
         + _install_section(config)
         + "\n"
         + _launch_section(launch, names)
+        + _cpu_device_note(config, launch)
         + "\nA dry run on the CPU with a small local model:\n\n```\n"
         "python train.py --model PATH --max-steps 1 --use-cpu\n```\n\n"
         "Checkpoints and the final model go to `output/` (`--output-dir DIR`).\n\n"
         + _defaults_note(arguments)
+    )
+
+
+def _cpu_device_note(config: TrainConfig, launch: TrlLaunch) -> str:
+    if torch.device(config.device).type != "cpu":
+        return ""
+    return (
+        f"\nThe config's device is the CPU, but this folder is for {launch.processes} "
+        "GPU process(es): `use_cpu` is not exported, so accelerate gives each "
+        "process its GPU; `python train.py --use-cpu` runs on the CPU.\n"
     )
 
 

@@ -635,7 +635,11 @@ TRANSLATIONS: dict[str, Translation] = {
     ),
     "report_to": T(("report_to", "logging_steps"), _report_to, "every step"),
     "sft_max_steps": T((), _sft, "0 only: GRPOTrainer has no warm-up"),
-    "device": T(("use_cpu",), _device, "accelerate picks each process's GPU"),
+    "device": T(
+        ("use_cpu",),
+        _device,
+        "accelerate picks each process's GPU; not in a launch folder",
+    ),
     "dtype": T(("model_init_kwargs",), _dtype, "model_init_kwargs.dtype"),
     "autocast_dtype": T(("bf16", "fp16"), _autocast, "always given"),
     "gradient_checkpointing": T(("gradient_checkpointing",), _checkpointing, "exact"),

@@ -12,6 +12,13 @@ task's local files or the hub at export, and ``reward.py``), ``task_files/``
 verl's defaults). Nothing written holds an absolute path. The overrides are
 those of :mod:`grpo_lab.integrations.verl.settings`, one row per field.
 
+The actor's attention is chosen where the run starts, not at export: run.sh
+asks :func:`launch_attention` on the machine it runs on, which names
+flash-attn's kernel where ``flash_attn`` is installed and PyTorch's ``sdpa``
+elsewhere (verl's own default, ``flash_attention_2``, fails at model load
+without flash-attn). Every machine of a Ray cluster has the same install, so
+the head machine's answer holds for its workers.
+
 The vLLM rollout runs with tensor parallel size 1 (verl's default is 2, and
 verl 0.9.1 starts ``n_gpus // tensor_parallel`` rollout replicas: none on one
 GPU), so that every GPU count works; raise it by hand for a model that does not
@@ -20,9 +27,11 @@ fit one GPU.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import shlex
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -32,12 +41,12 @@ from grpo_lab.integrations.cluster import (
     TASK_FILES_DIR,
     Cluster,
     portable_config,
-    source_install,
 )
 from grpo_lab.integrations.verl.algorithms import VERL_VERSION
 from grpo_lab.integrations.verl.settings import (  # noqa: F401 (read from here too)
     ACTOR,
     EXPORTED_SETTINGS,
+    MODEL,
     MODEL_PATH,
     NOT_TRAINING_SETTINGS,
     ROLLOUT,
@@ -171,6 +180,41 @@ def _script_line(key: str, value: Any) -> str:
     return shlex.quote(format_override(key, value))
 
 
+# --- the actor's attention, chosen on the machine that runs ----------------------
+
+# verl 0.9.1 builds the actor and the reference model with the attention named
+# by model.override_config.attn_implementation, "flash_attention_2" when unset
+# (HFModelConfig.__post_init__, verl/workers/config/model.py), and transformers
+# refuses that at load where flash-attn is not installed. "++" adds the key to
+# verl's empty override_config, or replaces one given before it.
+ATTENTION = f"{MODEL}.override_config.attn_implementation"
+REMOVE_PADDING = f"{MODEL}.use_remove_padding"
+
+
+def attention_overrides(*, flash_attn_installed: bool) -> dict[str, Any]:
+    """The actor's attention and remove-padding overrides for a machine with
+    or without flash-attn.
+
+    Remove-padding stays on (verl's default) under both: verl's FSDP engine
+    packs a micro-batch into one row with ``attention_mask=None``, restarting
+    ``position_ids`` at each sequence (``prepare_model_inputs`` in
+    verl/workers/engine/fsdp/transformer_impl.py); flash-attn reads the
+    sequence bounds from them, and under ``sdpa`` transformers builds the
+    block-diagonal causal mask from them (``find_packed_sequence_indices`` in
+    transformers/masking_utils.py), so no sequence attends to another.
+    tests/verl checks the packed log-probs against padded ones under sdpa.
+    """
+    implementation = "flash_attention_2" if flash_attn_installed else "sdpa"
+    return {ATTENTION: implementation, REMOVE_PADDING: True}
+
+
+def launch_attention() -> list[str]:
+    """run.sh's attention overrides for the machine this runs on (Hydra lines)."""
+    installed = importlib.util.find_spec("flash_attn") is not None
+    overrides = attention_overrides(flash_attn_installed=installed)
+    return ["++" + format_override(key, value) for key, value in overrides.items()]
+
+
 def _run_script(overrides: Mapping[str, Any], cluster: Cluster) -> str:
     arguments = " \\\n    ".join(_script_line(k, v) for k, v in overrides.items())
     ray = (
@@ -193,8 +237,13 @@ def _run_script(overrides: Mapping[str, Any], cluster: Cluster) -> str:
         'export VERL_USE_EXTERNAL_MODULES="${VERL_USE_EXTERNAL_MODULES:-'
         'grpo_lab.integrations.verl.algorithms}"\n'
         f"{ray}"
+        "# The actor's attention: flash-attn where this machine has it, else\n"
+        "# sdpa (grpo_lab.integrations.verl.launch.launch_attention).\n"
+        'attention="$(python -m grpo_lab.integrations.verl.launch attention)"\n'
+        'mapfile -t ATTENTION <<< "$attention"\n'
         "python -m verl.trainer.main_ppo \\\n"
         f"    {arguments} \\\n"
+        '    "${ATTENTION[@]}" \\\n'
         '    "$@"\n'
     )
 
@@ -260,27 +309,53 @@ def default_changes(overrides: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
     ]
 
 
-VERL_INSTALL = """\
-verl's vLLM comes with `verl[vllm]` (its own torch and vllm pins), so install
-verl first and grpo-lab into the same environment without grpo-lab's `vllm`
-extra (which pins another vllm):
+# verl 0.9.1's `vllm` extra pins transformers==5.9.0 (its METADATA), below
+# grpo-lab's floor of 5.10.4, so pip cannot resolve the two together. The
+# install line takes that extra's parts itself: verl's core dependencies
+# (`verl-core`) and its vLLM, 0.24.0 (which pins torch 2.11.0), with
+# transformers 5.10.x, inside verl's own range (>=5.5.3,<5.11). One pip command,
+# so that pip resolves all of it at once (tests/test_verl_install.py runs it
+# with --dry-run).
+VERL_REQUIREMENTS = (
+    f"verl[verl-core]=={VERL_VERSION}",
+    "vllm==0.24.0",
+    "transformers>=5.10.4,<5.11",
+)
+GRPO_LAB_SOURCE = "PATH/TO/grpo-lab"
 
-```
-pip install "verl[vllm]=={version}"
-pip install "transformers>=5.10.4,<5.11"           # verl's and grpo-lab's range
-"""
+
+def install_line(source: str = GRPO_LAB_SOURCE) -> str:
+    """The one pip command that installs verl, its vLLM and grpo-lab (from
+    ``source``: a checkout or a built wheel) into one environment."""
+    return "pip install " + " ".join(f'"{r}"' for r in (*VERL_REQUIREMENTS, source))
 
 
 def _install(cluster: Cluster) -> str:
     ray = "" if cluster.nodes == 1 else " on every machine"
     return (
         f"## Install{ray}\n\n"
-        + VERL_INSTALL.format(version=VERL_VERSION)
-        + source_install().split("```\n", 1)[1]
-        + "\nTested here: the overrides compose with verl 0.9.1's "
-        "`ppo_trainer.yaml` and pass its `validate_config` (transformers 5.10.4, "
-        "ray 2.60.0, hydra-core 1.3.8, torch 2.13.0); grpo_lab's losses and "
-        "estimators match verl's in float64. No GPU run was made.\n"
+        "verl, its vLLM and grpo-lab go into one environment in one command, "
+        "so that pip resolves them together:\n\n"
+        f"```\n{install_line()}\n```\n\n"
+        f"`{GRPO_LAB_SOURCE}` is a grpo-lab source checkout (the folder with its "
+        "`pyproject.toml`; grpo-lab is not on PyPI) or a wheel built there "
+        f"(`pip wheel --no-deps {GRPO_LAB_SOURCE} -w dist`, then "
+        '`"$(ls dist/grpo_lab-*.whl)"` in its place). `verl[vllm]` is not '
+        "used: it pins transformers 5.9.0, below grpo-lab's 5.10.4, so the line "
+        "names that extra's parts (verl's core dependencies, vllm 0.24.0 and "
+        "with it torch 2.11.0) with transformers 5.10, inside verl's range "
+        "(< 5.11); grpo-lab's own `vllm` extra (vllm 0.31.0) is left out.\n\n"
+        "flash-attn is optional: where it is installed "
+        "(`pip install flash-attn --no-build-isolation`), run.sh loads the actor "
+        "with it, and elsewhere with PyTorch's `sdpa` (both with verl's "
+        "remove-padding); the choice is made by run.sh on the machine it runs "
+        "on, which must have the same install as the other machines.\n\n"
+        "Tested here: the install line resolves under `pip install --dry-run`; "
+        "the overrides compose with verl 0.9.1's `ppo_trainer.yaml` and pass its "
+        "`validate_config`; verl's FSDP engine builds the actor from this "
+        "folder's overrides with `sdpa` and its packed forward matches "
+        "transformers (on the CPU); grpo_lab's losses and estimators match "
+        "verl's in float64. No GPU run was made.\n"
     )
 
 
@@ -338,3 +413,17 @@ def _readme(config: Any, overrides: Mapping[str, Any], cluster: Cluster) -> str:
         "longest prompt in characters plus a margin, and verl refuses a longer "
         "tokenized prompt.\n"
     )
+
+
+def main(arguments: list[str]) -> int:
+    """``python -m grpo_lab.integrations.verl.launch attention``: print
+    :func:`launch_attention`'s overrides, one a line (run.sh reads them)."""
+    if arguments != ["attention"]:
+        print(f"usage: python -m {__spec__.name} attention", file=sys.stderr)
+        return 2
+    print("\n".join(launch_attention()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

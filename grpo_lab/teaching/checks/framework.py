@@ -19,6 +19,7 @@ import functools
 import importlib
 import inspect
 import re
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -185,6 +186,12 @@ def resolve(path: str) -> Any:
             )
         return found
     raise ValueError(f"path must name an importable object, got {path!r}")
+
+
+def fresh_python() -> list[str]:
+    """The command that starts a fresh Python process for a check (a grading
+    kernel puts a confined one in its place, see grpo_lab.instructor)."""
+    return [sys.executable]
 
 
 def refuse_package_function(student_fn: Callable[..., Any], check_name: str) -> None:

@@ -22,6 +22,7 @@ import torch
 
 from grpo_lab.aggregation import aggregate_loss_across_microbatch
 from grpo_lab.losses import compute_policy_gradient_loss
+from grpo_lab.teaching.checks import framework
 from grpo_lab.teaching.checks.framework import (
     CaseCount,
     ExerciseFailed,
@@ -372,7 +373,7 @@ def _key_in_a_fresh_process(
         "PYTHONPATH": os.pathsep.join(path for path in sys.path if path),
     }
     finished = subprocess.run(
-        [sys.executable, "-c", _KEY_IN_A_FRESH_PROCESS],
+        [*framework.fresh_python(), "-c", _KEY_IN_A_FRESH_PROCESS],
         input=payload,
         capture_output=True,
         env=environment,
