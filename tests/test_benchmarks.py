@@ -34,7 +34,7 @@ import render_results  # noqa: E402
 SCRIPTS = {
     "cpu_profile", "logprob_memory", "trl_train_step", "time_to_accuracy",
     "gpu_throughput", "run_cpu", "harness", "threads", "kl_reference",
-    "mismatch_bias", "mismatch_learning", "length_bias", "lora",
+    "mismatch_bias", "mismatch_learning", "length_bias", "lora", "vllm_cpu",
 }  # fmt: skip
 MACHINE_FIELDS = {
     "nproc", "cpu_model", "torch", "transformers", "torch_threads", "git_commit",
@@ -328,6 +328,7 @@ def test_recorded_and_rerun_command_lines_still_parse():
     import run_cpu
     import threads  # noqa: F401
     import time_to_accuracy  # also imports cpu_profile and trl_train_step
+    import vllm_cpu  # noqa: F401
 
     modules = {name: sys.modules[name] for name in SCRIPTS - {"run_cpu", "harness"}}
     for path in (BENCHMARK_DIR / "results").glob("*.json"):

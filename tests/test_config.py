@@ -230,7 +230,15 @@ BAD_SETTINGS = [
     ({"dtype": "float64"}, "dtype must be one of"),
     ({"autocast_dtype": "float32"}, "autocast_dtype must be one of"),
     ({"backend": "sglang"}, "backend must be one of"),
-    ({"backend": "vllm"}, "backend 'vllm' needs a CUDA device, got device 'cpu'"),
+    (
+        {"backend": "vllm", "device": "mps"},
+        "backend 'vllm' needs a CUDA device or the CPU .* got device 'mps'",
+    ),
+    # vLLM's CPU attention has no kernel for head size 16 / 4 = 4.
+    (
+        {"backend": "vllm", "tiny_hidden_size": 16},
+        "model 'tiny' with tiny_hidden_size 16 has attention head size 4",
+    ),
     ({"device": "gpu0"}, "device must be a torch device"),
     # The GRPO family's options: each refused where it enters.
     (

@@ -161,6 +161,10 @@ def test_a_skipped_update_logs_no_loss_diagnostics(tmp_path):
     assert record["loss/active_response_count"] == 0.0
     for key in ("loss/loss", "loss/token_entropy", "loss/gradient_norm"):
         assert key not in record, key
+    # The sampler gap is about the rollouts, not the update: it is logged all
+    # the same, scored on the unchanged policy (hf samples from it: gap ~0).
+    assert 0 <= record["rollout/sampler_log_prob_diff_max"] < 1e-4
+    assert 0 <= record["rollout/sampler_log_prob_diff_mean"] < 1e-5
 
 
 def test_train_writes_the_run_folder_and_refuses_to_overwrite(tmp_path):

@@ -1,6 +1,7 @@
 """The vLLM backend's pure parts, and its glue code against a fake ``vllm`` module.
 
-vLLM itself needs a CUDA GPU; these tests run without it. The fakes mimic the
+The main environment has no vLLM; these tests run without it (tests/vllm runs
+the real engine, vLLM's CPU build, in .venv-vllm). The fakes mimic the
 structure of vLLM 0.31.0's outputs: ``RequestOutput.prompt_token_ids`` and
 ``.outputs`` (``CompletionOutput`` with ``index``, ``text``, ``token_ids`` and
 ``logprobs``: one ``{token_id: Logprob(logprob=...)}`` mapping per token).
@@ -286,6 +287,15 @@ def test_tied_policy_streams_each_checkpoint_tensor_once(tiny_policy):
     assert "model.embed_tokens.weight" in names
 
 
+def test_tied_head_is_sent_after_the_embedding_when_asked(tiny_policy):
+    weights = list(policy_weights_for_vllm(tiny_policy, torch.float32, tied_head=True))
+    names = [name for name, _ in weights]
+    at = names.index("model.embed_tokens.weight")
+    assert names[at + 1] == "lm_head.weight"
+    assert names.count("lm_head.weight") == 1
+    assert torch.equal(weights[at + 1][1], weights[at][1])
+
+
 def test_untied_policy_streams_its_lm_head(tokenizer):
     policy = build_tiny_qwen2(
         tokenizer, hidden_size=32, intermediate_size=64, tie_word_embeddings=False
@@ -461,10 +471,12 @@ def test_missing_vllm_says_how_to_install_it(monkeypatch):
         VLLMRolloutBackend("some/model")
 
 
-def test_missing_cuda_is_reported(monkeypatch):
+def test_a_platform_other_than_cuda_or_cpu_is_reported(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+    platforms = types.ModuleType("vllm.platforms")
+    platforms.current_platform = FakePlatform("tpu")
+    monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
+    with pytest.raises(RuntimeError, match=r"vLLM's CUDA or CPU platform.*'tpu'"):
         VLLMRolloutBackend("some/model")
 
 
@@ -476,6 +488,8 @@ def test_missing_cuda_is_reported(monkeypatch):
         ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
         ({"max_model_len": 0}, "max_model_len"),
         ({"seed": None}, "seed"),
+        ({"kv_cache_memory_bytes": 0}, "kv_cache_memory_bytes"),
+        ({"kv_cache_memory_bytes": 1.5}, "kv_cache_memory_bytes"),
     ],
 )
 def test_engine_arguments_are_checked_before_import(monkeypatch, options, named):
@@ -485,6 +499,19 @@ def test_engine_arguments_are_checked_before_import(monkeypatch, options, named)
 
 
 # ------------------------------------------------- glue against a fake vLLM
+
+
+@dataclass
+class FakePlatform:
+    """Stands for ``vllm.platforms.current_platform``."""
+
+    device_type: str = "cuda"
+
+    def is_cuda(self):
+        return self.device_type == "cuda"
+
+    def is_cpu(self):
+        return self.device_type == "cpu"
 
 
 @dataclass
@@ -526,9 +553,11 @@ class FakeLLM:
             outputs.append(RequestOutput(list(ids), completions))
         return outputs
 
-    def apply_model(self, function):
-        self.calls.append(("apply_model",))
-        return [function(self.model)]
+    def collective_rpc(self, method, kwargs=None):
+        # The worker's reload_weights hands the iterator to model.load_weights.
+        self.calls.append(("collective_rpc", method, kwargs["is_checkpoint_format"]))
+        assert method == "reload_weights"
+        return [self.model.load_weights(kwargs["weights_iterator"])]
 
     def reset_prefix_cache(self):
         self.calls.append(("reset_prefix_cache",))
@@ -545,8 +574,10 @@ def fake_vllm(monkeypatch):
     module = types.ModuleType("vllm")
     module.LLM = FakeLLM
     module.SamplingParams = FakeSamplingParams
+    platforms = types.ModuleType("vllm.platforms")
+    platforms.current_platform = FakePlatform("cuda")
     monkeypatch.setitem(sys.modules, "vllm", module)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     return module
 
@@ -596,18 +627,60 @@ def test_greedy_generate_repeats_one_sample(fake_vllm):
     assert rollouts.response_token_ids == [[40, 1]] * 4
 
 
-def test_sync_loads_every_weight_then_resets_the_prefix_cache(fake_vllm, tiny_policy):
+def test_sync_reloads_every_weight_then_resets_the_prefix_cache(fake_vllm, tiny_policy):
     backend = VLLMRolloutBackend("some/model")
     backend.sync(tiny_policy)
-    assert [call[0] for call in backend.llm.calls] == [
-        "apply_model",
-        "reset_prefix_cache",
+    assert backend.llm.calls == [
+        ("collective_rpc", "reload_weights", True),
+        ("reset_prefix_cache",),
     ]
     loaded = backend.llm.model.loaded
-    assert set(loaded) == set(tiny_policy.state_dict()) - {"lm_head.weight"}
+    # The tied head is sent as well: vLLM's CPU build keeps its own copy of it.
+    assert set(loaded) == set(tiny_policy.state_dict())
     for name, parameter in tiny_policy.named_parameters():
         assert loaded[name].dtype == torch.bfloat16
         assert torch.equal(loaded[name], parameter.detach().to(torch.bfloat16))
+    assert torch.equal(loaded["lm_head.weight"], loaded["model.embed_tokens.weight"])
+
+
+def test_the_cpu_platform_gets_a_small_kv_cache(fake_vllm, monkeypatch):
+    from grpo_lab.rollouts import vllm as module
+    from grpo_lab.rollouts.vllm import CPU_KV_CACHE_BYTES
+
+    config = types.SimpleNamespace(hidden_size=128, num_attention_heads=4)
+    monkeypatch.setattr(module, "_model_config", lambda name: config)
+    sys.modules["vllm.platforms"].current_platform = FakePlatform("cpu")
+    backend = VLLMRolloutBackend("some/model")
+    assert backend.llm.kwargs["kv_cache_memory_bytes"] == CPU_KV_CACHE_BYTES
+    sys.modules["vllm.platforms"].current_platform = FakePlatform("cuda")
+    backend = VLLMRolloutBackend("some/model")
+    assert "kv_cache_memory_bytes" not in backend.llm.kwargs
+
+
+def test_a_head_size_the_cpu_attention_lacks_is_refused_by_name(fake_vllm, monkeypatch):
+    from grpo_lab.rollouts import vllm as module
+
+    config = types.SimpleNamespace(hidden_size=16, num_attention_heads=4)
+    monkeypatch.setattr(module, "_model_config", lambda name: config)
+    sys.modules["vllm.platforms"].current_platform = FakePlatform("cpu")
+    with pytest.raises(
+        ValueError, match="model 'some/model' has attention head size 4"
+    ):
+        VLLMRolloutBackend("some/model")
+    sys.modules["vllm.platforms"].current_platform = FakePlatform("cuda")
+    VLLMRolloutBackend("some/model")  # CUDA's attention is another matter
+
+
+def test_prompts_are_encoded_by_the_given_tokenizer(fake_vllm):
+    # A tokenizer that differs from the engine's (the fake's is the char one).
+    class Shifted:
+        def encode(self, text, add_special_tokens=False):
+            return [ord(c) + 1000 for c in text]
+
+    backend = VLLMRolloutBackend("some/model", tokenizer=Shifted())
+    backend.generate(["ab"], 1, SamplingSettings())
+    _, prompts, _ = backend.llm.calls[-1]
+    assert prompts == [{"prompt_token_ids": [1097, 1098]}]
 
 
 def test_sync_sends_the_weights_after_an_update(fake_vllm, tokenizer):

@@ -405,7 +405,8 @@ def _check_backend(config: TrainConfig) -> None:
     if config.backend == "vllm" and importlib.util.find_spec("vllm") is None:
         raise UserError(
             "backend 'vllm' needs the vllm package",
-            "pip install 'grpo-lab[vllm]' on a CUDA machine, or use --backend hf",
+            "pip install 'grpo-lab[vllm]' on a CUDA machine (or vLLM's CPU build: "
+            "make .venv-vllm/.grpo-lab-installed), or use --backend hf",
         )
 
 

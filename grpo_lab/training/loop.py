@@ -82,6 +82,7 @@ from grpo_lab.rollouts.multiturn import (
     MultiTurnRolloutBackend,
     trained_tool_token_metrics,
 )
+from grpo_lab.sampler_correction import GAP_KEYS
 from grpo_lab.tasks import get_task, uses_tools
 from grpo_lab.tasks.base import Example, Task
 from grpo_lab.tasks.chat import ChatPromptTask
@@ -585,6 +586,10 @@ def grpo_update(
             )
             update_records.append(metadata)
     policy.backend.sync(policy.model)
+    if sampler_log_probs is not None and old_log_probs is None:
+        old_log_probs = unchanged_policy_log_probs(
+            config, policy, batch, update_records
+        )
     sampler_metrics = rollout_sampler_metrics(
         config, batch, old_log_probs, sampler_log_probs, update_records
     )
@@ -600,6 +605,24 @@ def grpo_update(
         **getattr(rollouts, "sampling_metrics", {}),
         **trained_tool_token_metrics(rollouts, batch["response_mask"]),
     }
+
+
+def unchanged_policy_log_probs(
+    config: TrainConfig,
+    policy: Policy,
+    batch: dict[str, torch.Tensor],
+    update_records: list[dict[str, Any]],
+) -> torch.Tensor | None:
+    """log pi_old (B, T) when no update scored a row, else None.
+
+    On-policy, each update reports the sampler gap of the rows it scored. When
+    every advantage is zero (every reward equal, e.g. all 0) no row is scored,
+    no optimizer step runs, and the policy still is pi_old: it is scored once
+    here, so that the sampler gap is logged at every step all the same.
+    """
+    if any(GAP_KEYS[0] in record for record in update_records):
+        return None
+    return score_old_log_probs(config, policy.model, batch, config.update_settings())
 
 
 def score_old_log_probs(

@@ -340,8 +340,9 @@ class TrainFields:
     backend: str = setting(
         "hf",
         "sampling",
-        "Rollout backend: hf (generate on the policy), vllm (GPU engine) or "
-        "mismatch (a deliberately perturbed sampler, see 'sampler mismatch').",
+        "Rollout backend: hf (generate on the policy), vllm (vLLM's engine, on "
+        "a GPU or with vLLM's CPU build) or mismatch (a deliberately perturbed "
+        "sampler, see 'sampler mismatch').",
         BACKEND_RECORDS,
     )
     rollout_max_batch_size: int | None = setting(

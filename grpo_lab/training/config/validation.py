@@ -19,10 +19,12 @@ from grpo_lab.lora import (
 from grpo_lab.losses import (
     REWEIGHTING_METHODS,
 )
+from grpo_lab.models import TINY_NUM_HEADS
 from grpo_lab.prefix_sharing import check_share_prompt_prefix
 from grpo_lab.rollouts import BACKEND_RECORDS
 from grpo_lab.rollouts.base import check_sampling_settings
 from grpo_lab.rollouts.mismatch import check_mismatch_settings
+from grpo_lab.rollouts.vllm import CPU_ATTENTION_HEAD_SIZES
 from grpo_lab.sampler_correction import (
     check_sampler_correction,
 )
@@ -292,11 +294,22 @@ def _backends_where(fact: str) -> tuple[str, ...]:
 
 def _check_device(config: TrainFields) -> None:
     device = parse_device(config.device)
-    if config.backend == "vllm" and device.type != "cuda":
+    if config.backend == "vllm" and device.type not in ("cuda", "cpu"):
         raise ValueError(
-            f"backend 'vllm' needs a CUDA device, got device {config.device!r}; "
-            "use backend 'hf' on this device"
+            "backend 'vllm' needs a CUDA device or the CPU (vLLM's CPU build), "
+            f"got device {config.device!r}; use backend 'hf' on this device"
         )
+    if config.backend == "vllm" and device.type == "cpu" and config.model == "tiny":
+        head_size = config.tiny_hidden_size // TINY_NUM_HEADS
+        if head_size not in CPU_ATTENTION_HEAD_SIZES:
+            raise ValueError(
+                f"model 'tiny' with tiny_hidden_size {config.tiny_hidden_size} has "
+                f"attention head size {head_size} (tiny_hidden_size / "
+                f"{TINY_NUM_HEADS} heads), which vLLM's CPU attention does not "
+                f"support: backend 'vllm' on device 'cpu' needs a head size in "
+                f"{CPU_ATTENTION_HEAD_SIZES}, e.g. tiny_hidden_size 128; or use "
+                "backend 'hf'"
+            )
 
 
 def _check_lora_and_precision(config: TrainFields) -> None:
