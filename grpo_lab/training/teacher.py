@@ -81,18 +81,27 @@ def check_teacher(config: TrainFields) -> None:
 def check_same_vocabulary(
     teacher: PreTrainedTokenizerBase, student: PreTrainedTokenizerBase, name: str
 ) -> None:
-    """The teacher reads every id as the student does (same token -> id map)."""
-    teacher_vocabulary, student_vocabulary = teacher.get_vocab(), student.get_vocab()
-    if teacher_vocabulary == student_vocabulary:
+    """The teacher reads every id as the student does: the same number of ids,
+    each decoding to the same text (a saved tokenizer may spell its tokens in
+    another alphabet, such as byte-level, and still read the same)."""
+    teacher_texts, student_texts = _id_texts(teacher), _id_texts(student)
+    if teacher_texts == student_texts:
         return
-    differ = sorted(
-        set(teacher_vocabulary.items()) ^ set(student_vocabulary.items()), key=str
-    )[:3]
+    differ = [
+        (index, theirs, ours)
+        for index, (theirs, ours) in enumerate(zip(teacher_texts, student_texts))
+        if theirs != ours
+    ][:3]
     raise ValueError(
-        f"teacher {name!r} must share the student's tokenizer: its vocabulary has "
-        f"{len(teacher_vocabulary)} tokens, the student's {len(student_vocabulary)}, "
-        f"and they differ at {differ}"
+        f"teacher {name!r} must share the student's tokenizer: it has "
+        f"{len(teacher_texts)} token ids, the student {len(student_texts)}, and "
+        f"(id, teacher's text, student's text) differ at {differ}"
     )
+
+
+def _id_texts(tokenizer: PreTrainedTokenizerBase) -> list[str]:
+    """The text of each token id, in id order."""
+    return tokenizer.batch_decode([[index] for index in range(len(tokenizer))])
 
 
 def load_teacher(
