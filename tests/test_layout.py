@@ -26,6 +26,7 @@ CORE = {
     "objectives",
     "losses",
     "kl",
+    "distillation",
     "sampler_correction",
     "train_step",
 }
