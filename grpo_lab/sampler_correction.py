@@ -38,6 +38,8 @@ Like TRL, a token whose sampler log-prob is NaN (not reported) gets a zero
 log-ratio difference, rho = 1. The weight multiplies the policy-gradient part
 of each token's loss, before aggregation and before a KL penalty is added
 (:func:`grpo_lab.train_step.microbatch_loss`).
+
+Taught in ``notebooks/11_when_the_sampler_is_not_the_policy.ipynb``.
 """
 
 from __future__ import annotations

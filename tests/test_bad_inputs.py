@@ -32,18 +32,14 @@ from grpo_lab.advantages import (
     compute_group_normalized_rewards,
     compute_rollout_rewards,
 )
-from grpo_lab.integrations.verl import aggregate_like_verl
+from grpo_lab.aggregation import aggregate_loss_across_microbatch, microbatch_loss_scale
+from grpo_lab.integrations.verl.algorithms import aggregate_like_verl
 from grpo_lab.kl import check_kl_settings, compute_kl_penalty
 from grpo_lab.logprobs import (
     compute_entropy,
     get_response_log_probs,
 )
-from grpo_lab.losses import (
-    aggregate_loss_across_microbatch,
-    compute_policy_gradient_loss,
-    high_entropy_mask,
-    microbatch_loss_scale,
-)
+from grpo_lab.losses import compute_policy_gradient_loss, high_entropy_mask
 from grpo_lab.masks import (
     masked_mean,
     masked_normalize,
@@ -1758,7 +1754,7 @@ def reward_once(value: float, index: int = 5):
 def test_a_non_finite_reward_stops_train_with_one_line_and_exit_2(
     value, tmp_path, monkeypatch, capsys
 ):
-    from grpo_lab import cli
+    from grpo_lab.cli import main as cli
     from grpo_lab.tasks.toy import ReverseTask
 
     monkeypatch.setattr(ReverseTask, "reward_fn", reward_once(value))
@@ -1779,7 +1775,7 @@ def test_a_non_finite_reward_stops_train_with_one_line_and_exit_2(
 
 
 def test_a_nan_reward_is_ignored_when_the_config_says_so(tmp_path, monkeypatch):
-    from grpo_lab import cli
+    from grpo_lab.cli import main as cli
     from grpo_lab.tasks.toy import ReverseTask
     from grpo_lab.training.metrics import read_metrics
 
