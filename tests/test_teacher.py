@@ -123,3 +123,17 @@ def test_a_distilled_run_trains_the_student_on_the_teachers_kl(
         if not torch.equal(value, start.state_dict()[name])
     ]
     assert moved
+
+
+def test_the_trl_export_refuses_a_teacher_by_name(teacher_run):
+    """TRL's GRPOTrainer has no teacher (its DistillationTrainer is another
+    trainer, with a full-vocabulary loss): the export names the field."""
+    from grpo_lab.errors import UserError
+    from grpo_lab.integrations.trl.translation import to_trl_config
+
+    config = TrainConfig.for_profile(
+        "smoke", teacher=str(teacher_run), distillation="reward",
+        distillation_estimator="k1",
+    )  # fmt: skip
+    with pytest.raises(UserError, match="teacher"):
+        to_trl_config(config)

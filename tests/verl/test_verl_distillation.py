@@ -23,10 +23,12 @@ from __future__ import annotations
 import importlib.util
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
-import verl.utils  # noqa: F401  (the parent of the package registered below)
+import verl
+import verl.utils
 
 # verl.utils.dataset's __init__ imports its dataset readers (datasets, PIL),
 # which this environment leaves out (requirements/verl.txt); the loss code
@@ -329,3 +331,114 @@ def test_mutants_are_caught(monkeypatch, mutant):
     monkeypatch.setattr(distillation, "reverse_kl_per_token", MUTANTS[mutant](original))
     with pytest.raises(AssertionError):
         assert_same(grpo_lab_loss(data, "token-mean", **ours), expected)
+
+
+# --- the export: an OPD run as verl's distillation settings ---------------------------
+
+
+def opd_config(**changes):
+    from grpo_lab.training.config import TrainConfig
+
+    values = {
+        "model": "Qwen/Qwen2.5-0.5B-Instruct",
+        "teacher": "Qwen/Qwen2.5-1.5B-Instruct",
+        "distillation": "reward",
+        "distillation_estimator": "k1",
+        "task": "reverse",
+        "task_options": {"n_digits": 5},
+        "steps": 3,
+        "eval_size": 8,
+        "sft_max_steps": 0,
+        "train_batch_size": 128,
+        "gradient_accumulation_steps": 16,
+        "ratio_cap": 3.0,  # the gpu profile is off-policy: verl's fixed dual clip
+        **changes,
+    }
+    return TrainConfig.for_profile("gpu", **values)
+
+
+def exported_distillation(tmp_path, config):
+    """The folder's overrides composed by verl's Hydra config, and its
+    distillation section built (and so checked) by verl's own dataclasses."""
+    from hydra import compose, initialize_config_dir
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    from grpo_lab.integrations.verl.launch import write_launch_folder
+
+    write_launch_folder(config, tmp_path)
+    lines = (tmp_path / "overrides.txt").read_text().splitlines()
+    config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        composed = compose(config_name="ppo_trainer", overrides=lines)
+    validate_config(composed, use_reference_policy=False, use_critic=False)
+    return omega_conf_to_dataclass(composed.distillation)
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        (
+            {},
+            {"loss_mode": "k1", "use_policy_gradient": True, "use_task_rewards": False},
+        ),
+        (
+            {"distillation": "loss", "distillation_estimator": "k3"},
+            {"loss_mode": "k3", "use_policy_gradient": False},
+        ),
+        (
+            {"distillation_task_reward": True, "distillation_coef": 0.3},
+            {"use_task_rewards": True, "distillation_loss_coef": 0.3},
+        ),
+    ],
+)
+def test_an_opd_run_exports_verls_distillation_settings(tmp_path, changes, expected):
+    distilled = exported_distillation(tmp_path, opd_config(**changes))
+    assert distilled.enabled
+    loss = distilled.distillation_loss
+    for name, value in expected.items():
+        assert getattr(loss, name) == value, name
+    assert loss.loss_max_clamp is None and loss.log_prob_min_clamp is None
+    (teacher,) = distilled.teacher_models.values()
+    assert teacher.model_path == "Qwen/Qwen2.5-1.5B-Instruct"
+    assert teacher.num_replicas == 1  # one GPU of its own, tensor parallel 1
+
+
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        ({"distillation_coef": 0.5}, "distillation_coef must be 1.0"),
+        (
+            {"ratio_cap": None},
+            "ratio_cap must be 3.0",
+        ),
+    ],
+)
+def test_what_verl_cannot_express_is_refused_by_name(tmp_path, changes, named):
+    from grpo_lab.integrations.verl.launch import write_launch_folder
+
+    with pytest.raises(ValueError, match=named):
+        write_launch_folder(opd_config(**changes), tmp_path)
+
+
+def test_a_local_teacher_is_copied_into_the_folder(tmp_path):
+    """A run folder's final_model goes to teacher/, named relative to the
+    folder in overrides.txt and made absolute by run.sh."""
+    from grpo_lab.integrations.verl.launch import write_launch_folder
+    from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2
+
+    tokenizer = build_char_tokenizer()
+    for folder in (tmp_path / "student", tmp_path / "run" / "final_model"):
+        model = build_tiny_qwen2(tokenizer, hidden_size=16, num_layers=1, seed=0)
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    config = opd_config(model=str(tmp_path / "student"), teacher=str(tmp_path / "run"))
+    out = tmp_path / "launch"
+    write_launch_folder(config, out)
+    assert (out / "teacher" / "config.json").exists()
+    lines = (out / "overrides.txt").read_text().splitlines()
+    assert "distillation.teacher_models.teacher_model.model_path=teacher" in lines
+    script = (out / "run.sh").read_text()
+    assert '"distillation.teacher_models.teacher_model.model_path=$HERE/teacher"' in (
+        script
+    )
+    assert str(tmp_path) not in (out / "overrides.txt").read_text()
