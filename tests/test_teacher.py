@@ -126,8 +126,9 @@ def test_a_distilled_run_trains_the_student_on_the_teachers_kl(
 
 
 def test_the_trl_export_refuses_a_teacher_by_name(teacher_run):
-    """TRL's GRPOTrainer has no teacher (its DistillationTrainer is another
-    trainer, with a full-vocabulary loss): the export names the field."""
+    """TRL's GRPOConfig has no teacher: its translation names the field (the
+    export writes a DistillationTrainer folder instead,
+    tests/test_trl_distillation_export.py)."""
     from grpo_lab.errors import UserError
     from grpo_lab.integrations.trl.translation import to_trl_config
 
