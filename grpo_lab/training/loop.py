@@ -45,6 +45,11 @@ How this departs from textbook GRPO (DeepSeekMath), and why:
    (:mod:`grpo_lab.training.dynamic_sampling`), responses cut at
    ``max_new_tokens`` masked out of the loss or their reward shaped
    (:mod:`grpo_lab.training.overlong`). Each response is still graded once.
+10. On-policy distillation, off by default (``teacher`` and ``distillation``):
+   a frozen teacher scores each rollout batch's tokens once, as the KL
+   reference is scored, and its per-token KL joins the loss as a loss or as a
+   per-token reward, with or without the task objective
+   (:mod:`grpo_lab.distillation`).
 
 Every random draw (prompts, samples, evaluation samples) is seeded from
 ``(config.seed, purpose, step)``, so a resumed run repeats an uninterrupted
