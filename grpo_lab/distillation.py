@@ -45,16 +45,13 @@ import math
 import torch
 
 from grpo_lab.kl import KL_ESTIMATORS, kl_estimate
-from grpo_lab.losses import ObjectiveOptions
+from grpo_lab.losses import SEQUENCE_METHODS, ObjectiveOptions
 
 DISTILLATION_FORMS = ("none", "loss", "reward")
 # A run scores the sampled tokens only, so its estimators are the sampled-token
 # ones; the forward KL on the teacher's top k is :func:`forward_kl_topk`, from
 # both models' full logits.
 DISTILLATION_ESTIMATORS = KL_ESTIMATORS
-# Objectives whose advantage is one number per response cannot take a per-token
-# reward: the "reward" form needs a token objective.
-SEQUENCE_ONLY_METHODS = frozenset({"gspo", "gmpo"})
 
 
 def check_distillation_settings(
@@ -103,7 +100,8 @@ def _check_combination(distillation: str, estimator: str, method: str) -> None:
             "'loss'): its gradient, grad log pi, does not depend on the teacher; "
             "use k2 or k3 as a loss, or k1 with distillation 'reward'"
         )
-    if distillation == "reward" and method in SEQUENCE_ONLY_METHODS:
+    # One ratio per response (gspo, gmpo) cannot weigh a per-token advantage.
+    if distillation == "reward" and method in SEQUENCE_METHODS:
         raise ValueError(
             f"distillation 'reward' gives each token its own advantage, and "
             f"importance_reweighting_method {method!r} takes one per response; "

@@ -138,3 +138,12 @@ def test_the_trl_export_refuses_a_teacher_by_name(teacher_run):
     )  # fmt: skip
     with pytest.raises(UserError, match="teacher"):
         to_trl_config(config)
+
+
+def test_distillation_knobs_without_a_teacher_are_named_inert():
+    from grpo_lab.training.config import inert_settings
+
+    config = TrainConfig.for_profile("smoke", distillation_coef=0.5)
+    assert inert_settings(config) == {
+        "distillation_coef": "distillation is 'none': there is no teacher"
+    }
