@@ -472,3 +472,18 @@ def test_warmed_up_model_is_built_once_and_loads(tmp_path, monkeypatch):
     model, tokenizer = load_pretrained(folder, dtype="float32")
     assert model.config.hidden_size == 16
     assert tokenizer.decode(tokenizer.encode("12 34")) == "12 34"
+
+
+def test_trained_model_is_trained_once_and_keeps_its_final_model(tmp_path, monkeypatch):
+    config = TrainConfig.for_profile("smoke", eval_every=2)
+    folder, history = explorer.trained_model(config, tmp_path, progress=False)
+    assert Path(folder).parent == tmp_path
+    assert (Path(folder) / "final_model" / "config.json").exists()
+    assert [r["step"] for r in history if "eval/accuracy_sampled" in r] == [0, 2]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+    def no_second_run(config, progress=True):
+        raise AssertionError("the run trained again")
+
+    monkeypatch.setattr("grpo_lab.training.loop.train", no_second_run)
+    assert explorer.trained_model(config, tmp_path) == (folder, history)
