@@ -25,6 +25,7 @@ from grpo_lab.aggregation import (
     microbatch_loss_scale,
     reduce_masked_loss,
 )
+from grpo_lab.distillation import check_distillation_settings, distillation_token_loss
 from grpo_lab.kl import check_kl_settings, kl_estimate, kl_importance_weights
 from grpo_lab.logprobs import (
     check_logits_chunk_size,
@@ -93,6 +94,14 @@ class UpdateSettings(ObjectiveOptions):
     sampler_correction_cap: float = DEFAULT_CAP
     sampler_correction_low: float = DEFAULT_LOW
     sampler_correction_high: float = DEFAULT_HIGH
+    # On-policy distillation (grpo_lab.distillation): "none", "loss" (the
+    # teacher KL d_t as a direct loss) or "reward" (-sg(d_t) as each token's
+    # advantage), d_t by distillation_estimator, weighted by distillation_coef;
+    # with distillation_task_reward GRPO's task objective is kept beside it.
+    distillation: str = "none"
+    distillation_estimator: str = "k3"
+    distillation_coef: float = 1.0
+    distillation_task_reward: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()  # the objective's options
@@ -109,11 +118,30 @@ class UpdateSettings(ObjectiveOptions):
             self.sampler_correction_low,
             self.sampler_correction_high,
         )
+        check_distillation_settings(
+            self.distillation,
+            self.distillation_estimator,
+            self.distillation_coef,
+            self.distillation_task_reward,
+            self.importance_reweighting_method,
+        )
+
+    @property
+    def distills(self) -> bool:
+        """Whether a teacher's log-probs enter the loss."""
+        return self.distillation != "none"
+
+    @property
+    def keeps_task_objective(self) -> bool:
+        """The task objective is in the loss: always without distillation, and
+        beside it only with ``distillation_task_reward``."""
+        return not self.distills or self.distillation_task_reward
 
     @property
     def every_row_has_gradient(self) -> bool:
-        """A KL penalty or an entropy bonus moves even zero-advantage rows."""
-        return self.kl_coef > 0 or self.entropy_coef > 0
+        """A KL penalty, an entropy bonus or a teacher moves even
+        zero-advantage rows."""
+        return self.kl_coef > 0 or self.entropy_coef > 0 or self.distills
 
     @property
     def scores_every_row(self) -> bool:
@@ -257,6 +285,7 @@ def policy_gradient_update(
     *,
     reference_log_probs: torch.Tensor | None = None,
     sampler_log_probs: torch.Tensor | None = None,
+    teacher_log_probs: torch.Tensor | None = None,
     grad_scaler: torch.amp.GradScaler | None = None,
     settings: UpdateSettings | None = None,
     **options: Any,
@@ -265,8 +294,9 @@ def policy_gradient_update(
 
     ``batch`` holds ``input_ids``, ``labels`` and ``response_mask``, each (B, T)
     (:func:`grpo_lab.masks.pad_prompt_and_response_ids`); ``advantages`` is
-    (B,); ``old_log_probs``, ``reference_log_probs`` and ``sampler_log_probs``
-    (the rollout sampler's own, for a ``sampler_correction``) are (B, T). The
+    (B,); ``old_log_probs``, ``reference_log_probs``, ``sampler_log_probs``
+    (the rollout sampler's own, for a ``sampler_correction``) and
+    ``teacher_log_probs`` (a frozen teacher's, for ``distillation``) are (B, T). The
     settings: ``settings`` (an :class:`UpdateSettings`, as the loop passes it),
     or the reference arguments and ``options``, any other UpdateSettings field
     by name (``cliprange_high``, ``kl_coef``, ``entropy_coef``, ...).
@@ -302,9 +332,13 @@ def policy_gradient_update(
         normalization_constant=normalization_constant,
         **options,
     )
-    batch_size = _check_batch(
-        batch, advantages, old_log_probs, reference_log_probs, sampler_log_probs
-    )
+    log_probs = {
+        "old_log_probs": old_log_probs,
+        "reference_log_probs": reference_log_probs,
+        "sampler_log_probs": sampler_log_probs,
+        "teacher_log_probs": teacher_log_probs,
+    }
+    batch_size = _check_batch(batch, advantages, log_probs)
     check_update_inputs(
         settings,
         gradient_accumulation_steps,
@@ -313,19 +347,11 @@ def policy_gradient_update(
         old_log_probs,
         reference_log_probs,
         sampler_log_probs=sampler_log_probs,
+        teacher_log_probs=teacher_log_probs,
     )
     device = _device_of(model)
     optimizer.zero_grad(set_to_none=True)
-    active = _rows_to_score(
-        batch,
-        advantages,
-        {
-            "old_log_probs": old_log_probs,
-            "reference_log_probs": reference_log_probs,
-            "sampler_log_probs": sampler_log_probs,
-        },
-        settings,
-    )
+    active = _rows_to_score(batch, advantages, log_probs, settings)
     if active is None:  # every advantage is zero and nothing else needs a row
         zero_loss = torch.zeros((), dtype=torch.float32, device=device)
         return zero_loss, {"optimizer_step": 0.0, "active_response_count": 0.0}
@@ -488,7 +514,8 @@ def microbatch_loss(
 
     Per token t of a response:
 
-        loss_t = objective_t * e_t * s_t + kl_coef * w_t * KL_t - entropy_coef * H_t
+        loss_t = objective_t * e_t * s_t + kl_coef * w_t * KL_t
+                 + distillation_coef * D_t - entropy_coef * H_t
 
     objective_t from :func:`grpo_lab.losses.compute_policy_gradient_loss`;
     e_t = 1, or the high-entropy mask when ``top_entropy_quantile`` < 1
@@ -500,7 +527,11 @@ def microbatch_loss(
     (:func:`grpo_lab.kl.compute_kl_penalty`), and w_t = pi / pi_old when
     ``kl_importance_weighting`` (one ratio per response for gspo and gmpo; 1
     with its gradient on-policy), else 1; H_t the token's entropy, with its
-    gradient when ``entropy_coef`` > 0. Then reduced by ``loss_normalization``
+    gradient when ``entropy_coef`` > 0; D_t the distillation term against
+    ``microbatch["teacher_log_probs"]``
+    (:func:`grpo_lab.distillation.distillation_token_loss`) when ``distillation``
+    is on, and then objective_t is kept only with ``distillation_task_reward``.
+    Then reduced by ``loss_normalization``
     (:func:`grpo_lab.aggregation.aggregate_loss_across_microbatch`): like
     DeepSeekMath, the KL joins each token's loss before averaging.
     ``microbatch`` holds ``response_mask`` and ``advantages`` (b,), and
@@ -510,12 +541,14 @@ def microbatch_loss(
     """
     mask = microbatch["response_mask"]  # (b, T)
     old_log_probs = microbatch.get("old_log_probs")
-    inputs = objective_inputs(
-        settings, microbatch["advantages"], log_probs, old_log_probs, mask
-    )
-    # (b, T): the record's loss (the clip: grpo_clip_loss) reads its options
-    # from settings, unchecked
-    per_token_loss, diagnostics = settings.record.loss(*inputs, settings)
+    per_token_loss, diagnostics = torch.zeros_like(log_probs), {}
+    if settings.keeps_task_objective:
+        inputs = objective_inputs(
+            settings, microbatch["advantages"], log_probs, old_log_probs, mask
+        )
+        # (b, T): the record's loss (the clip: grpo_clip_loss) reads its options
+        # from settings, unchecked
+        per_token_loss, diagnostics = settings.record.loss(*inputs, settings)
     if settings.top_entropy_quantile < 1.0:
         kept = top_entropy_mask(token_entropy, mask, settings.top_entropy_quantile)
         per_token_loss = per_token_loss * kept  # (b, T)
@@ -538,6 +571,18 @@ def microbatch_loss(
                 per_sequence=settings.record.per_sequence,
             )  # (b, T) or (b, 1)
         per_token_loss = per_token_loss + settings.kl_coef * (kl * weights)
+    if settings.distills:
+        distilled, distillation_diagnostics = distillation_token_loss(
+            log_probs,
+            microbatch["teacher_log_probs"],
+            mask,
+            settings,
+            distillation=settings.distillation,
+            estimator=settings.distillation_estimator,
+            old_log_probs=old_log_probs,
+        )  # (b, T)
+        per_token_loss = per_token_loss + settings.distillation_coef * distilled
+        diagnostics.update(distillation_diagnostics)
     if settings.entropy_coef > 0:
         per_token_loss = per_token_loss - settings.entropy_coef * token_entropy
     loss = reduce_masked_loss(
@@ -592,6 +637,7 @@ def check_update_inputs(
     reference_log_probs: torch.Tensor | None = None,
     *,
     sampler_log_probs: torch.Tensor | None = None,
+    teacher_log_probs: torch.Tensor | None = None,
 ) -> None:
     """What must hold before anything is scored, beyond ``settings`` themselves."""
     check_gradient_accumulation_steps(gradient_accumulation_steps, batch_size)
@@ -605,6 +651,11 @@ def check_update_inputs(
         raise ValueError(
             f"reference_log_probs must be a tensor when kl_coef > 0 "
             f"({settings.kl_coef}), got None"
+        )
+    if settings.distills and teacher_log_probs is None:
+        raise ValueError(
+            f"teacher_log_probs must be a tensor when distillation is "
+            f"{settings.distillation!r}, got None"
         )
     if settings.sampler_correction != "none" and sampler_log_probs is None:
         raise ValueError(
@@ -774,9 +825,7 @@ def _zero_diagnostics(settings: UpdateSettings, device: torch.device) -> StepRes
 def _check_batch(
     batch: Mapping[str, torch.Tensor],
     advantages: torch.Tensor,
-    old_log_probs: torch.Tensor | None,
-    reference_log_probs: torch.Tensor | None = None,
-    sampler_log_probs: torch.Tensor | None = None,
+    log_probs: Mapping[str, torch.Tensor | None],
 ) -> int:
     """Check the (B, T) batch against (B,) advantages; return B."""
     if not isinstance(advantages, torch.Tensor):
@@ -803,11 +852,7 @@ def _check_batch(
         )
     if shape[0] == 0:
         raise ValueError("batch must hold at least one row, got 0")
-    for name, value in (
-        ("old_log_probs", old_log_probs),
-        ("reference_log_probs", reference_log_probs),
-        ("sampler_log_probs", sampler_log_probs),
-    ):
+    for name, value in log_probs.items():
         if value is not None and tuple(value.shape) != shape:
             raise ValueError(
                 f"{name} must have the shape of batch['labels'] {shape}, "

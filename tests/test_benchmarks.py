@@ -34,7 +34,7 @@ import render_results  # noqa: E402
 SCRIPTS = {
     "cpu_profile", "logprob_memory", "trl_train_step", "time_to_accuracy",
     "gpu_throughput", "run_cpu", "harness", "threads", "kl_reference",
-    "mismatch_bias", "mismatch_learning", "length_bias", "lora", "vllm_cpu",
+    "mismatch_bias", "mismatch_learning", "length_bias", "lora", "vllm_cpu", "opd",
 }  # fmt: skip
 MACHINE_FIELDS = {
     "nproc", "cpu_model", "torch", "transformers", "torch_threads", "git_commit",
@@ -325,6 +325,7 @@ def test_recorded_and_rerun_command_lines_still_parse():
     import lora  # noqa: F401
     import mismatch_bias  # noqa: F401
     import mismatch_learning  # noqa: F401
+    import opd  # noqa: F401
     import run_cpu
     import threads  # noqa: F401
     import time_to_accuracy  # also imports cpu_profile and trl_train_step
@@ -569,3 +570,25 @@ def test_the_recorded_command_holds_no_absolute_path(tmp_path):
         "-3",
     ]
     assert not os.path.isabs(command[0]), command[0]  # the interpreter too
+
+
+def test_opd_summary_compares_samples_with_grpos():
+    """The OPD benchmark's summary: means over the seeds that reached the target,
+    and each method's mean samples over GRPO's (hand-made runs)."""
+    import opd
+
+    def run(method, seed, steps):
+        samples = None if steps is None else steps * 256
+        return {"method": method, "seed": seed, "reached": steps is not None,
+                "steps_to_target": steps, "samples_to_target": samples,
+                "seconds_to_target": None if steps is None else steps / 10}  # fmt: skip
+
+    runs = [
+        run("GRPO", 0, 200), run("GRPO", 1, 160), run("OPD", 0, 40),
+        run("OPD", 1, None), run("GRPO + OPD", 0, 60), run("GRPO + OPD", 1, 80),
+    ]  # fmt: skip
+    rows = {row["method"]: row for row in opd.summary_rows(runs)}
+    assert rows["GRPO"]["mean_samples_to_target"] == 180 * 256
+    assert rows["OPD"]["reached"] == 1
+    assert rows["OPD"]["samples_over_grpo"] == pytest.approx(40 / 180)
+    assert rows["GRPO + OPD"]["samples_over_grpo"] == pytest.approx(70 / 180)

@@ -1094,3 +1094,60 @@ def test_a_run_from_a_saved_tiny_model_gets_the_tiny_learning_rate_range(tmp_pat
         run = crafted_run(tmp_path, records, name=name, model=str(folder), lr=5e-4)
         found = rules_found(diagnose(run))
         assert ("learning-rate-out-of-range" in found) == (name == "wide"), found
+
+
+# --- on-policy distillation -------------------------------------------------------
+
+
+def distilled_records(teacher, student, kl, rewards) -> list[dict]:
+    return [
+        {
+            "loss/teacher_log_prob_mean": t,
+            "loss/student_log_prob_mean": s,
+            "loss/distillation_kl_mean": k,
+            "train/reward_mean": r,
+        }
+        for t, s, k, r in zip(teacher, student, kl, rewards)
+    ]
+
+
+def test_a_teacher_far_below_the_student_is_found(tmp_path):
+    """A teacher 4.5 nats per token below the student, and staying there."""
+    records = distilled_records(
+        [-6.0, -6.2, -5.9, -6.1, -6.0, -6.0], [-1.5] * 6, [4.5] * 6, rising_reward(6)
+    )
+    diagnosis = diagnose(crafted_run(tmp_path, records))
+    (finding,) = [f for f in diagnosis.findings if f.rule == "teacher-off-distribution"]
+    assert finding.severity == "warning"
+    assert [step for step, _ in finding.evidence] == [1, 2, 3, 4, 5, 6]
+
+
+@pytest.mark.parametrize(
+    "teacher",
+    [
+        [-1.9, -2.0, -1.8, -2.1, -2.0, -1.9],  # 0.5 below: a teacher on its ground
+        [-4.5, -4.0, -3.0, -2.2, -2.0, -1.9],  # 3 below, closing: distillation works
+    ],
+)
+def test_a_teacher_near_the_student_or_closing_in_is_not_flagged(tmp_path, teacher):
+    records = distilled_records(teacher, [-1.5] * 6, [0.4] * 6, rising_reward(6))
+    diagnosis = diagnose(crafted_run(tmp_path, records))
+    assert "teacher-off-distribution" not in rules_found(diagnosis)
+
+
+def test_a_kl_falling_while_the_reward_stays_flat_is_found(tmp_path):
+    kl = [1.0, 0.8, 0.5, 0.3, 0.15, 0.1]
+    records = distilled_records([-2.0] * 6, [-1.8] * 6, kl, [0.3] * 6)
+    found = rules_found(diagnose(crafted_run(tmp_path, records)))
+    assert found["kl-falls-reward-flat"] == "warning"
+    # The same KL with the reward rising: the student learns the skill.
+    learning = distilled_records([-2.0] * 6, [-1.8] * 6, kl, rising_reward(6))
+    assert "kl-falls-reward-flat" not in rules_found(
+        diagnose(crafted_run(tmp_path, learning, name="learning"))
+    )
+
+
+def test_the_distillation_rules_skip_a_run_without_a_teacher(tmp_path):
+    diagnosis = diagnose(crafted_run(tmp_path, [{"train/reward_mean": 0.3}] * 4))
+    assert "teacher-off-distribution" in diagnosis.skipped
+    assert "kl-falls-reward-flat" in diagnosis.skipped

@@ -136,6 +136,7 @@ def _check(exercise: Exercise):
         "check_corrected_loss": "mismatch",
         "check_multi_turn_mask": "turns",
         "check_lora_linear": "lora",
+        "check_distillation_loss": "distillation",
     }[exercise.check_name]
     return resolve(f"grpo_lab.teaching.checks.{module}.{exercise.check_name}")
 

@@ -505,3 +505,18 @@ def test_a_long_run_label_wraps_in_one_legend_below_the_panels(base_config, tmp_
     # The image as the notebook shows it, for a person to look at.
     out = Path(tempfile.gettempdir()) / "grpo_lab_comparison_legend.png"
     out.write_bytes(explorer.figure_png(figure))
+
+
+def test_trained_model_is_trained_once_and_keeps_its_final_model(tmp_path, monkeypatch):
+    config = TrainConfig.for_profile("smoke", eval_every=2)
+    folder, history = explorer.trained_model(config, tmp_path, progress=False)
+    assert Path(folder).parent == tmp_path
+    assert (Path(folder) / "final_model" / "config.json").exists()
+    assert [r["step"] for r in history if "eval/accuracy_sampled" in r] == [0, 2]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+    def no_second_run(config, progress=True):
+        raise AssertionError("the run trained again")
+
+    monkeypatch.setattr("grpo_lab.training.loop.train", no_second_run)
+    assert explorer.trained_model(config, tmp_path) == (folder, history)

@@ -35,6 +35,7 @@ SHELF = {
     "aggregation": "06",
     "train_step": "07",
     "kl": "10",
+    "distillation": "15",
     "sampler_correction": "11",
     "lora": "13",
 }

@@ -75,6 +75,14 @@ def configs() -> list[TrainConfig]:
         ),
         gpu_config(loss_normalization="constant", normalization_constant=256),
         gpu_config(chat_template=False),
+        gpu_config(  # on-policy distillation beside the task reward
+            teacher="Qwen/Qwen2.5-1.5B-Instruct",
+            distillation="reward",
+            distillation_estimator="k1",
+            distillation_task_reward=True,
+            distillation_coef=0.5,
+            ratio_cap=3.0,
+        ),
     ]
 
 

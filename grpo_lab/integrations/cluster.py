@@ -132,6 +132,7 @@ def portable_config(config: Any, out_dir: Path) -> tuple[Any, list[Path]]:
 # --- a run folder's warmed-up start, and the model copied in -------------------
 
 MODEL_DIR = "model"
+TEACHER_DIR = "teacher"
 
 
 def warmed_up_config(run_dir: str | Path) -> Any:
@@ -166,12 +167,23 @@ def warmed_up_config(run_dir: str | Path) -> Any:
 
 def copy_local_model(config: Any, out_dir: Path) -> tuple[Any, list[Path]]:
     """A config whose model is a local folder: the folder copied to
-    ``out_dir/model`` and the model named ``"model"`` (relative to the folder)."""
-    if config.model == "tiny" or not Path(config.model).is_dir():
+    ``out_dir/model`` and the model named ``"model"`` (relative to the folder);
+    a local distillation teacher likewise to ``out_dir/teacher`` (a run
+    folder's final_model)."""
+    from grpo_lab.training.teacher import is_local, teacher_folder
+
+    changes, written = {}, []
+    if config.model != "tiny" and Path(config.model).is_dir():
+        copy_folder(Path(config.model), out_dir / MODEL_DIR)
+        changes["model"] = MODEL_DIR
+        written.append(out_dir / MODEL_DIR)
+    if getattr(config, "teacher", None) and is_local(config.teacher):
+        copy_folder(Path(teacher_folder(config.teacher)), out_dir / TEACHER_DIR)
+        changes["teacher"] = TEACHER_DIR
+        written.append(out_dir / TEACHER_DIR)
+    if not changes:
         return config, []
-    target = out_dir / MODEL_DIR
-    copy_folder(Path(config.model), target)
-    return dataclasses.replace(config, model=MODEL_DIR), [target]
+    return dataclasses.replace(config, **changes), written
 
 
 def copy_folder(source: Path, target: Path, progress: bool | None = None) -> None:

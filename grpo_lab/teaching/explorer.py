@@ -591,3 +591,33 @@ def warmed_up_model(
         if not (folder / MODEL_CONFIG_FILE).exists():
             raise
     return str(folder)
+
+
+def trained_model(
+    config: TrainConfig, cache_dir: str | Path | None = None, progress: bool = True
+) -> tuple[str, list[dict[str, Any]]]:
+    """A folder holding ``config``'s final model after its whole run, and the
+    run's metrics: trained once per config (a distillation teacher, notebook
+    15), then read from ``cache_dir/model-<key>/``. Trained in a temporary
+    folder and renamed into place."""
+    folder = _cache_dir(cache_dir) / f"model-{config_cache_key(config)}"
+    history_file = folder / CACHED_HISTORY_FILE
+    if (folder / "final_model" / MODEL_CONFIG_FILE).exists() and history_file.exists():
+        return str(folder), json.loads(history_file.read_text(encoding="utf-8"))
+    from grpo_lab.training.loop import FINAL_MODEL_DIR, train
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    workspace = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    try:
+        run = dataclasses.replace(config, run_dir=str(workspace / "run"), resume=False)
+        history = [dict(record) for record in train(run, progress=progress).history]
+        staged = workspace / "entry"
+        staged.mkdir()
+        (workspace / "run" / FINAL_MODEL_DIR).rename(staged / FINAL_MODEL_DIR)
+        (staged / CACHED_HISTORY_FILE).write_text(json.dumps(history) + "\n")
+        if not history_file.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a stale, incomplete entry
+            staged.replace(folder)
+        return str(folder), history
+    finally:
+        shutil.rmtree(workspace, ignore_errors=True)

@@ -203,3 +203,52 @@ LORA_SIZES: dict[str, dict[str, Any]] = {
         "high_rank": 4,
     },
 }
+
+
+# notebooks/15_on_policy_distillation.ipynb: sizes_for_profile(**OPD_SIZES). One
+# shared warm-up (notebook 09's, the same cached model) starts everything: the
+# teacher is GRPO from it for `teacher_overrides` steps; the students (GRPO, OPD,
+# GRPO + OPD) run `base_overrides` from it; the wrong teacher is the warm-up of
+# `wrong_task`, a teacher of another task sharing the tokenizer. smoke runs 2
+# steps of the smoke model.
+OPD_SIZES: dict[str, dict[str, Any]] = {
+    "cpu": {
+        "run_profile": "cpu",
+        "warm_up_overrides": {"sft_eval_every": 20, "sft_eval_size": 32},
+        "teacher_overrides": {
+            "steps": 150,
+            "rollout_batch_size": 128,
+            "train_batch_size": 128,
+            "sft_max_steps": 0,
+            "eval_every": 150,
+            "eval_size": 100,
+            "checkpoint_every": 0,
+        },
+        "base_overrides": {
+            "steps": 40,
+            "rollout_batch_size": 128,
+            "train_batch_size": 128,
+            "sft_max_steps": 0,
+            "eval_every": 10,
+            "eval_size": 100,
+            "checkpoint_every": 0,
+        },
+        "wrong_task": "addition",
+    },
+    "smoke": {
+        "run_profile": "smoke",
+        "warm_up_overrides": {},
+        "teacher_overrides": {
+            "rollout_batch_size": 8,
+            "train_batch_size": 8,
+            "sft_max_steps": 0,
+            "checkpoint_every": 0,
+        },
+        "base_overrides": {
+            "rollout_batch_size": 8,
+            "train_batch_size": 8,
+            "sft_max_steps": 0,
+            "checkpoint_every": 0,
+        },
+    },
+}

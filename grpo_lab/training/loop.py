@@ -45,6 +45,11 @@ How this departs from textbook GRPO (DeepSeekMath), and why:
    (:mod:`grpo_lab.training.dynamic_sampling`), responses cut at
    ``max_new_tokens`` masked out of the loss or their reward shaped
    (:mod:`grpo_lab.training.overlong`). Each response is still graded once.
+10. On-policy distillation, off by default (``teacher`` and ``distillation``):
+   a frozen teacher scores each rollout batch's tokens once, as the KL
+   reference is scored, and its per-token KL joins the loss as a loss or as a
+   per-token reward, with or without the task objective
+   (:mod:`grpo_lab.distillation`).
 
 Every random draw (prompts, samples, evaluation samples) is seeded from
 ``(config.seed, purpose, step)``, so a resumed run repeats an uninterrupted
@@ -129,9 +134,9 @@ from grpo_lab.training.rollout_batch import (
     truncated_responses,
 )
 from grpo_lab.training.sft import WarmUpSettings, warm_up
+from grpo_lab.training.teacher import FINAL_MODEL_DIR, load_teacher
 from grpo_lab.training.trackers import open_trackers
 
-FINAL_MODEL_DIR = "final_model"
 # A LoRA run's warmed-up base model, the one its adapters apply to.
 BASE_MODEL_DIR = "base_model"
 REFERENCE_MODEL_FILE = "reference_model.pt"
@@ -306,6 +311,9 @@ def build_policy(config: TrainConfig) -> Policy:
         backend,
         adapters=adapters,
         grad_scaler=build_grad_scaler(config),
+        teacher_model=None
+        if config.teacher is None
+        else load_teacher(config, tokenizer),
     )
 
 
@@ -558,6 +566,11 @@ def grpo_update(
     reference_log_probs = None
     if config.kl_coef > 0:
         reference_log_probs = score_reference_log_probs(config, policy, batch, settings)
+    teacher_log_probs = None
+    if settings.distills:  # the teacher scores as the reference model does
+        teacher_log_probs = score_old_log_probs(
+            config, policy.teacher_model, batch, settings
+        )
     sampler_log_probs = sampler_log_prob_batch(rollouts, batch["response_mask"])
     lengths = response_token_lengths(rollouts, policy.tokenizer)
     truncated = truncated_responses(config, task, policy, rollouts, lengths)  # (B·G,)
@@ -580,6 +593,9 @@ def grpo_update(
                 ),
                 sampler_log_probs=(
                     None if sampler_log_probs is None else sampler_log_probs[rows]
+                ),
+                teacher_log_probs=(
+                    None if teacher_log_probs is None else teacher_log_probs[rows]
                 ),
                 grad_scaler=policy.grad_scaler,
                 settings=settings,
@@ -635,7 +651,8 @@ def score_old_log_probs(
 
     Scored as the update scores (:func:`grpo_lab.train_step.score_tokens`), in
     microbatches of the update's size, without gradient. The reference model's
-    log-probs for a KL penalty are scored by this same call. ``settings``: the
+    log-probs for a KL penalty, and a distillation teacher's, are scored by
+    this same call. ``settings``: the
     step's ``config.update_settings()`` when the caller built it already.
     """
     device = next(model.parameters()).device

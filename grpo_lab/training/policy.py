@@ -24,6 +24,9 @@ class Policy:
     # The frozen policy of step 0 that a KL penalty pulls towards (None: no KL,
     # or LoRA, whose reference is the base model with the adapters off).
     reference_model: PreTrainedModel | None = None
+    # The frozen teacher that scores the samples in on-policy distillation
+    # (None: no teacher).
+    teacher_model: PreTrainedModel | None = None
     # The peft wrapper when the policy trains LoRA adapters (``model`` is the
     # transformers model inside it), else None.
     adapters: Any = None

@@ -33,6 +33,7 @@ import torch
 
 from grpo_lab.errors import UserError
 from grpo_lab.integrations.cluster import Cluster, portable_config, source_install
+from grpo_lab.integrations.trl import distillation
 from grpo_lab.integrations.trl.translation import (
     TESTED_TRL_VERSION,
     grpo_lab_trainer_reasons,
@@ -585,10 +586,18 @@ def write_launch_folder(
 
     Raises ``UserError`` (a setting TRL cannot run, or a batch that does not
     split over the processes) or ``ValueError`` (a launch option) before
-    writing anything.
+    writing anything. A run with a teacher is written for TRL's
+    DistillationTrainer instead (:mod:`grpo_lab.integrations.trl.distillation`).
     """
     import yaml
 
+    if config.teacher is not None:  # on-policy distillation: another trainer
+        if (gpus, nodes) != (1, 1):
+            raise ValueError(
+                f"--gpus and --nodes must be 1 for an on-policy distillation run "
+                f"(its folder is written for one process), got {gpus} x {nodes}"
+            )
+        return distillation.write_launch_folder(config, out_dir)
     launch = TrlLaunch(Cluster(gpus, nodes), vllm_mode)
     check_launch(config, launch)
     arguments = launch_arguments(config, launch)  # refuse first

@@ -39,6 +39,7 @@ from typing import Any
 from grpo_lab.integrations.cluster import (
     MODEL_DIR,
     TASK_FILES_DIR,
+    TEACHER_DIR,
     Cluster,
     portable_config,
 )
@@ -50,6 +51,7 @@ from grpo_lab.integrations.verl.settings import (  # noqa: F401 (read from here 
     MODEL_PATH,
     NOT_TRAINING_SETTINGS,
     ROLLOUT,
+    TEACHER_PATH,
     exported_fields,
     launch_overrides,
     lora_overrides,
@@ -78,6 +80,8 @@ def format_override(key: str, value: Any) -> str:
 
 
 def _hydra_value(value: Any) -> str:
+    if value is None:
+        return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float) and math.isinf(value):
@@ -114,6 +118,8 @@ def write_launch_folder(
     (out / "data").mkdir(parents=True, exist_ok=True)
     portable, copied = portable_config(config, out)
     overrides[MODEL_PATH] = portable.model  # model/ when it was a local folder
+    if portable.teacher is not None:
+        overrides[TEACHER_PATH] = portable.teacher  # teacher/ when local
     lines = [format_override(k, v) for k, v in overrides.items()]
     files = {
         out / "overrides.txt": "\n".join(lines) + "\n",
@@ -175,7 +181,8 @@ def _reward_module(config: Any) -> str:
 
 def _script_line(key: str, value: Any) -> str:
     """One run.sh argument; a path override is made absolute with $HERE."""
-    if key in PATH_OVERRIDES or (key == MODEL_PATH and value == MODEL_DIR):
+    copied = (key, value) in ((MODEL_PATH, MODEL_DIR), (TEACHER_PATH, TEACHER_DIR))
+    if key in PATH_OVERRIDES or copied:
         return f'"{key}=$HERE/{value}"'
     return shlex.quote(format_override(key, value))
 

@@ -34,6 +34,7 @@ from grpo_lab.losses import effective_cliprange_high
 from grpo_lab.rollouts import BACKEND_RECORDS
 from grpo_lab.training.config import TrainConfig
 from grpo_lab.training.parsers import parse_report_to
+from grpo_lab.training.teacher import teacher_folder
 
 ACTOR = "actor_rollout_ref.actor"
 ROLLOUT = "actor_rollout_ref.rollout"
@@ -310,6 +311,79 @@ def _lora_train_norms(config: Any, target: Target) -> dict[str, Any]:
 # --- the table ------------------------------------------------------------------------
 
 
+# --- on-policy distillation -------------------------------------------------------
+
+DISTILLATION = "distillation"
+DISTILLATION_LOSS = f"{DISTILLATION}.distillation_loss"
+TEACHER = f"{DISTILLATION}.teacher_models.teacher_model"
+TEACHER_PATH = f"{TEACHER}.model_path"
+# verl's distillation policy gradient is its vanilla PPO loss, whose dual clip
+# reads clip_ratio_c from DistillationLossConfig, a field it does not have: 3.
+VERL_DISTILLATION_RATIO_CAP = 3.0
+
+
+def _teacher(config: Any, target: Target) -> dict[str, Any]:
+    """verl's teacher: the model path (a run folder's final_model), on a pool
+    of one GPU of its own (one replica, tensor parallel 1)."""
+    if config.teacher is None:
+        return {}
+    path = teacher_folder(config.teacher)  # a local one: copied in, see launch
+    return {
+        f"{DISTILLATION}.enabled": True,
+        f"{DISTILLATION}.n_gpus_per_node": 1,
+        f"{DISTILLATION}.nnodes": 1,
+        TEACHER_PATH: path,
+        f"{TEACHER}.inference.tensor_model_parallel_size": 1,
+    }
+
+
+def _distillation(config: Any, target: Target) -> dict[str, Any]:
+    """The form: a direct loss (use_policy_gradient False) or a reward (True),
+    the clamps off (grpo_lab has none), the policy gradient's clip range."""
+    if config.distillation == "none":
+        return {}
+    reward = config.distillation == "reward"
+    if reward and config.off_policy and config.ratio_cap != VERL_DISTILLATION_RATIO_CAP:
+        raise _refuse(
+            "ratio_cap",
+            f"{VERL_DISTILLATION_RATIO_CAP} with distillation 'reward' off-policy "
+            "(verl's distillation policy gradient caps ratios at 3)",
+            config.ratio_cap,
+        )
+    low = config.cliprange if config.cliprange is not None else 0.2
+    high = effective_cliprange_high(config.cliprange, config.cliprange_high)
+    return {
+        f"{DISTILLATION_LOSS}.use_policy_gradient": reward,
+        f"{DISTILLATION_LOSS}.loss_max_clamp": None,
+        f"{DISTILLATION_LOSS}.log_prob_min_clamp": None,
+        f"{DISTILLATION_LOSS}.clip_ratio": low,
+        f"{DISTILLATION_LOSS}.clip_ratio_low": low,
+        f"{DISTILLATION_LOSS}.clip_ratio_high": high if high is not None else low,
+    }
+
+
+def _distillation_coef(config: Any, target: Target) -> dict[str, Any]:
+    if config.distillation == "none":
+        return {}
+    if not config.distillation_task_reward and config.distillation_coef != 1.0:
+        raise _refuse(
+            "distillation_coef",
+            "1.0 without distillation_task_reward (verl weighs the distillation "
+            "term only beside the task reward)",
+            config.distillation_coef,
+        )
+    return {f"{DISTILLATION_LOSS}.distillation_loss_coef": config.distillation_coef}
+
+
+def _only_distilling(key: str, read: Callable[[Any], Any]) -> Converter:
+    """``{key: read(config)}`` when the run has a teacher, else nothing."""
+
+    def convert(config: Any, target: Target) -> dict[str, Any]:
+        return {} if config.distillation == "none" else {key: read(config)}
+
+    return convert
+
+
 def _one(key: str, read: Callable[[Any], Any]) -> Converter:
     """``{key: read(config)}``: a field that becomes one override."""
     return lambda config, target: {key: read(config)}
@@ -494,6 +568,35 @@ EXPORTS: dict[str, Export] = {
         _normalization_constant, "actor.loss_scale_factor (x train_batch_size)"
     ),
     "kl_coef": E(_kl_coef, "actor.use_kl_loss, actor.kl_loss_coef"),
+    "teacher": E(
+        _teacher,
+        "distillation.enabled, teacher_models.teacher_model.model_path (a run "
+        "folder's final_model), a pool of 1 GPU for the teacher",
+    ),
+    "distillation": E(
+        _distillation,
+        "distillation_loss.use_policy_gradient (loss: False, reward: True), its "
+        "clamps off, its clip_ratio_low/high from cliprange(_high); reward "
+        "off-policy refused unless ratio_cap 3 (verl's fixed dual clip)",
+    ),
+    "distillation_estimator": E(
+        _only_distilling(
+            f"{DISTILLATION_LOSS}.loss_mode", lambda c: c.distillation_estimator
+        ),
+        "distillation_loss.loss_mode (k1, k2, k3)",
+    ),
+    "distillation_coef": E(
+        _distillation_coef,
+        "distillation_loss.distillation_loss_coef; refused unless 1 without "
+        "distillation_task_reward",
+    ),
+    "distillation_task_reward": E(
+        _only_distilling(
+            f"{DISTILLATION_LOSS}.use_task_rewards",
+            lambda c: c.distillation_task_reward,
+        ),
+        "distillation_loss.use_task_rewards",
+    ),
     "kl_estimator": E(
         _one(f"{ACTOR}.kl_loss_type", lambda c: _KL_LOSS_TYPES[c.kl_estimator]),
         "actor.kl_loss_type (kl, mse, low_var_kl)",

@@ -97,6 +97,13 @@ PACKAGE_COUNTERPARTS: dict[str, tuple[str, ...]] = {
         "grpo_lab.lora.lora_linear",
         "grpo_lab.teaching.checks.lora._slips",  # a slip's scale, turned around
     ),
+    "check_distillation_loss": (
+        "grpo_lab.distillation.distillation_token_loss",
+        "grpo_lab.distillation.reverse_kl_per_token",
+        "grpo_lab.kl.compute_kl_penalty",
+        "grpo_lab.kl.kl_estimate",
+        "grpo_lab.teaching.checks.distillation.reference_distillation_loss",
+    ),
     "check_corrected_loss": (
         "grpo_lab.train_step.microbatch_loss",
         "grpo_lab.sampler_correction.sampler_correction_weights",

@@ -20,6 +20,7 @@ from grpo_lab.advantages import (
     NAN_REWARD_POLICIES,
 )
 from grpo_lab.aggregation import LOSS_NORMALIZATIONS
+from grpo_lab.distillation import DISTILLATION_ESTIMATORS, DISTILLATION_FORMS
 from grpo_lab.kl import KL_ESTIMATORS
 from grpo_lab.losses import OBJECTIVE_RECORDS
 from grpo_lab.rollouts import BACKEND_RECORDS
@@ -49,6 +50,7 @@ SECTIONS = (
     "warm-up",
     "device and memory",
     "dynamic sampling and length",
+    "on-policy distillation",
 )
 
 
@@ -530,6 +532,42 @@ class TrainFields:
         1.0,
         "dynamic sampling and length",
         "Scale of the soft overlong punishment (>= 0; DAPO uses 1).",
+    )
+    # --- on-policy distillation ------------------------------------------------
+    teacher: str | None = setting(
+        None,
+        "on-policy distillation",
+        "The frozen teacher that scores the student's samples: a run folder (its "
+        "final_model), a save_pretrained folder or a hub name. It must share the "
+        "student's tokenizer (None: no teacher).",
+    )
+    distillation: str = setting(
+        "none",
+        "on-policy distillation",
+        "How the teacher's per-token KL d_t trains the student: none, loss (d_t "
+        "as a direct loss, TRL's DistillationTrainer) or reward (-d_t as each "
+        "token's advantage, verl's use_policy_gradient; Thinking Machines' "
+        "on-policy distillation).",
+        DISTILLATION_FORMS,
+    )
+    distillation_estimator: str = setting(
+        "k3",
+        "on-policy distillation",
+        "Estimator of KL(student || teacher) per sampled token: k1, k2 or k3 "
+        "(k1 only as a reward; as a loss k2 follows the reverse KL, k3 the "
+        "forward KL).",
+        DISTILLATION_ESTIMATORS,
+    )
+    distillation_coef: float = setting(
+        1.0,
+        "on-policy distillation",
+        "Weight of the distillation term in each token's loss.",
+    )
+    distillation_task_reward: bool = setting(
+        False,
+        "on-policy distillation",
+        "Keep GRPO's task objective beside the distillation term (GRPO + OPD, "
+        "verl's use_task_rewards); off: the teacher alone trains the student.",
     )
 
     def __post_init__(self) -> None:

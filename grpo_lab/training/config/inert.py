@@ -113,6 +113,14 @@ def _inert_family_settings(config: TrainFields) -> dict[str, str]:
         for name in ("kl_estimator", "kl_importance_weighting"):
             if getattr(config, name) != defaults[name]:
                 notes[name] = "kl_coef is 0: there is no KL penalty"
+    if config.distillation == "none":
+        for name in (
+            "distillation_estimator",
+            "distillation_coef",
+            "distillation_task_reward",
+        ):
+            if getattr(config, name) != defaults[name]:
+                notes[name] = "distillation is 'none': there is no teacher"
     return notes
 
 

@@ -17,6 +17,9 @@ from grpo_lab.lora import (
 )
 from grpo_lab.training.config.fields import PROFILE_VARIABLE, PROFILES
 from grpo_lab.training.config.train_config import TrainConfig
+from grpo_lab.training.teacher import (
+    teacher_parameter_count as teacher_parameter_count_of,
+)
 
 # Parameters of the profiles' hub models, so the memory they need is known before
 # anything is downloaded: counted from their published architectures (Qwen2,
@@ -50,6 +53,7 @@ def training_memory_bytes(
     *,
     sharded: tuple[str, ...] = (),
     gpus: int = 1,
+    teacher_parameter_count: int | None = None,
 ) -> float:
     """GPU bytes a run of ``config`` needs for a model of ``parameter_count``.
 
@@ -67,6 +71,10 @@ def training_memory_bytes(
     activations of its own rows, so it stays a quarter of the unsharded copies.
     Sharding applies to full fine-tuning. Taught in
     ``notebooks/12_scaling_out.ipynb``.
+
+    A distillation ``teacher`` adds its weights once, in ``dtype`` (it takes no
+    gradient and no optimizer state): ``teacher_parameter_count`` of them, or,
+    when that is None, as many as :func:`teacher_parameters` finds.
     """
     _check_sharding(sharded, gpus)
     bytes_per_weight = torch.finfo(getattr(torch, config.dtype)).bits / 8
@@ -86,9 +94,28 @@ def training_memory_bytes(
             + lora_parameter_count_of(config) * ADAPTER_TRAINING_BYTES
             + activation_bytes(config)
         )
+    if config.teacher is not None:
+        if teacher_parameter_count is None:
+            teacher_parameter_count = teacher_parameters(config.teacher)
+        training += teacher_parameter_count * bytes_per_weight
     if config.backend == "vllm":
         return training / (1 - config.vllm_gpu_memory_utilization)
     return training
+
+
+def teacher_parameters(teacher: str) -> int:
+    """Parameters of a teacher: a known hub model's, or a local folder's (its
+    config built on the meta device); else a ValueError naming it."""
+    if teacher in KNOWN_PARAMETER_COUNTS:
+        return KNOWN_PARAMETER_COUNTS[teacher]
+    count = teacher_parameter_count_of(teacher)
+    if count is None:
+        raise ValueError(
+            f"teacher {teacher!r} is neither a local folder nor a hub model of "
+            f"known size {sorted(KNOWN_PARAMETER_COUNTS)}: pass "
+            "teacher_parameter_count"
+        )
+    return count
 
 
 def _check_sharding(sharded: tuple[str, ...], gpus: int) -> None:

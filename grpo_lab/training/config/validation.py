@@ -37,6 +37,7 @@ from grpo_lab.training.config.fields import TrainFields
 from grpo_lab.training.dynamic_sampling import check_dynamic_sampling_settings
 from grpo_lab.training.overlong import check_overlong_settings
 from grpo_lab.training.parsers import check_report_to, parse_device
+from grpo_lab.training.teacher import check_teacher
 
 
 def validate_config(config: TrainFields) -> None:
@@ -66,6 +67,7 @@ def validate_config(config: TrainFields) -> None:
     _check_tool_task(config)
     check_report_to(config.report_to)
     _check_dynamic_sampling_and_length(config)
+    check_teacher(config)
 
 
 def _check_choices(config: TrainFields) -> None:

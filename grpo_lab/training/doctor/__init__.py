@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from grpo_lab.training.doctor import config_lint, dynamics, rules, turns
+from grpo_lab.training.doctor import config_lint, distillation, dynamics, rules, turns
 from grpo_lab.training.doctor.findings import (
     SEVERITIES,
     Diagnosis,
@@ -81,6 +81,8 @@ RULES: dict[str, Rule] = {
     "tool-output-trained": turns.rule_tool_output_trained,
     "turn-budget-truncates": turns.rule_turn_budget_truncates,
     "config-lint": config_lint.rule_config_lint,
+    "teacher-off-distribution": distillation.rule_teacher_off_distribution,
+    "kl-falls-reward-flat": distillation.rule_kl_falls_reward_flat,
 }
 
 
