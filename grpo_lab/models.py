@@ -249,12 +249,16 @@ def _wrap_tokenizer(
     )
 
 
+# The tiny Qwen2's attention heads and key/value heads (the loop's tiny model).
+TINY_ATTENTION_HEADS = (4, 2)
+
+
 def build_tiny_qwen2(
     tokenizer: PreTrainedTokenizerBase,
     hidden_size: int = 128,
     num_layers: int = 2,
-    num_heads: int = 4,
-    num_kv_heads: int = 2,
+    num_heads: int = TINY_ATTENTION_HEADS[0],
+    num_kv_heads: int = TINY_ATTENTION_HEADS[1],
     intermediate_size: int = 256,
     max_position_embeddings: int = 256,
     seed: int = 0,

@@ -22,7 +22,12 @@ from grpo_lab.training.config.fields import (
 from grpo_lab.training.config.inert import inert_settings
 from grpo_lab.training.config.profiles import CPU_TASK_CHANGES, PROFILE_CHANGES
 from grpo_lab.training.config.validation import validate_config
-from grpo_lab.training.lora import LoraSettings, target_names
+from grpo_lab.training.lora import (
+    ADAPTER_OPTIONS,
+    LoraSettings,
+    check_adapter_options_need_rank,
+    target_names,
+)
 
 
 class TrainConfig(TrainFields):
@@ -33,7 +38,12 @@ class TrainConfig(TrainFields):
 
     @classmethod
     def for_profile(cls, profile: str, **overrides: Any) -> TrainConfig:
-        """The ``profile`` defaults (cpu, gpu or smoke) with ``overrides`` applied."""
+        """The ``profile`` defaults (cpu, gpu or smoke) with ``overrides`` applied.
+
+        An adapter setting (``lora_lr``, ``lora_alpha``, ...) given in
+        ``overrides`` without a LoRA rank is refused even at its default value
+        (``--lora-train-norms`` alone); ``lora_rank=0`` drops the profile's own
+        adapter settings."""
         if profile not in PROFILES:
             raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
         check_field_names(overrides)
@@ -42,6 +52,11 @@ class TrainConfig(TrainFields):
             changes = {**changes, "task_options": {}}  # the profile's are its task's
         if profile == "cpu":
             changes = {**changes, **CPU_TASK_CHANGES.get(overrides.get("task"), {})}
+        if overrides.get("lora_rank") == 0:  # the profile's adapter settings go too
+            changes = {k: v for k, v in changes.items() if k not in ADAPTER_OPTIONS}
+        rank = overrides.get("lora_rank", changes.get("lora_rank", 0))
+        given = {k: v for k, v in overrides.items() if k in ADAPTER_OPTIONS}
+        check_adapter_options_need_rank(rank, given)  # given, even at its default
         return cls(**{**changes, "profile": profile, **overrides})
 
     @property
