@@ -38,8 +38,8 @@ Like TRL, the train step reads a token whose sampler log-prob is NaN (not
 reported) as a zero log-ratio difference, rho = 1; the door a direct caller
 meets (:func:`sampler_correction_weights`) refuses NaN instead, so that a
 missing log-prob is never read as agreement by accident. The weight multiplies
-the policy-gradient part of each token's loss, before aggregation and before a KL penalty is added
-(:func:`grpo_lab.train_step.microbatch_loss`).
+the policy-gradient part of each token's loss, before aggregation and before a
+KL penalty is added (:func:`grpo_lab.train_step.microbatch_loss`).
 """
 
 from __future__ import annotations
