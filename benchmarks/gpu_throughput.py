@@ -11,7 +11,7 @@ weights). With --autocast float16 the weights stay float32 (master weights),
 the forward runs under float16 autocast and a dynamic loss scale
 (torch.amp.GradScaler) guards the backward, as the loop does on a T4;
 --method lora trains rank --lora-rank adapters on every linear layer
-(grpo_lab.training.lora, the loop's own); --gradient-checkpointing as the
+(grpo_lab.lora, the loop's own); --gradient-checkpointing as the
 profile; --memory-cap-gib caps this process's CUDA memory with
 torch.cuda.set_per_process_memory_fraction (a 16 GB T4 shows 15 GiB), so a
 case that would not fit a T4 fails with an out-of-memory error here too.
@@ -109,7 +109,7 @@ def build_model(arguments, device: torch.device):
         )
         model.config.use_cache = False
     if arguments.method == "lora":
-        from grpo_lab.training import lora
+        from grpo_lab import lora
 
         settings = lora.LoraSettings(
             arguments.lora_rank, arguments.lora_alpha, 0.0, lora.ALL_LINEAR

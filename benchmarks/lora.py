@@ -5,7 +5,7 @@ A randomly initialised 27.7 M-parameter Qwen2 (hidden 512, 4 layers, 8 heads,
 optimizer steps (``policy_gradient_update``: on-policy, sequence
 normalization, AdamW) on a fixed batch of random token ids with random
 advantages, four ways, each in a fresh process: full fine-tuning, and LoRA of
-rank 1, 8 and 64 on every linear layer (``grpo_lab.training.lora``, the
+rank 1, 8 and 64 on every linear layer (``grpo_lab.lora``, the
 loop's own adapters). Each case runs ``--warmup`` steps, then times
 ``--steps`` steps; peak memory is the resident-set high-water mark above what
 the process held before its first step (model built), so it counts gradients,
@@ -69,7 +69,7 @@ COLUMNS = [
 
 def build(spec: dict):
     """The model (LoRA layers in place when rank > 0) and AdamW on what trains."""
-    from grpo_lab.training import lora
+    from grpo_lab import lora
 
     model = harness.random_qwen2(
         seed=spec["seed"],
@@ -105,8 +105,8 @@ def random_batch(spec: dict) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
 
 
 def worker(spec: dict) -> dict:
+    from grpo_lab import lora
     from grpo_lab.train_step import policy_gradient_update
-    from grpo_lab.training import lora
 
     torch.set_num_threads(spec["threads"])
     model, optimizer = build(spec)

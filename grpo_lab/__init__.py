@@ -6,13 +6,13 @@ helpers sit on top.
 """
 
 # Where each public name lives; imported on first use (PEP 562), so that
-# ``import grpo_lab.cli`` for ``grpo-lab --help`` does not load torch.
+# ``import grpo_lab.cli.main`` for ``grpo-lab --help`` does not load torch.
 _PUBLIC = {
     "compute_group_normalized_rewards": "grpo_lab.advantages",
     "compute_rollout_rewards": "grpo_lab.advantages",
     "compute_entropy": "grpo_lab.logprobs",
     "get_response_log_probs": "grpo_lab.logprobs",
-    "aggregate_loss_across_microbatch": "grpo_lab.losses",
+    "aggregate_loss_across_microbatch": "grpo_lab.aggregation",
     "compute_policy_gradient_loss": "grpo_lab.losses",
     "masked_mean": "grpo_lab.masks",
     "masked_normalize": "grpo_lab.masks",

@@ -1,72 +1,668 @@
-"""Per-token policy-gradient losses (the GRPO family) and their aggregation.
+"""The GRPO family, one job: every per-token objective beside its formula and record.
 
 REINFORCE, PPO/GRPO clip (with DAPO's clip-higher and a dual-clip cap), GSPO,
-CISPO, SAPO and GMPO share one signature; each is a record of
-``OBJECTIVE_RECORDS`` (:mod:`grpo_lab.objectives`, re-exported here), reached by
-:func:`compute_policy_gradient_loss`. Three aggregations reduce their (B, T)
-losses (``LOSS_NORMALIZATIONS``). Taught in
-``notebooks/04_policy_gradient_and_clipping.ipynb``, ``notebooks/05_gspo.ipynb``,
-``notebooks/06_loss_aggregation.ipynb`` and ``notebooks/10_the_grpo_family.ipynb``.
+CISPO, SAPO and GMPO share one signature; ``OBJECTIVE_RECORDS`` holds each one's
+loss, what it needs (the ratio, a clip range, the response mask) and the
+diagnostics it reports, and every name list derives from it.
+:class:`ObjectiveOptions` is checked once, when built.
+:func:`compute_policy_gradient_loss` is the entry point of direct callers; the
+train step's ``microbatch_loss`` prepares the tensors once
+(:func:`objective_inputs`) and calls the record's loss itself (the clip:
+:func:`grpo_clip_loss`, three calls below ``grpo_train_step``). The 80/20
+rule's entropy mask is here too.
+Taught in ``notebooks/04_policy_gradient_and_clipping.ipynb``,
+``notebooks/05_gspo.ipynb`` and ``notebooks/10_the_grpo_family.ipynb``; the
+reduction of the (B, T) losses to a scalar is :mod:`grpo_lab.aggregation`
+(notebook 06).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Any, Literal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, Self
 
 import torch
 
-from grpo_lab.objectives import (
-    CAPPED_METHODS,
-    CLIP_SIDE_KEYS,
-    CLIPPED_METHODS,
-    COUNT_KEYS,
-    OBJECTIVE_RECORDS,
-    OBJECTIVES,
-    RATIO_METHODS,
-    REWEIGHTING_METHODS,
-    SEQUENCE_METHODS,
-    SPLIT_CLIP_METHODS,
-    DiagnosticAccumulator,
-    Method,
-    Objective,
-    ObjectiveOptions,
-    ObjectiveRecord,
-    check_objective_settings,
-    effective_cliprange_high,
-    is_positive_number,
-    objective_loss,
+LossAndDiagnostics = tuple[torch.Tensor, dict[str, torch.Tensor]]
+CLIP_SIDE_KEYS = (
+    "clip_low_count",
+    "clip_high_count",
+    "clip_low_fraction",
+    "clip_high_fraction",
 )
 
-__all__ = [
-    "CAPPED_METHODS",
-    "CLIPPED_METHODS",
-    "CLIP_SIDE_KEYS",
-    "COUNT_KEYS",
-    "LOSS_NORMALIZATIONS",
-    "OBJECTIVES",
-    "OBJECTIVE_RECORDS",
-    "RATIO_METHODS",
-    "REWEIGHTING_METHODS",
-    "SEQUENCE_METHODS",
-    "SPLIT_CLIP_METHODS",
-    "DiagnosticAccumulator",
-    "Method",
-    "Objective",
-    "ObjectiveOptions",
-    "ObjectiveRecord",
-    "aggregate_loss_across_microbatch",
-    "check_aggregation_inputs",
-    "check_entropy_settings",
-    "check_loss_normalization",
-    "check_objective_settings",
-    "compute_policy_gradient_loss",
-    "effective_cliprange_high",
-    "high_entropy_mask",
-    "microbatch_loss_scale",
-    "objective_loss",
-    "reduce_masked_loss",
+
+def effective_cliprange_high(
+    cliprange: float | None, cliprange_high: float | None
+) -> float | None:
+    """eps_high: ``cliprange_high``, or ``cliprange`` when that is None.
+
+    The one place this default is derived (the objectives, the ratio-cap check
+    and the TRL and verl exports all call it).
+    """
+    return cliprange if cliprange_high is None else cliprange_high
+
+
+@dataclass(frozen=True, kw_only=True)
+class ObjectiveOptions:
+    """Which objective, and the knobs it reads besides its tensors.
+
+    One door: the options are checked once, when the object is built
+    (:func:`check_objective_settings`); the loss reads them unchecked.
+    :class:`grpo_lab.train_step.UpdateSettings` extends it with the update's
+    other settings, and ``TrainConfig.update_settings()`` builds that.
+    """
+
+    # The objective's name, a key of OBJECTIVE_RECORDS.
+    importance_reweighting_method: str = "none"
+    # Lower clip range eps_low: the ratio is clipped below at 1 - eps_low (gmpo:
+    # log ratio at -eps_low).
+    cliprange: float | None = None
+    # Upper clip range eps_high (DAPO's clip-higher): clipped above at
+    # 1 + eps_high (gmpo: log ratio at +eps_high). None: eps_high = eps_low.
+    cliprange_high: float | None = None
+    # Dual clip (INTELLECT-2; TRL's delta): the unclipped ratio term is capped at
+    # this value, bounding the loss of a negative-advantage token whose ratio
+    # explodes. None: no cap.
+    ratio_cap: float | None = None
+    # SAPO gate temperatures for tokens with A > 0 and with A <= 0.
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+
+    def __post_init__(self) -> None:
+        # Every option by its own name: a new option is one field and its check.
+        options = {
+            f.name: getattr(self, f.name) for f in dataclasses.fields(ObjectiveOptions)
+        }
+        method = options.pop("importance_reweighting_method")
+        check_objective_settings(method, **options)
+
+    @classmethod
+    def from_keywords(cls, **fields: Any) -> Self:
+        """The options from keywords; an unknown name is a ValueError naming it."""
+        known = [field.name for field in dataclasses.fields(cls)]
+        unknown = sorted(set(fields) - set(known))
+        if unknown:
+            kind = "update" if cls is not ObjectiveOptions else "objective"
+            raise ValueError(
+                f"unknown {kind} option(s) {unknown}; expected some of {sorted(known)}"
+            )
+        return cls(**fields)
+
+    @property
+    def record(self) -> ObjectiveRecord:
+        """The objective's record: its loss and what it needs and reports."""
+        return OBJECTIVE_RECORDS[self.importance_reweighting_method]
+
+    @property
+    def low_bound(self) -> float:
+        """1 - eps_low (gmpo: -eps_low on the log ratio)."""
+        return 1 - self.cliprange
+
+    @property
+    def upper_cliprange(self) -> float:
+        """eps_high (:func:`effective_cliprange_high`)."""
+        return effective_cliprange_high(self.cliprange, self.cliprange_high)
+
+    @property
+    def high_bound(self) -> float:
+        """1 + eps_high."""
+        return 1 + self.upper_cliprange
+
+    @property
+    def splits_clip_sides(self) -> bool:
+        """Whether grpo/gspo report clip_low_* and clip_high_* (see
+        :func:`compute_policy_gradient_loss`)."""
+        return self.cliprange_high is not None or self.ratio_cap is not None
+
+
+Objective = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor, ObjectiveOptions],
+    LossAndDiagnostics,
 ]
+Method = Literal["none", "noclip", "grpo", "gspo", "cispo", "sapo", "gmpo"]
+
+
+def objective_loss(
+    options: ObjectiveOptions,
+    advantages: torch.Tensor,
+    policy_log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor | None,
+    response_mask: torch.Tensor | None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """:func:`compute_policy_gradient_loss` with options already checked: the
+    tensors are checked (:func:`objective_inputs`), the options are read as they
+    are, and the record's loss computes."""
+    inputs = objective_inputs(
+        options, advantages, policy_log_probs, old_log_probs, response_mask
+    )
+    return options.record.loss(*inputs, options)
+
+
+def objective_inputs(
+    options: ObjectiveOptions,
+    advantages: torch.Tensor,
+    policy_log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor | None,
+    response_mask: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """The tensors every record's loss reads, checked and prepared once:
+    advantages (B, 1); log-probs in float32 when they came in half precision;
+    old log-probs finite where masked out; the token mask (B, T) as booleans."""
+    _check_loss_shapes(advantages, policy_log_probs, response_mask)
+    _check_objective_tensors(options, policy_log_probs, old_log_probs, response_mask)
+    if policy_log_probs.dtype in {torch.float16, torch.bfloat16}:
+        policy_log_probs = policy_log_probs.float()
+    if advantages.ndim == 1:
+        advantages = advantages.unsqueeze(-1)  # (B, 1)
+    token_mask = (
+        response_mask.bool()
+        if response_mask is not None
+        else torch.ones_like(policy_log_probs, dtype=torch.bool)
+    )  # (B, T)
+    if old_log_probs is not None:
+        old_log_probs = _finite_where_masked_out(
+            old_log_probs, policy_log_probs, token_mask
+        )
+    return advantages, policy_log_probs, old_log_probs, token_mask
+
+
+def _finite_where_masked_out(
+    old_log_probs: torch.Tensor,
+    policy_log_probs: torch.Tensor,
+    token_mask: torch.Tensor,
+) -> torch.Tensor:
+    """old log-probs with each non-finite masked-out entry replaced by log pi there.
+
+    A masked-out position must not matter, but a NaN or -inf old log-prob there
+    would still send NaN through exp() into the gradient (0 * exp(NaN) is NaN).
+    Finite values, masked or not, are kept as they are. (B, T)
+    """
+    unusable = ~token_mask & ~torch.isfinite(old_log_probs)  # (B, T)
+    if not unusable.any():
+        return old_log_probs
+    return torch.where(unusable, policy_log_probs.detach(), old_log_probs)
+
+
+def _token_mean(values: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
+    """Detached mean of values over masked-in tokens (0 when there are none)."""
+    count = token_mask.sum().detach()
+    return values.detach().masked_fill(~token_mask, 0.0).sum() / count.clamp_min(1)
+
+
+def _token_ratio_diagnostics(
+    ratio: torch.Tensor, per_token_loss: torch.Tensor, token_mask: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """Mean token ratio (and its token count) and mean loss of a token objective."""
+    return {
+        "importance_ratio_mean": _token_mean(ratio, token_mask),
+        "importance_ratio_count": token_mask.sum().detach(),
+        "off_policy_loss_mean": _token_mean(per_token_loss, token_mask),
+    }
+
+
+def _log_ratio(
+    policy_log_probs: torch.Tensor, old_log_probs: torch.Tensor
+) -> torch.Tensor:
+    """log pi - log pi_old, with no gradient through the old policy. (B, T)"""
+    return policy_log_probs - old_log_probs.detach()
+
+
+def reinforce_loss(
+    advantages: torch.Tensor,
+    policy_log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor | None,
+    token_mask: torch.Tensor,
+    options: ObjectiveOptions,
+) -> LossAndDiagnostics:
+    per_token_loss = -advantages * policy_log_probs  # (B, T)
+    return per_token_loss, {
+        "on_policy_loss_mean": _token_mean(per_token_loss, token_mask)
+    }
+
+
+def noclip_loss(
+    advantages: torch.Tensor,
+    policy_log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    token_mask: torch.Tensor,
+    options: ObjectiveOptions,
+) -> LossAndDiagnostics:
+    weights = torch.exp(_log_ratio(policy_log_probs, old_log_probs))  # (B, T)
+    per_token_loss = -advantages * weights  # (B, T)
+    return per_token_loss, _token_ratio_diagnostics(weights, per_token_loss, token_mask)
+
+
+def _clipped_sides(
+    advantages: torch.Tensor,
+    ratio: torch.Tensor,
+    options: ObjectiveOptions,
+    low: float,
+    high: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where a clip removes the gradient, split by the ratio's side.
+
+    A clip only matters when it removes the gradient: A < 0 below ``low``
+    (low side); A > 0 above ``high``, or A < 0 above ``ratio_cap`` (high side).
+    Elsewhere min() keeps the unclipped term.
+    """
+    low_side = (advantages < 0) & (ratio < low)
+    high_side = (advantages > 0) & (ratio > high)
+    if options.ratio_cap is not None:
+        high_side = high_side | ((advantages < 0) & (ratio > options.ratio_cap))
+    return low_side, high_side
+
+
+def _clip_diagnostics(
+    low_side: torch.Tensor,
+    high_side: torch.Tensor,
+    valid: torch.Tensor,
+    total: torch.Tensor,
+    split: bool,
+) -> dict[str, torch.Tensor]:
+    """clip_fraction, clip_count, clip_total (and the low/high split)."""
+    clip_count = (valid & (high_side | low_side)).sum()
+    diagnostics = {
+        "clip_fraction": (clip_count / total.clamp_min(1)).detach(),
+        "clip_count": clip_count.detach(),
+        "clip_total": total.detach(),
+    }
+    if split:
+        low_count = (valid & low_side).sum().detach()
+        high_count = (valid & high_side).sum().detach()
+        diagnostics.update(
+            clip_low_count=low_count,
+            clip_high_count=high_count,
+            clip_low_fraction=low_count / total.clamp_min(1),
+            clip_high_fraction=high_count / total.clamp_min(1),
+        )
+    return diagnostics
+
+
+def _capped(ratio: torch.Tensor, options: ObjectiveOptions) -> torch.Tensor:
+    """min(ratio, ratio_cap): the unclipped term under the dual clip."""
+    if options.ratio_cap is None:
+        return ratio
+    return torch.clamp(ratio, max=options.ratio_cap)
+
+
+def grpo_clip_loss(
+    advantages: torch.Tensor,
+    policy_log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    token_mask: torch.Tensor,
+    options: ObjectiveOptions,
+) -> LossAndDiagnostics:
+    low, high = options.low_bound, options.high_bound
+    ratio = torch.exp(_log_ratio(policy_log_probs, old_log_probs))  # (B, T)
+    clipped_ratio = torch.clamp(ratio, min=low, max=high)  # (B, T)
+    per_token_loss = -torch.minimum(
+        advantages * _capped(ratio, options), advantages * clipped_ratio
+    )  # (B, T)
+    token_count = token_mask.sum().detach()
+    low_side, high_side = _clipped_sides(advantages, ratio, options, low, high)
+    return per_token_loss, {
+        **_clip_diagnostics(
+            low_side, high_side, token_mask, token_count, options.splits_clip_sides
+        ),
+        **_token_ratio_diagnostics(ratio, per_token_loss, token_mask),
+    }
+
+
+def _sequence_mean_log_ratio(
+    log_ratio: torch.Tensor, token_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean over each response's tokens of the log ratio (B, 1), and lengths."""
+    lengths = token_mask.sum(dim=1, keepdim=True)  # (B, 1)
+    mean_log_ratio = log_ratio.masked_fill(~token_mask, 0.0).sum(
+        dim=1, keepdim=True
+    ) / lengths.clamp_min(1)  # (B, 1)
+    return mean_log_ratio, lengths
+
+
+def _sequence_diagnostics(
+    ratio: torch.Tensor, clipped_ratio: torch.Tensor, valid: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    sequence_count = valid.sum()
+
+    def sequence_mean(values: torch.Tensor) -> torch.Tensor:
+        masked = values.detach().masked_fill(~valid, 0.0)
+        return masked.sum() / sequence_count.clamp_min(1)
+
+    return {
+        "importance_ratio_mean": sequence_mean(ratio),
+        "clipped_importance_ratio_mean": sequence_mean(clipped_ratio),
+        "importance_ratio_count": sequence_count.detach(),
+    }
+
+
+def gspo_clip_loss(
+    advantages: torch.Tensor,
+    policy_log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    token_mask: torch.Tensor,
+    options: ObjectiveOptions,
+) -> LossAndDiagnostics:
+    low, high = options.low_bound, options.high_bound
+    log_ratio = _log_ratio(policy_log_probs, old_log_probs)  # (B, T)
+    mean_log_ratio, lengths = _sequence_mean_log_ratio(log_ratio, token_mask)
+    ratio = torch.exp(mean_log_ratio)  # (B, 1): geometric mean of token ratios
+    clipped_ratio = torch.clamp(ratio, min=low, max=high)  # (B, 1)
+    sequence_loss = -torch.minimum(
+        advantages * _capped(ratio, options), advantages * clipped_ratio
+    )  # (B, 1)
+    # Sequence aggregation averages these repeated values: no second length divide.
+    per_token_loss = sequence_loss.expand_as(log_ratio)  # (B, T)
+    valid = lengths > 0  # (B, 1): responses with at least one token
+    low_side, high_side = _clipped_sides(advantages, ratio, options, low, high)
+    clips = _clip_diagnostics(
+        low_side, high_side, valid, valid.sum(), options.splits_clip_sides
+    )
+    return per_token_loss, {
+        **_sequence_diagnostics(ratio, clipped_ratio, valid),
+        **clips,
+        "off_policy_loss_mean": _token_mean(per_token_loss, token_mask),
+    }
+
+
+def cispo_loss(
+    advantages: torch.Tensor,
+    policy_log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    token_mask: torch.Tensor,
+    options: ObjectiveOptions,
+) -> LossAndDiagnostics:
+    low, high = options.low_bound, options.high_bound
+    ratio = torch.exp(_log_ratio(policy_log_probs, old_log_probs))  # (B, T)
+    weights = torch.clamp(ratio, min=low, max=high).detach()  # (B, T), sg(clip(w))
+    per_token_loss = -weights * advantages * policy_log_probs  # (B, T)
+    token_count = token_mask.sum().detach()
+    return per_token_loss, {
+        **_clip_diagnostics(ratio < low, ratio > high, token_mask, token_count, True),
+        **_token_ratio_diagnostics(ratio, per_token_loss, token_mask),
+    }
+
+
+def sapo_loss(
+    advantages: torch.Tensor,
+    policy_log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    token_mask: torch.Tensor,
+    options: ObjectiveOptions,
+) -> LossAndDiagnostics:
+    ratio = torch.exp(_log_ratio(policy_log_probs, old_log_probs))  # (B, T)
+    positive = torch.full_like(advantages, options.sapo_temperature_pos)  # (B, 1)
+    negative = torch.full_like(advantages, options.sapo_temperature_neg)  # (B, 1)
+    temperature = torch.where(advantages > 0, positive, negative)  # (B, 1)
+    gate = torch.sigmoid(temperature * (ratio - 1)) * 4 / temperature  # (B, T)
+    per_token_loss = -gate * advantages  # (B, T)
+    return per_token_loss, _token_ratio_diagnostics(ratio, per_token_loss, token_mask)
+
+
+def gmpo_loss(
+    advantages: torch.Tensor,
+    policy_log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    token_mask: torch.Tensor,
+    options: ObjectiveOptions,
+) -> LossAndDiagnostics:
+    low, high = -options.cliprange, options.upper_cliprange  # bounds on log w
+    log_ratio = _log_ratio(policy_log_probs, old_log_probs)  # (B, T)
+    sign = torch.sign(advantages)  # (B, 1)
+    clipped_log_ratio = torch.clamp(log_ratio, min=low, max=high)  # (B, T)
+    kept_log_ratio = sign * torch.minimum(
+        sign * log_ratio, sign * clipped_log_ratio
+    )  # (B, T): the pessimistic side, as PPO's min
+    mean_log_ratio, lengths = _sequence_mean_log_ratio(kept_log_ratio, token_mask)
+    ratio = torch.exp(mean_log_ratio)  # (B, 1): geometric mean of clipped ratios
+    per_token_loss = (-advantages * ratio).expand_as(log_ratio)  # (B, T)
+    valid = lengths > 0  # (B, 1)
+    unclipped_ratio = torch.exp(_sequence_mean_log_ratio(log_ratio, token_mask)[0])
+    low_side = (advantages < 0) & (log_ratio < low)  # (B, T)
+    high_side = (advantages > 0) & (log_ratio > high)  # (B, T)
+    clips = _clip_diagnostics(
+        low_side, high_side, token_mask, token_mask.sum(), split=True
+    )
+    return per_token_loss, {
+        **_sequence_diagnostics(unclipped_ratio, ratio, valid),
+        **clips,
+        "off_policy_loss_mean": _token_mean(per_token_loss, token_mask),
+    }
+
+
+RATIO_KEYS = frozenset(
+    {"importance_ratio_mean", "importance_ratio_count", "off_policy_loss_mean"}
+)
+CLIP_KEYS = frozenset({"clip_fraction", "clip_count", "clip_total"})
+SEQUENCE_KEYS = frozenset({"clipped_importance_ratio_mean"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class ObjectiveRecord:
+    """One objective: its loss and the facts the rest of the package reads.
+
+    ``loss`` has the one signature of every objective: (A (B, 1), log pi (B, T),
+    log pi_old (B, T) or None, token mask (B, T), options) -> (loss (B, T),
+    diagnostics). A test checks ``diagnostic_keys`` against what it returns.
+    """
+
+    loss: Objective
+    # Weighs by pi / pi_old: needs old log-probs.
+    uses_ratio: bool
+    # Clips that ratio: needs cliprange > 0, reports clip_count and friends.
+    clips: bool
+    # One ratio per response: needs the response mask.
+    per_sequence: bool
+    # Its unclipped term is bounded by the dual-clip ratio_cap.
+    capped: bool
+    # The diagnostics it always returns.
+    keys: frozenset[str]
+    # Reports clip_low_* and clip_high_* always; else (if it clips) only once
+    # cliprange_high or ratio_cap is set.
+    always_splits_clip_sides: bool = False
+
+    def diagnostic_keys(self, options: ObjectiveOptions) -> frozenset[str]:
+        """The keys its loss returns under ``options``."""
+        if self.clips and (self.always_splits_clip_sides or options.splits_clip_sides):
+            return self.keys | frozenset(CLIP_SIDE_KEYS)
+        return self.keys
+
+
+def _record(loss: Objective, *, keys: frozenset[str], **facts: bool) -> ObjectiveRecord:
+    defaults = {"uses_ratio": True, "clips": False, "per_sequence": False}
+    return ObjectiveRecord(
+        loss=loss, keys=keys, **{"capped": False, **defaults, **facts}
+    )
+
+
+# Every objective, by name. The name lists below derive from these records.
+OBJECTIVE_RECORDS: dict[str, ObjectiveRecord] = {
+    "none": _record(
+        reinforce_loss, uses_ratio=False, keys=frozenset({"on_policy_loss_mean"})
+    ),
+    "noclip": _record(noclip_loss, keys=RATIO_KEYS),
+    "grpo": _record(
+        grpo_clip_loss, clips=True, capped=True, keys=RATIO_KEYS | CLIP_KEYS
+    ),
+    "gspo": _record(
+        gspo_clip_loss,
+        clips=True,
+        capped=True,
+        per_sequence=True,
+        keys=RATIO_KEYS | CLIP_KEYS | SEQUENCE_KEYS,
+    ),
+    "cispo": _record(
+        cispo_loss,
+        clips=True,
+        always_splits_clip_sides=True,
+        keys=RATIO_KEYS | CLIP_KEYS,
+    ),
+    "sapo": _record(sapo_loss, keys=RATIO_KEYS),
+    "gmpo": _record(
+        gmpo_loss,
+        clips=True,
+        per_sequence=True,
+        always_splits_clip_sides=True,
+        keys=RATIO_KEYS | CLIP_KEYS | SEQUENCE_KEYS,
+    ),
+}
+OBJECTIVES: dict[str, Objective] = {
+    name: record.loss for name, record in OBJECTIVE_RECORDS.items()
+}
+REWEIGHTING_METHODS = tuple(OBJECTIVE_RECORDS)
+
+
+def _methods_where(fact: str) -> frozenset[str]:
+    return frozenset(
+        name for name, record in OBJECTIVE_RECORDS.items() if getattr(record, fact)
+    )
+
+
+# Methods that weigh by pi / pi_old, those that also clip that ratio, and those
+# with one ratio per response (they need the response mask).
+RATIO_METHODS = _methods_where("uses_ratio")
+CLIPPED_METHODS = _methods_where("clips")
+SEQUENCE_METHODS = _methods_where("per_sequence")
+# Methods that always report clip_low_* and clip_high_* (grpo and gspo do once
+# cliprange_high or ratio_cap is set).
+SPLIT_CLIP_METHODS = _methods_where("always_splits_clip_sides")
+# Methods whose unclipped term the dual-clip cap bounds.
+CAPPED_METHODS = _methods_where("capped")
+
+
+def check_objective_settings(
+    method: str,
+    cliprange: float | None,
+    *,
+    cliprange_high: float | None = None,
+    ratio_cap: float | None = None,
+    sapo_temperature_pos: float = 1.0,
+    sapo_temperature_neg: float = 1.05,
+) -> None:
+    """The one check of an objective's name and options (config and callers).
+
+    A clipped method needs cliprange > 0; cliprange_high is None or > 0;
+    ratio_cap is None or above the upper clip bound 1 + eps_high (at or below
+    it, the cap would remove gradients the clip keeps: another objective, not a
+    dual clip); SAPO temperatures are > 0. Options a method does not read are
+    still range-checked, and named by ``TrainConfig``'s inert settings.
+    """
+    if method not in OBJECTIVE_RECORDS:
+        raise ValueError(
+            "importance_reweighting_method must be one of "
+            f"{tuple(OBJECTIVE_RECORDS)}, got {method!r}"
+        )
+    if method in CLIPPED_METHODS and not is_positive_number(
+        cliprange, allow_infinity=True
+    ):
+        raise ValueError(
+            f"cliprange must be positive for {method!r}, got {cliprange!r}"
+        )
+    if cliprange_high is not None and not is_positive_number(cliprange_high):
+        raise ValueError(
+            "cliprange_high must be None (the same as cliprange) or a positive "
+            f"number, got {cliprange_high!r}"
+        )
+    _check_ratio_cap(method, cliprange, cliprange_high, ratio_cap)
+    for name, value in (
+        ("sapo_temperature_pos", sapo_temperature_pos),
+        ("sapo_temperature_neg", sapo_temperature_neg),
+    ):
+        if not is_positive_number(value):
+            raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+
+
+def _check_ratio_cap(
+    method: str,
+    cliprange: float | None,
+    cliprange_high: float | None,
+    ratio_cap: float | None,
+) -> None:
+    if ratio_cap is None:
+        return
+    bound = 1.0
+    if method in CAPPED_METHODS:
+        bound = 1 + effective_cliprange_high(cliprange, cliprange_high)
+    if not is_positive_number(ratio_cap) or ratio_cap <= bound:
+        raise ValueError(
+            f"ratio_cap must be None (no cap) or a finite number above the upper "
+            f"clip bound {bound:g}, got {ratio_cap!r}"
+        )
+
+
+def is_positive_number(value: object, allow_infinity: bool = False) -> bool:
+    """A number > 0 (not a bool, not NaN; infinite only if allowed: an infinite
+    clip range means no clipping, an infinite divisor means no loss)."""
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and (math.isfinite(value) or (allow_infinity and value == math.inf))
+        and value > 0
+    )
+
+
+def _check_loss_shapes(
+    advantages: torch.Tensor,
+    policy_log_probs: torch.Tensor,
+    response_mask: torch.Tensor | None,
+) -> None:
+    for name, value in (
+        ("raw_rewards_or_advantages", advantages),
+        ("policy_log_probs", policy_log_probs),
+    ):
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(f"{name} must be a tensor, got {type(value).__name__}")
+    if policy_log_probs.ndim != 2:
+        raise ValueError(
+            "policy_log_probs must have shape (batch_size, sequence_length), got "
+            f"{tuple(policy_log_probs.shape)}"
+        )
+    if response_mask is not None and response_mask.shape != policy_log_probs.shape:
+        raise ValueError(
+            f"response_mask must have shape {tuple(policy_log_probs.shape)} like "
+            f"policy_log_probs, got {tuple(response_mask.shape)}"
+        )
+    if not (
+        advantages.ndim == 1 or (advantages.ndim == 2 and advantages.shape[1] == 1)
+    ):
+        raise ValueError(
+            "raw_rewards_or_advantages must have shape (batch_size,) or "
+            f"(batch_size, 1), got {tuple(advantages.shape)}"
+        )
+    if advantages.shape[0] != policy_log_probs.shape[0]:
+        raise ValueError(
+            f"raw_rewards_or_advantages must have batch size "
+            f"{policy_log_probs.shape[0]} like policy_log_probs, "
+            f"got {advantages.shape[0]}"
+        )
+
+
+def _check_objective_tensors(
+    options: ObjectiveOptions,
+    policy_log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor | None,
+    response_mask: torch.Tensor | None,
+) -> None:
+    method, record = options.importance_reweighting_method, options.record
+    if not record.uses_ratio:
+        return
+    if not isinstance(old_log_probs, torch.Tensor):
+        raise ValueError(
+            f"old_log_probs must be a tensor for {method!r} reweighting, got "
+            f"{type(old_log_probs).__name__ if old_log_probs is not None else None}"
+        )
+    if old_log_probs.shape != policy_log_probs.shape:
+        raise ValueError(
+            f"old_log_probs must have shape {tuple(policy_log_probs.shape)} like "
+            f"policy_log_probs, got {tuple(old_log_probs.shape)}"
+        )
+    if record.per_sequence and response_mask is None:
+        raise ValueError(
+            f"response_mask must be a tensor for {method!r} reweighting, got None"
+        )
 
 
 def compute_policy_gradient_loss(
@@ -130,80 +726,6 @@ def compute_policy_gradient_loss(
         old_log_probs,
         response_mask,
     )
-
-
-LOSS_NORMALIZATIONS = ("sequence", "constant", "token")
-
-
-def check_loss_normalization(
-    loss_normalization: str, normalization_constant: float | None
-) -> None:
-    """The one check of a loss normalization and its constant."""
-    if loss_normalization not in LOSS_NORMALIZATIONS:
-        raise ValueError(
-            f"loss_normalization must be one of {LOSS_NORMALIZATIONS}, "
-            f"got {loss_normalization!r}"
-        )
-    if loss_normalization == "constant" and not is_positive_number(
-        normalization_constant
-    ):
-        raise ValueError(
-            "normalization_constant must be positive for constant normalization, "
-            f"got {normalization_constant!r}"
-        )
-
-
-def microbatch_loss_scale(
-    loss_normalization: str,
-    microbatch_rows: int,
-    batch_rows: int,
-    *,
-    microbatch_tokens: int | None = None,
-    batch_tokens: int | None = None,
-) -> float:
-    """What one microbatch's aggregated loss is multiplied by before backward.
-
-    sequence: a mean over b rows, weighted b / B, sums over microbatches to the
-              mean over all B rows;
-    constant: each microbatch already divides by the same constant: weight 1;
-    token:    a mean over the microbatch's n response tokens, weighted n / N with
-              N the response tokens of the whole batch, sums to the batch's
-              token mean (DAPO), however unevenly the tokens split.
-    Either way the accumulated gradient equals the full batch's. Rows skipped
-    by the caller still count in B and N. A batch with no response token
-    (N = 0) scales by 0: there is no token to average. Taught in
-    ``notebooks/07_training_step.ipynb``.
-    """
-    if loss_normalization == "sequence":
-        if not _is_count(batch_rows) or batch_rows < 1:
-            raise ValueError(
-                f"batch_rows must be a positive int (rows per batch), got "
-                f"{batch_rows!r}"
-            )
-        return microbatch_rows / batch_rows
-    if loss_normalization == "token":
-        if not (_is_count(microbatch_tokens) and _is_count(batch_tokens)):
-            raise ValueError(
-                "microbatch_tokens and batch_tokens must be token counts for token "
-                f"normalization, got {microbatch_tokens!r} and {batch_tokens!r}"
-            )
-        if batch_tokens < 0 or not 0 <= microbatch_tokens <= batch_tokens:
-            raise ValueError(
-                f"batch_tokens must be >= microbatch_tokens ({microbatch_tokens}) "
-                f"and >= 0, got {batch_tokens!r}"
-            )
-        return microbatch_tokens / max(batch_tokens, 1)
-    if loss_normalization != "constant":
-        raise ValueError(
-            f"loss_normalization must be one of {LOSS_NORMALIZATIONS}, "
-            f"got {loss_normalization!r}"
-        )
-    return 1.0
-
-
-def _is_count(value: object) -> bool:
-    """A plain int (or an int-like 0-dim integer tensor is not accepted)."""
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def high_entropy_mask(
@@ -278,78 +800,3 @@ def check_entropy_settings(
             f"got {top_entropy_quantile!r}"
             + (f" (argument {quantile_name})" if quantile_name else "")
         )
-
-
-def aggregate_loss_across_microbatch(
-    per_token_policy_gradient_loss: torch.Tensor,
-    mask: torch.Tensor,
-    loss_normalization: Literal["sequence", "constant", "token"] = "sequence",
-    normalization_constant: int | None = None,
-) -> torch.Tensor:
-    """Reduce a (B, T) per-token loss to a scalar: its inputs checked, then
-    :func:`reduce_masked_loss` (the formulas)."""
-    check_aggregation_inputs(
-        per_token_policy_gradient_loss, mask, loss_normalization, normalization_constant
-    )
-    return reduce_masked_loss(
-        per_token_policy_gradient_loss, mask, loss_normalization, normalization_constant
-    )
-
-
-def reduce_masked_loss(
-    per_token_loss: torch.Tensor,
-    mask: torch.Tensor,
-    loss_normalization: str,
-    normalization_constant: float | None,
-) -> torch.Tensor:
-    """Reduce a (B, T) per-token loss to a scalar (inputs already checked).
-
-    sequence: mean over responses of (sum_t loss * mask / max(|o_i|, 1))   (GRPO)
-    constant: sum over all tokens of loss * mask / normalization_constant
-              (Dr. GRPO: no per-response length divisor, hence no length bias)
-    token:    sum over all tokens of loss * mask / max(sum of mask, 1)
-              (DAPO's token mean: every token weighs the same, whatever its
-              response's length; TRL's bnpo on one batch). Across microbatches
-              the train step rescales by the batch's token count
-              (:func:`microbatch_loss_scale`), so the result stays the full
-              batch's token mean.
-    ``normalization_constant`` is read by constant only.
-    """
-    # A masked-out position adds 0 whatever it holds (even inf or NaN).
-    masked_loss = torch.where(mask != 0, per_token_loss * mask, 0.0)  # (B, T)
-    if loss_normalization == "sequence":
-        response_lengths = mask.sum(dim=1).clamp_min(1)  # (B,)
-        return (masked_loss.sum(dim=1) / response_lengths).mean()
-    if loss_normalization == "token":
-        return masked_loss.sum() / mask.sum().clamp_min(1)
-    return masked_loss.sum() / normalization_constant
-
-
-def check_aggregation_inputs(
-    per_token_policy_gradient_loss: torch.Tensor,
-    mask: torch.Tensor,
-    loss_normalization: str,
-    normalization_constant: float | None,
-) -> None:
-    """A (B, T) loss with B >= 1, a mask of its shape, a known normalization."""
-    for name, value in (
-        ("per_token_policy_gradient_loss", per_token_policy_gradient_loss),
-        ("mask", mask),
-    ):
-        if not isinstance(value, torch.Tensor):
-            raise ValueError(f"{name} must be a tensor, got {type(value).__name__}")
-    if per_token_policy_gradient_loss.ndim != 2:
-        raise ValueError(
-            "per_token_policy_gradient_loss must have shape (batch_size, "
-            f"sequence_length), got {tuple(per_token_policy_gradient_loss.shape)}"
-        )
-    if mask.shape != per_token_policy_gradient_loss.shape:
-        raise ValueError(
-            f"mask must have shape {tuple(per_token_policy_gradient_loss.shape)}, "
-            f"got {tuple(mask.shape)}"
-        )
-    if per_token_policy_gradient_loss.shape[0] == 0:
-        raise ValueError(
-            "per_token_policy_gradient_loss must hold at least one response, got 0 rows"
-        )
-    check_loss_normalization(loss_normalization, normalization_constant)

@@ -47,6 +47,9 @@ size, seen in the tied embedding); the log-probs are equal, and with a norm
 that keeps the input dtype the gradients agree to float64 rounding
 (tests/test_prefix_sharing.py measures both).
 Taught in ``notebooks/07_training_step.ipynb``.
+
+A helper of :mod:`grpo_lab.logprobs` (notebook 02); its columns are shown in
+``notebooks/07_training_step.ipynb``.
 """
 
 from __future__ import annotations

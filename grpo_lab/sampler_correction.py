@@ -40,6 +40,8 @@ meets (:func:`sampler_correction_weights`) refuses NaN instead, so that a
 missing log-prob is never read as agreement by accident. The weight multiplies
 the policy-gradient part of each token's loss, before aggregation and before a
 KL penalty is added (:func:`grpo_lab.train_step.microbatch_loss`).
+
+Taught in ``notebooks/11_when_the_sampler_is_not_the_policy.ipynb``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,10 @@
-"""One GRPO optimizer step: score, weight, accumulate, guard, step.
+"""One GRPO optimizer step (one job): score, weight, accumulate, guard, step.
 
+From texts (:func:`grpo_train_step`) or a tokenized batch
+(:func:`policy_gradient_update`) to one optimizer step, with the settings that
+reach it (:class:`UpdateSettings`) and the checks of its inputs. The clip is
+three calls below ``grpo_train_step``: ``policy_gradient_update`` ->
+``microbatch_loss`` -> the objective's record (``losses.grpo_clip_loss``).
 Taught in ``notebooks/07_training_step.ipynb``.
 """
 
@@ -14,6 +19,12 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from grpo_lab.advantages import check_rollout_lists, rollout_advantages
+from grpo_lab.aggregation import (
+    DiagnosticAccumulator,
+    check_loss_normalization,
+    microbatch_loss_scale,
+    reduce_masked_loss,
+)
 from grpo_lab.kl import check_kl_settings, kl_estimate, kl_importance_weights
 from grpo_lab.logprobs import (
     check_logits_chunk_size,
@@ -21,14 +32,10 @@ from grpo_lab.logprobs import (
     get_response_log_probs,
 )
 from grpo_lab.losses import (
-    DiagnosticAccumulator,
     Method,
     ObjectiveOptions,
     check_entropy_settings,
-    check_loss_normalization,
-    microbatch_loss_scale,
-    objective_loss,
-    reduce_masked_loss,
+    objective_inputs,
     top_entropy_mask,
 )
 from grpo_lab.masks import tokenize_prompt_and_output
@@ -197,9 +204,13 @@ def grpo_train_step(
         **options,
     )
     check_update_inputs(
-        settings, gradient_accumulation_steps, max_grad_norm,
-        len(rollout_responses), old_log_probs, reference_log_probs,
-    )  # fmt: skip
+        settings,
+        gradient_accumulation_steps,
+        max_grad_norm,
+        len(rollout_responses),
+        old_log_probs,
+        reference_log_probs,
+    )
     _, advantages, metadata = rollout_advantages(
         reward_fn,
         rollout_responses,
@@ -209,7 +220,7 @@ def grpo_train_step(
         advantage_eps=advantage_eps,
         advantage_normalizer=advantage_normalizer,
         nan_rewards=nan_rewards,
-    )  # (B,) fmt: skip
+    )  # (B,)
     if not (advantages != 0).any() and not settings.every_row_has_gradient:
         optimizer.zero_grad(set_to_none=True)
         zero_loss, skipped = _zero_diagnostics(settings, _device_of(model))
@@ -218,10 +229,16 @@ def grpo_train_step(
         repeated_prompts, rollout_responses, tokenizer
     )  # (B, T) each
     loss, update_metadata = policy_gradient_update(
-        model, optimizer, gradient_accumulation_steps, max_grad_norm, batch,
-        advantages, old_log_probs=old_log_probs,
-        reference_log_probs=reference_log_probs, settings=settings,
-    )  # fmt: skip
+        model,
+        optimizer,
+        gradient_accumulation_steps,
+        max_grad_norm,
+        batch,
+        advantages,
+        old_log_probs=old_log_probs,
+        reference_log_probs=reference_log_probs,
+        settings=settings,
+    )
     return loss, {**metadata, **update_metadata}
 
 
@@ -256,7 +273,7 @@ def policy_gradient_update(
 
     The responses with nonzero advantage (every response, when a KL penalty, an
     entropy bonus or the entropy quantile needs them) are cut into microbatches
-    of ceil(B / steps) rows; :func:`_accumulate_gradients` backpropagates each
+    of ceil(B / steps) rows; :func:`backward_microbatch` backpropagates each
     microbatch's :func:`microbatch_loss` times :func:`microbatch_loss_scale`, so
     the gradient is the full batch's for any ``gradient_accumulation_steps``:
 
@@ -289,56 +306,98 @@ def policy_gradient_update(
         batch, advantages, old_log_probs, reference_log_probs, sampler_log_probs
     )
     check_update_inputs(
-        settings, gradient_accumulation_steps, max_grad_norm, batch_size,
-        old_log_probs, reference_log_probs, sampler_log_probs=sampler_log_probs,
-    )  # fmt: skip
-    log_probs = {
-        "old_log_probs": old_log_probs,
-        "reference_log_probs": reference_log_probs,
-        "sampler_log_probs": sampler_log_probs,
-    }
-    # Keep the configured microbatch size; fewer active rows mean fewer microbatches.
-    microbatch_size = -(-batch_size // gradient_accumulation_steps)  # ceil
-    return _update(model, optimizer, settings, batch, advantages, log_probs,
-                   microbatch_size, max_grad_norm, grad_scaler)  # fmt: skip
-
-
-def _update(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    settings: UpdateSettings,
-    batch: Mapping[str, torch.Tensor],
-    advantages: torch.Tensor,
-    log_probs: dict[str, torch.Tensor | None],
-    microbatch_size: int,
-    max_grad_norm: float | None,
-    grad_scaler: torch.amp.GradScaler | None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
-    """:func:`policy_gradient_update` once its inputs are checked: pick the
-    rows to score, accumulate their microbatches' gradients, step once."""
+        settings,
+        gradient_accumulation_steps,
+        max_grad_norm,
+        batch_size,
+        old_log_probs,
+        reference_log_probs,
+        sampler_log_probs=sampler_log_probs,
+    )
     device = _device_of(model)
     optimizer.zero_grad(set_to_none=True)
-    batch_size = advantages.shape[0]
-    active_indices = torch.nonzero(advantages != 0, as_tuple=False).flatten()
-    if active_indices.numel() == 0 and not settings.every_row_has_gradient:
+    active = _rows_to_score(
+        batch,
+        advantages,
+        {
+            "old_log_probs": old_log_probs,
+            "reference_log_probs": reference_log_probs,
+            "sampler_log_probs": sampler_log_probs,
+        },
+        settings,
+    )
+    if active is None:  # every advantage is zero and nothing else needs a row
         zero_loss = torch.zeros((), dtype=torch.float32, device=device)
         return zero_loss, {"optimizer_step": 0.0, "active_response_count": 0.0}
-    if settings.scores_every_row:
-        active_indices = torch.arange(batch_size, device=advantages.device)
-    active = _select_rows(batch, advantages, log_probs, active_indices)
+    # Keep the configured microbatch size; fewer active rows mean fewer microbatches.
+    microbatch_size = -(-batch_size // gradient_accumulation_steps)  # ceil
     batch_tokens = int(batch["response_mask"].sum())  # skipped rows count too
-    accumulator = _accumulate_gradients(
-        model, active, microbatch_size, (batch_size, batch_tokens), settings,
-        device, grad_scaler,
-    )  # fmt: skip
+    accumulator = DiagnosticAccumulator(device)
+    for rows in torch.arange(active["advantages"].shape[0]).split(microbatch_size):
+        microbatch = {
+            key: value.index_select(0, rows.to(value.device)).to(device)
+            for key, value in active.items()
+        }  # (b, ...) each
+        scale = microbatch_loss_scale(
+            settings.loss_normalization,
+            rows.numel(),
+            batch_size,
+            microbatch_tokens=int(microbatch["response_mask"].sum()),
+            batch_tokens=batch_tokens,
+        )
+        scored = score_tokens(
+            model,
+            microbatch,
+            settings,
+            return_token_entropy=True,
+            entropy_gradient=settings.entropy_coef > 0,
+        )
+        loss, loss_metadata = microbatch_loss(
+            scored["log_probs"], scored["token_entropy"], microbatch, settings
+        )
+        backward_microbatch(
+            loss * scale, scored, microbatch, loss_metadata, accumulator, grad_scaler
+        )
     gradient_norm, stepped = _optimizer_step(
         model, optimizer, max_grad_norm, grad_scaler, device
     )
+    return _update_metadata(
+        accumulator, active, settings, gradient_norm, stepped, grad_scaler
+    )
+
+
+def _rows_to_score(
+    batch: Mapping[str, torch.Tensor],
+    advantages: torch.Tensor,
+    log_probs: dict[str, torch.Tensor | None],
+    settings: UpdateSettings,
+) -> dict[str, torch.Tensor] | None:
+    """The rows the update scores: those with a nonzero advantage, or every row
+    when a setting needs them all; None when there is none to score."""
+    batch_size = advantages.shape[0]
+    active_indices = torch.nonzero(advantages != 0, as_tuple=False).flatten()
+    if active_indices.numel() == 0 and not settings.every_row_has_gradient:
+        return None
+    if settings.scores_every_row:
+        active_indices = torch.arange(batch_size, device=advantages.device)
+    return _select_rows(batch, advantages, log_probs, active_indices)
+
+
+def _update_metadata(
+    accumulator: DiagnosticAccumulator,
+    active: Mapping[str, torch.Tensor],
+    settings: UpdateSettings,
+    gradient_norm: torch.Tensor,
+    stepped: float,
+    grad_scaler: torch.amp.GradScaler | None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
+    """The update's loss and metadata: the microbatches' diagnostics, the
+    gradient norm, whether the optimizer stepped, the sampler metrics."""
     metadata = accumulator.summary()
     metadata.update(
         gradient_norm=gradient_norm.detach(),
         optimizer_step=stepped,
-        active_response_count=float(active_indices.numel()),
+        active_response_count=float(active["advantages"].shape[0]),
     )
     if grad_scaler is not None:
         metadata.update(
@@ -442,7 +501,7 @@ def microbatch_loss(
     ``kl_importance_weighting`` (one ratio per response for gspo and gmpo; 1
     with its gradient on-policy), else 1; H_t the token's entropy, with its
     gradient when ``entropy_coef`` > 0. Then reduced by ``loss_normalization``
-    (:func:`grpo_lab.losses.aggregate_loss_across_microbatch`): like
+    (:func:`grpo_lab.aggregation.aggregate_loss_across_microbatch`): like
     DeepSeekMath, the KL joins each token's loss before averaging.
     ``microbatch`` holds ``response_mask`` and ``advantages`` (b,), and
     ``old_log_probs`` / ``reference_log_probs`` (b, T) when used. Diagnostics
@@ -451,9 +510,12 @@ def microbatch_loss(
     """
     mask = microbatch["response_mask"]  # (b, T)
     old_log_probs = microbatch.get("old_log_probs")
-    per_token_loss, diagnostics = objective_loss(
+    inputs = objective_inputs(
         settings, microbatch["advantages"], log_probs, old_log_probs, mask
-    )  # (b, T): the objective reads its options from settings, unchecked
+    )
+    # (b, T): the record's loss (the clip: grpo_clip_loss) reads its options
+    # from settings, unchecked
+    per_token_loss, diagnostics = settings.record.loss(*inputs, settings)
     if settings.top_entropy_quantile < 1.0:
         kept = top_entropy_mask(token_entropy, mask, settings.top_entropy_quantile)
         per_token_loss = per_token_loss * kept  # (b, T)
@@ -606,63 +668,18 @@ def _select_rows(
     }
 
 
-def _accumulate_gradients(
-    model: torch.nn.Module,
-    active: dict[str, torch.Tensor],
-    microbatch_size: int,
-    batch_counts: tuple[int, int],
-    settings: UpdateSettings,
-    device: torch.device,
-    grad_scaler: torch.amp.GradScaler | None = None,
-) -> DiagnosticAccumulator:
-    """Backpropagate every microbatch of the active rows; gradients add up.
-
-    ``batch_counts``: the whole batch's rows and response tokens (the divisors
-    of sequence and token normalization).
-    """
-    accumulator = DiagnosticAccumulator(device)
-    active_count = active["advantages"].shape[0]
-    batch_size, batch_tokens = batch_counts
-    for rows in torch.arange(active_count).split(microbatch_size):
-        microbatch = {
-            key: value.index_select(0, rows.to(value.device)).to(device)
-            for key, value in active.items()
-        }
-        scale = microbatch_loss_scale(
-            settings.loss_normalization,
-            rows.numel(),
-            batch_size,
-            microbatch_tokens=int(microbatch["response_mask"].sum()),
-            batch_tokens=batch_tokens,
-        )
-        _backward_microbatch(
-            model, microbatch, scale, accumulator, settings, grad_scaler
-        )
-    return accumulator
-
-
-def _backward_microbatch(
-    model: torch.nn.Module,
-    microbatch: dict[str, torch.Tensor],
-    scale: float,
+def backward_microbatch(
+    loss: torch.Tensor,
+    scored: Mapping[str, torch.Tensor],
+    microbatch: Mapping[str, torch.Tensor],
+    loss_metadata: dict[str, torch.Tensor],
     accumulator: DiagnosticAccumulator,
-    settings: UpdateSettings,
     grad_scaler: torch.amp.GradScaler | None = None,
 ) -> None:
-    """Score one microbatch, check it is finite, backpropagate loss * scale
-    (times the loss scale of ``grad_scaler``, when given)."""
+    """Check one scored microbatch's scaled loss is finite, backpropagate it
+    (times the loss scale of ``grad_scaler``, when given), and add its
+    diagnostics to ``accumulator``."""
     mask = microbatch["response_mask"]  # (b, T)
-    scored = score_tokens(
-        model,
-        microbatch,
-        settings,
-        return_token_entropy=True,
-        entropy_gradient=settings.entropy_coef > 0,
-    )
-    loss, loss_metadata = microbatch_loss(
-        scored["log_probs"], scored["token_entropy"], microbatch, settings
-    )
-    loss = loss * scale
     if "sampler_log_probs" in microbatch:
         old_log_probs = microbatch.get("old_log_probs")
         accumulator.trainer_log_probs.append(

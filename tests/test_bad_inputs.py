@@ -32,19 +32,15 @@ from grpo_lab.advantages import (
     compute_group_normalized_rewards,
     compute_rollout_rewards,
 )
-from grpo_lab.integrations.trl import to_trl_config
-from grpo_lab.integrations.verl import aggregate_like_verl
+from grpo_lab.aggregation import aggregate_loss_across_microbatch, microbatch_loss_scale
+from grpo_lab.integrations.trl.translation import to_trl_config
+from grpo_lab.integrations.verl.algorithms import aggregate_like_verl
 from grpo_lab.kl import check_kl_settings, compute_kl_penalty
 from grpo_lab.logprobs import (
     compute_entropy,
     get_response_log_probs,
 )
-from grpo_lab.losses import (
-    aggregate_loss_across_microbatch,
-    compute_policy_gradient_loss,
-    high_entropy_mask,
-    microbatch_loss_scale,
-)
+from grpo_lab.losses import compute_policy_gradient_loss, high_entropy_mask
 from grpo_lab.masks import (
     masked_mean,
     masked_normalize,
@@ -1203,6 +1199,25 @@ def objective_cases() -> list[Case]:
         ),
         Case(
             h,
+            "microbatch_rows above batch_rows",
+            partial(microbatch_loss_scale, "sequence", 8, 4),
+            "microbatch_rows",
+        ),
+        Case(
+            h,
+            "microbatch_rows -1",
+            partial(microbatch_loss_scale, "sequence", -1, 4),
+            "microbatch_rows",
+        ),
+        # 4 of 4 rows: weight 4 / 4
+        Case(
+            h,
+            "every row: weight 1",
+            partial(microbatch_loss_scale, "sequence", 4, 4),
+            expected=lambda result: result == 1.0,
+        ),
+        Case(
+            h,
             "normalization typo",
             partial(microbatch_loss_scale, "tokens", 2, 4),
             "loss_normalization",
@@ -1931,7 +1946,7 @@ def reward_once(value: float, index: int = 5):
 def test_a_non_finite_reward_stops_train_with_one_line_and_exit_2(
     value, tmp_path, monkeypatch, capsys
 ):
-    from grpo_lab import cli
+    from grpo_lab.cli import main as cli
     from grpo_lab.tasks.toy import ReverseTask
 
     monkeypatch.setattr(ReverseTask, "reward_fn", reward_once(value))
@@ -1952,7 +1967,7 @@ def test_a_non_finite_reward_stops_train_with_one_line_and_exit_2(
 
 
 def test_a_nan_reward_is_ignored_when_the_config_says_so(tmp_path, monkeypatch):
-    from grpo_lab import cli
+    from grpo_lab.cli import main as cli
     from grpo_lab.tasks.toy import ReverseTask
     from grpo_lab.training.metrics import read_metrics
 
@@ -2014,7 +2029,7 @@ def test_eval_every_0_is_no_evaluation_at_all():
 def test_a_config_file_that_sets_nothing_or_is_not_utf8_is_named(
     content, problem, tmp_path, capsys
 ):
-    from grpo_lab import cli
+    from grpo_lab.cli import main as cli
 
     path = tmp_path / "run.yaml"
     path.write_bytes(content)
@@ -2029,7 +2044,8 @@ def test_the_gpu_profile_on_a_cpu_machine_fails_before_the_hub(
 ):
     """The device is checked before the task and the model, which may reach for
     the Hub (GSM8K and Qwen2.5 in the gpu profile)."""
-    from grpo_lab import cli, tasks
+    from grpo_lab import tasks
+    from grpo_lab.cli import main as cli
 
     def no_hub(*args, **kwargs):
         raise AssertionError("the task was built before the device was checked")

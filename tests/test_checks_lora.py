@@ -10,9 +10,9 @@ import re
 import pytest
 import torch
 
+from grpo_lab import lora
 from grpo_lab.teaching.checks import ExerciseFailed
 from grpo_lab.teaching.checks.lora import check_lora_linear
-from grpo_lab.training import lora
 
 
 def two_matmuls(x, weight, lora_A, lora_B, alpha, rank):

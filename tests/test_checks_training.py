@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from grpo_lab.aggregation import aggregate_loss_across_microbatch
 from grpo_lab.kl import compute_kl_penalty
 from grpo_lab.logprobs import get_response_log_probs
-from grpo_lab.losses import aggregate_loss_across_microbatch
 from grpo_lab.masks import masked_mean, masked_normalize
 from grpo_lab.teaching.checks.aggregation import check_aggregate_loss, check_grpo_loss
 from grpo_lab.teaching.checks.family import check_dapo_kl_loss

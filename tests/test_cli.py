@@ -12,7 +12,7 @@ import pytest
 import torch
 from test_run_dir import held_by_another_process  # one lock-holding child
 
-from grpo_lab import cli
+from grpo_lab.cli import main as cli
 from grpo_lab.errors import UserError
 from grpo_lab.training import loop
 from grpo_lab.training import run_dir as run_dirs

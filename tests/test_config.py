@@ -13,6 +13,7 @@ import warnings
 import pytest
 import torch
 
+from grpo_lab.rollouts import BACKEND_RECORDS
 from grpo_lab.training import config as config_module
 from grpo_lab.training.config import (
     PROFILE_CHANGES,
@@ -26,7 +27,6 @@ from grpo_lab.training.config import (
     field_value,
     inert_settings,
 )
-from grpo_lab.training.config import validation as config_validation
 
 
 def parse(flags: list[str]) -> TrainConfig:
@@ -560,14 +560,14 @@ def test_training_says_each_inert_setting_once(tmp_path, monkeypatch):
 
 
 def test_choice_lists_are_the_core_registries():
-    from grpo_lab import advantages, kl, losses, rollouts
+    from grpo_lab import advantages, aggregation, kl, losses, rollouts
 
     choices = {f.name: f.metadata["choices"] for f in dataclasses.fields(TrainConfig)}
-    assert choices["importance_reweighting_method"] is losses.REWEIGHTING_METHODS
-    assert choices["loss_normalization"] is losses.LOSS_NORMALIZATIONS
+    assert choices["importance_reweighting_method"] is losses.OBJECTIVE_RECORDS
+    assert choices["loss_normalization"] is aggregation.LOSS_NORMALIZATIONS
     assert choices["baseline"] is advantages.BASELINES
     assert choices["advantage_normalizer"] is advantages.ADVANTAGE_NORMALIZERS
-    assert choices["backend"] is rollouts.BACKENDS
+    assert choices["backend"] is rollouts.BACKEND_RECORDS
     assert choices["nan_rewards"] is advantages.NAN_REWARD_POLICIES
     assert choices["kl_estimator"] is kl.KL_ESTIMATORS
     assert config_module.PROFILES == ("cpu", "gpu", "small-gpu", "smoke")
@@ -726,7 +726,8 @@ def test_small_gpu_profile_is_an_instruct_model_without_vllm_or_bfloat16():
 def test_sampler_correction_needs_a_backend_with_sampler_log_probs(monkeypatch):
 
     # Every backend today reports sampler log-probs; one that did not is refused.
-    monkeypatch.setattr(config_validation, "SAMPLER_LOG_PROB_BACKENDS", ("vllm",))
+    hf = dataclasses.replace(BACKEND_RECORDS["hf"], sampler_log_probs=False)
+    monkeypatch.setitem(BACKEND_RECORDS, "hf", hf)
     with pytest.raises(ValueError, match=r"^sampler_correction 'token_mask' needs"):
         TrainConfig.for_profile("cpu", sampler_correction="token_mask")
     TrainConfig.for_profile("cpu")  # off: any backend
@@ -744,7 +745,7 @@ def test_sampler_correction_needs_a_backend_with_sampler_log_probs(monkeypatch):
 
 
 def read_file(tmp_path, text: str, suffix: str = ".yaml", **options):
-    from grpo_lab import cli
+    from grpo_lab.cli import main as cli
 
     path = tmp_path / f"run{suffix}"
     path.write_text(text)
@@ -844,7 +845,7 @@ def test_an_unknown_key_names_the_nearest_field_or_its_trl_translation(
 
 
 def test_trl_names_as_flags_get_their_grpo_lab_flag(capsys):
-    from grpo_lab import cli
+    from grpo_lab.cli import main as cli
 
     with pytest.raises(SystemExit) as raised:
         cli.main(["train", "--learning-rate", "1e-4", "--num_generations=4"])
@@ -876,7 +877,7 @@ temperature: 1.0
 
 
 def test_from_trl_translates_a_trl_style_file_through_the_table(tmp_path):
-    from grpo_lab.integrations.trl import to_trl_config
+    from grpo_lab.integrations.trl.translation import to_trl_config
 
     values = read_file(tmp_path, TRL_FILE, from_trl=True)
     assert values == {
@@ -926,7 +927,7 @@ def test_from_trl_refuses_what_the_table_cannot_carry(tmp_path, text, message):
 
 
 def test_from_trl_reaches_train_and_export(tmp_path):
-    from grpo_lab import cli
+    from grpo_lab.cli import main as cli
 
     path = tmp_path / "trl.yaml"
     path.write_text("learning_rate: 2.0e-4\nnum_generations: 4\nmax_steps: 3\n")
@@ -973,7 +974,7 @@ def test_every_door_refuses_a_device_in_the_same_words(monkeypatch):
 
 
 def test_share_prompt_prefix_takes_auto_from_every_door():
-    from grpo_lab.cli import build_parser
+    from grpo_lab.cli.main import build_parser
 
     assert (
         TrainConfig(share_prompt_prefix="auto").update_settings().share_prompt_prefix

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_lab import cli
+from grpo_lab.cli import main as cli
 from grpo_lab.tasks import get_task
 from grpo_lab.training import doctor, loop
 from grpo_lab.training.config import TrainConfig

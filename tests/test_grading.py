@@ -14,8 +14,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from grpo_lab import cli
 from grpo_lab.advantages import compute_group_normalized_rewards
+from grpo_lab.cli import main as cli
 from grpo_lab.instructor import grading
 from grpo_lab.instructor.rubric import find_exercises, load_rubric, notebook_number
 from grpo_lab.instructor.sandbox import fence_available
@@ -709,10 +709,10 @@ LOSSES_RIGHT_BODY = (
 CHECKED_BY = {
     "by_private_clip": (
         "losses", "check_clipped_loss", CLIP_SIGNATURE, CLIP_RIGHT_BODY,
-        "from grpo_lab import losses, objectives\n"
+        "from grpo_lab import losses\n"
         f"def by_private_clip{CLIP_SIGNATURE}:\n"
         "    options = losses.ObjectiveOptions(cliprange=cliprange)\n"
-        "    return objectives._grpo_clip_loss(advantages.unsqueeze(-1), policy_log_probs,\n"
+        "    return losses.grpo_clip_loss(advantages.unsqueeze(-1), policy_log_probs,\n"
         "        old_log_probs, torch.ones_like(policy_log_probs, dtype=torch.bool),\n"
         "        options)[0]\n",
     ),
@@ -736,12 +736,18 @@ CHECKED_BY = {
         f"def by_accumulate_gradients{STEP_SIGNATURE}:\n"
         "    batch_size = advantages.shape[0]\n"
         "    optimizer.zero_grad(set_to_none=True)\n"
-        "    active = steps._select_rows(\n"
-        "        batch, advantages, {}, torch.arange(batch_size))\n"
+        "    settings = steps.UpdateSettings()\n"
+        "    accumulator = steps.DiagnosticAccumulator(next(model.parameters()).device)\n"
         "    size = -(-batch_size // gradient_accumulation_steps)\n"
-        "    tokens = int(batch['response_mask'].sum())\n"
-        "    steps._accumulate_gradients(model, active, size, (batch_size, tokens),\n"
-        "        steps.UpdateSettings(), next(model.parameters()).device)\n"
+        "    for rows in torch.arange(batch_size).split(size):\n"
+        "        part = {key: batch[key][rows] for key in batch}\n"
+        "        part['advantages'] = advantages[rows]\n"
+        "        scored = steps.score_tokens(model, part, settings,\n"
+        "            return_token_entropy=True)\n"
+        "        loss, notes = steps.microbatch_loss(scored['log_probs'],\n"
+        "            scored['token_entropy'], part, settings)\n"
+        "        steps.backward_microbatch(loss * rows.numel() / batch_size, scored,\n"
+        "            part, notes, accumulator)\n"
         "    if max_grad_norm is not None:\n"
         "        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)\n"
         "    optimizer.step()\n",
@@ -765,7 +771,7 @@ CHECKED_BY = {
         "train_step", "check_microbatch_losses", LOSSES_SIGNATURE, LOSSES_RIGHT_BODY,
         "import importlib\n"
         f"def by_hidden_scale{LOSSES_SIGNATURE}:\n"
-        "    losses = importlib.import_module('grpo_lab.' + 'losses')\n"
+        "    losses = importlib.import_module('grpo_lab.' + 'aggregation')\n"
         "    scale = getattr(losses, 'microbatch' + '_loss_scale')\n"
         "    reduce = getattr(losses, 'aggregate_loss' + '_across_microbatch')\n"
         "    batch_size, tokens = per_token_loss.shape[0], int(response_mask.sum())\n"

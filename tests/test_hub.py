@@ -21,7 +21,8 @@ from huggingface_hub import HfApi
 from huggingface_hub.errors import HfHubHTTPError
 from transformers import AutoModelForCausalLM
 
-from grpo_lab import cli, hub
+from grpo_lab.cli import main as cli
+from grpo_lab.integrations import hub
 from grpo_lab.models import load_tokenizer
 from grpo_lab.training.config import TrainConfig
 from grpo_lab.training.loop import train

@@ -1,4 +1,4 @@
-"""grpo_lab.integrations.trl: the TrainConfig -> GRPOConfig table, TRL training
+"""grpo_lab.integrations.trl.translation: the TrainConfig -> GRPOConfig table, TRL training
 from it, and first-step parity with grpo_lab through the table.
 
 The parity cases build a TrainConfig, translate it with ``to_trl_config`` and
@@ -41,14 +41,14 @@ from test_trl_parity import (
 )
 from trl import GRPOConfig, GRPOTrainer
 
-from grpo_lab import cli
 from grpo_lab.advantages import compute_group_normalized_rewards
+from grpo_lab.cli import main as cli
 from grpo_lab.errors import UserError
-from grpo_lab.integrations import trl as grpo_trl
-from grpo_lab.integrations import trl_launch as grpo_trl_launch
-from grpo_lab.integrations import trl_parity as grpo_trl_parity
-from grpo_lab.integrations import trl_trainer as grpo_trl_trainer
 from grpo_lab.integrations.cluster import Cluster
+from grpo_lab.integrations.trl import launch as grpo_trl_launch
+from grpo_lab.integrations.trl import parity as grpo_trl_parity
+from grpo_lab.integrations.trl import trainer as grpo_trl_trainer
+from grpo_lab.integrations.trl import translation as grpo_trl
 from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2, load_tokenizer
 from grpo_lab.tasks import get_task
 from grpo_lab.training.config import TrainConfig
@@ -98,9 +98,9 @@ def test_every_trl_name_in_the_table_is_a_grpo_config_field():
     assert "| `group_size` | `num_generations` |" in table
 
 
-def test_the_readme_shows_the_table_as_the_code_has_it():
-    readme = Path(__file__).resolve().parents[1] / "README.md"
-    section = readme.read_text(encoding="utf-8").split("## When you outgrow one GPU")[1]
+def test_the_scaling_out_page_shows_the_table_as_the_code_has_it():
+    page = Path(__file__).resolve().parents[1] / "docs" / "scaling_out.md"
+    section = page.read_text(encoding="utf-8")
     assert grpo_trl.translation_table() in section
     assert "grpo-lab export trl --profile gpu" in section
     assert "grpo-lab export verl" in section
@@ -632,7 +632,7 @@ def test_the_exported_train_script_runs_one_step_on_the_cpu(
 
 def test_export_verl_needs_no_verl_installed(tmp_path, capsys):
     """This environment has no verl: the launch folder is written all the same."""
-    from grpo_lab.integrations import verl as grpo_verl
+    from grpo_lab.integrations.verl import algorithms as grpo_verl
 
     assert grpo_verl.core_algos is None  # verl's registries are not importable
     out = tmp_path / "verl_run"
@@ -881,7 +881,7 @@ def test_export_verl_of_the_gpu_profile_works_offline_from_local_files(
 
 
 def test_export_verl_for_one_gpu_fits_its_rollout_on_it():
-    from grpo_lab.integrations import verl_launch
+    from grpo_lab.integrations.verl import launch as verl_launch
 
     config = TrainConfig.for_profile("gpu", task="reverse", eval_size=8)
     overrides = verl_launch.launch_overrides(config)
@@ -898,7 +898,7 @@ def test_export_verl_for_one_gpu_fits_its_rollout_on_it():
 
 
 def test_report_to_in_any_case_reaches_both_engines_lower_case(tmp_path):
-    from grpo_lab.integrations import verl_launch
+    from grpo_lab.integrations.verl import launch as verl_launch
 
     config = TrainConfig.for_profile("gpu", task="reverse", report_to="TensorBoard")
     assert grpo_trl.to_trl_config(config)["report_to"] == ["tensorboard"]

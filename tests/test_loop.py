@@ -388,7 +388,7 @@ def test_a_step_checks_the_update_settings_once(
     rollouts = policy.backend.generate(
         [e.prompt for e in examples], 4, loop.sampling_settings(config, task, seed=1)
     )
-    counts = count_checks(("grpo_lab.objectives", "check_objective_settings"))
+    counts = count_checks(("grpo_lab.losses", "check_objective_settings"))
     record = loop.grpo_update(config, task, policy, rollouts, examples)
     assert record["train/optimizer_steps"] == 2.0 and "loss/kl_mean" in record
     assert "rollout/is_ratio_mean" in record  # the correction ran

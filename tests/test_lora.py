@@ -1,4 +1,4 @@
-"""LoRA adapters (grpo_lab/training/lora.py): exact at initialisation, the chain
+"""LoRA adapters (grpo_lab/lora.py): exact at initialisation, the chain
 rule in float64, adapters-only training, the base model as KL reference,
 rollouts, checkpoints, merging, float16 loss scaling and the memory estimate."""
 
@@ -19,7 +19,8 @@ from test_checkpoint import (
 )
 from transformers import AutoModelForCausalLM
 
-from grpo_lab import cli
+from grpo_lab import lora
+from grpo_lab.cli import main as cli
 from grpo_lab.logprobs import get_response_log_probs
 from grpo_lab.masks import pad_prompt_and_response_ids
 from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2, load_tokenizer
@@ -28,7 +29,7 @@ from grpo_lab.rollouts.hf import HFRolloutBackend
 from grpo_lab.rollouts.vllm import policy_weights_for_vllm
 from grpo_lab.train_step import policy_gradient_update
 from grpo_lab.training import config as config_module
-from grpo_lab.training import loop, lora
+from grpo_lab.training import loop
 from grpo_lab.training.config import TrainConfig
 from grpo_lab.training.metrics import read_metrics, step_records
 
@@ -785,11 +786,11 @@ def test_the_first_lora_step_equals_trls_with_the_same_peft_config(tmp_path):
         to_grpo_lab_layout,
     )
 
-    from grpo_lab.integrations.trl import (
+    from grpo_lab.integrations.trl.parity import (
         fixed_completions_trainer,
-        peft_config_for,
         trl_first_step,
     )
+    from grpo_lab.integrations.trl.trainer import peft_config_for
     from grpo_lab.teaching.gradient_recorder import GradientRecorder
 
     tokenizer = build_char_tokenizer()
@@ -834,7 +835,7 @@ def test_the_first_lora_step_equals_trls_with_the_same_peft_config(tmp_path):
 
 
 def test_the_model_card_of_a_lora_run_says_it_is_an_adapter():
-    from grpo_lab.hub import card_metadata, model_card
+    from grpo_lab.integrations.hub import card_metadata, model_card
 
     config = TrainConfig.for_profile("cpu", lora_rank=8).to_dict()
     assert card_metadata(config)["library_name"] == "peft"
@@ -848,8 +849,9 @@ def test_the_model_card_of_a_lora_run_says_it_is_an_adapter():
 
 
 def test_export_maps_lora_to_trl_peft_config_and_verl_settings():
-    from grpo_lab.integrations import trl as grpo_trl
-    from grpo_lab.integrations import verl_launch as verl
+    from grpo_lab.integrations.trl import trainer as grpo_trl
+    from grpo_lab.integrations.trl.translation import to_trl_config
+    from grpo_lab.integrations.verl import launch as verl
 
     config = TrainConfig.for_profile(
         "cpu", lora_rank=8, lora_target_modules="q_proj", sft_max_steps=0
@@ -865,9 +867,9 @@ def test_export_maps_lora_to_trl_peft_config_and_verl_settings():
         verl.lora_overrides(config)
     config = plain  # verl's own LoRA settings
     assert grpo_trl.peft_config_for(TrainConfig.for_profile("cpu")) is None
-    assert grpo_trl.to_trl_config(config)["learning_rate"] == config.lora_lr
+    assert to_trl_config(config)["learning_rate"] == config.lora_lr
     full = TrainConfig.for_profile("cpu", sft_max_steps=0)
-    assert grpo_trl.to_trl_config(full)["learning_rate"] == full.lr
+    assert to_trl_config(full)["learning_rate"] == full.lr
     assert verl.lora_overrides(config) == {
         "actor_rollout_ref.model.lora_rank": 8,
         "actor_rollout_ref.model.lora_alpha": 32.0,

@@ -1,5 +1,7 @@
 """Tests for grpo_lab.losses: per-token losses (the GRPO family), clip counts,
-aggregation."""
+and each record against its own loss (the records are the one list of facts
+about the objectives: the name lists, the zero-step diagnostics and the
+accumulator's counts derive from them)."""
 
 from __future__ import annotations
 
@@ -10,12 +12,25 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from grpo_lab.losses import (
+from grpo_lab.aggregation import (
+    COUNT_KEYS,
     aggregate_loss_across_microbatch,
+)
+from grpo_lab.losses import (
+    CAPPED_METHODS,
+    CLIP_SIDE_KEYS,
+    CLIPPED_METHODS,
+    OBJECTIVE_RECORDS,
+    OBJECTIVES,
+    RATIO_METHODS,
+    SEQUENCE_METHODS,
+    SPLIT_CLIP_METHODS,
+    ObjectiveOptions,
     check_entropy_settings,
     compute_policy_gradient_loss,
+    effective_cliprange_high,
     high_entropy_mask,
-    microbatch_loss_scale,
+    objective_loss,
 )
 
 
@@ -136,17 +151,6 @@ def test_gspo_counts_only_clips_that_remove_gradient():
     )
     assert metadata["clip_count"].item() == 1
     assert metadata["clip_fraction"].item() == 0.5
-
-
-def test_aggregation_by_hand():
-    per_token_loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]])
-    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0]])
-    # sequence: row means [(1 + 2) / 2, 4 / 1, 0 / max(0, 1)] -> (1.5 + 4 + 0) / 3
-    sequence = aggregate_loss_across_microbatch(per_token_loss, mask, "sequence")
-    assert sequence.item() == pytest.approx(5.5 / 3)
-    # constant: (1 + 2 + 4) / 4 -- a long response weighs as much per token
-    constant = aggregate_loss_across_microbatch(per_token_loss, mask, "constant", 4)
-    assert constant.item() == pytest.approx(7 / 4)
 
 
 def test_half_precision_log_probs_are_computed_in_float32():
@@ -274,26 +278,6 @@ def test_grpo_clip_count_is_the_tokens_whose_gradient_was_removed(inputs):
     assert metadata["clip_count"].item() == (no_gradient & mask).sum().item()
 
 
-@settings(max_examples=40, deadline=None)
-@given(
-    batch_size=st.integers(1, 4),
-    length=st.integers(1, 5),
-    seed=st.integers(0, 1000),
-)
-def test_sequence_equals_constant_when_every_response_has_the_same_length(
-    batch_size, length, seed
-):
-    generator = torch.Generator().manual_seed(seed)
-    per_token_loss = torch.randn(batch_size, length + 2, generator=generator)
-    mask = torch.zeros(batch_size, length + 2)
-    mask[:, 1 : length + 1] = 1  # every response has `length` tokens
-    sequence = aggregate_loss_across_microbatch(per_token_loss, mask, "sequence")
-    constant = aggregate_loss_across_microbatch(
-        per_token_loss, mask, "constant", batch_size * length
-    )
-    assert sequence.item() == pytest.approx(constant.item(), abs=1e-6)
-
-
 def test_loss_errors():
     log_probs = torch.zeros(2, 3)
     advantages = torch.zeros(2)
@@ -357,30 +341,6 @@ def test_loss_errors():
     for overrides, message in cases:
         with pytest.raises(ValueError, match=message):
             loss(**overrides)
-
-
-def test_aggregation_errors():
-    per_token_loss, mask = torch.zeros(2, 3), torch.ones(2, 3)
-    with pytest.raises(
-        ValueError,
-        match=r"per_token_policy_gradient_loss must have shape \(batch_size, sequence_length\), got \(3,\)",
-    ):
-        aggregate_loss_across_microbatch(torch.zeros(3), torch.ones(3))
-    with pytest.raises(
-        ValueError, match=r"mask must have shape \(2, 3\), got \(3, 2\)"
-    ):
-        aggregate_loss_across_microbatch(per_token_loss, torch.ones(3, 2))
-    with pytest.raises(
-        ValueError,
-        match=r"loss_normalization must be one of \('sequence', 'constant', 'token'\), got 'tokens'",
-    ):
-        aggregate_loss_across_microbatch(per_token_loss, mask, "tokens")
-    for constant in (None, 0, -2):
-        with pytest.raises(
-            ValueError,
-            match=rf"normalization_constant must be positive for constant normalization, got {constant}",
-        ):
-            aggregate_loss_across_microbatch(per_token_loss, mask, "constant", constant)
 
 
 # --- the GRPO family: clip-higher, dual clip, CISPO, SAPO, GMPO -----------------
@@ -546,27 +506,6 @@ def test_every_objective_at_ratio_one_is_the_plain_policy_gradient(
         assert torch.allclose(gradient, reinforce, atol=1e-12), method
 
 
-def test_token_aggregation_by_hand():
-    per_token_loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]])
-    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0]])
-    # (1 + 2 + 4) / 3 tokens: every token weighs the same, whatever its row.
-    token = aggregate_loss_across_microbatch(per_token_loss, mask, "token")
-    assert token.item() == pytest.approx(7 / 3)
-    empty = aggregate_loss_across_microbatch(per_token_loss, torch.zeros(3, 3), "token")
-    assert empty.item() == 0.0  # no tokens: 0, not 0 / 0
-
-
-def test_microbatch_scale_for_token_normalization():
-    # Microbatches with 7 and 3 of the batch's 10 tokens: weights 0.7 and 0.3,
-    # so their token means add up to the batch's token mean.
-    scale = microbatch_loss_scale
-    assert scale("token", 2, 4, microbatch_tokens=7, batch_tokens=10) == 0.7
-    assert scale("token", 2, 4, microbatch_tokens=3, batch_tokens=10) == 0.3
-    assert scale("sequence", 2, 4) == 0.5 and scale("constant", 2, 4) == 1.0
-    with pytest.raises(ValueError, match="microbatch_tokens and batch_tokens must be"):
-        scale("token", 2, 4)
-
-
 def test_high_entropy_mask_by_hand():
     entropy = torch.tensor([[0.1, 0.9, 0.5, 7.0], [0.3, 0.7, 0.2, 0.8]])
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
@@ -617,3 +556,83 @@ def test_family_option_errors():
             ValueError, match="entropy_coef must be a finite number >= 0"
         ):
             check_entropy_settings(bad, 1.0)
+
+
+# --- the records ---------------------------------------------------------------------
+
+MASK = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 0, 0, 0]])
+ADVANTAGES = torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64)
+# Without split sides, and with them (cliprange_high set; ratio_cap set).
+OPTION_SETS = (
+    {"cliprange": 0.2},
+    {"cliprange": 0.2, "cliprange_high": 0.28},
+    {"cliprange": 0.2, "ratio_cap": 3.0},
+)
+
+
+@pytest.fixture
+def log_probs() -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    policy = -torch.rand(MASK.shape, generator=generator, dtype=torch.float64)
+    old = policy + 0.6 * torch.randn(
+        MASK.shape, generator=generator, dtype=torch.float64
+    )
+    return policy.requires_grad_(), old
+
+
+@pytest.mark.parametrize("method", tuple(OBJECTIVE_RECORDS))
+@pytest.mark.parametrize("fields", OPTION_SETS, ids=("symmetric", "high", "cap"))
+def test_each_record_names_exactly_the_keys_its_loss_returns(method, fields, log_probs):
+    record = OBJECTIVE_RECORDS[method]
+    if "ratio_cap" in fields and not record.capped:
+        fields = {"cliprange": 0.2}  # a cap is refused where it does nothing
+    options = ObjectiveOptions(importance_reweighting_method=method, **fields)
+    policy, old = log_probs
+    _, diagnostics = objective_loss(
+        options, ADVANTAGES, policy, old if record.uses_ratio else None, MASK
+    )
+    assert set(diagnostics) == record.diagnostic_keys(options)
+
+
+def test_the_name_lists_derive_from_the_records():
+    # The lists the rest of the package reads, written out once more by hand.
+    assert {"noclip", "grpo", "gspo", "cispo", "sapo", "gmpo"} == RATIO_METHODS
+    assert {"grpo", "gspo", "cispo", "gmpo"} == CLIPPED_METHODS
+    assert {"gspo", "gmpo"} == SEQUENCE_METHODS
+    assert {"cispo", "gmpo"} == SPLIT_CLIP_METHODS
+    assert {"grpo", "gspo"} == CAPPED_METHODS
+    assert {name: r.loss for name, r in OBJECTIVE_RECORDS.items()} == OBJECTIVES
+    assert {
+        "clip_count", "clip_total", "importance_ratio_count", *CLIP_SIDE_KEYS[:2]
+    } == COUNT_KEYS  # fmt: skip
+
+
+def test_a_per_sequence_record_needs_the_mask_and_a_ratio_record_old_log_probs(
+    log_probs,
+):
+    policy, old = log_probs
+    gspo = ObjectiveOptions(importance_reweighting_method="gspo", cliprange=0.2)
+    with pytest.raises(ValueError, match=r"response_mask must be a tensor for 'gspo'"):
+        objective_loss(gspo, ADVANTAGES, policy, old, None)
+    sapo = ObjectiveOptions(importance_reweighting_method="sapo")
+    with pytest.raises(ValueError, match=r"old_log_probs must be a tensor for 'sapo'"):
+        objective_loss(sapo, ADVANTAGES, policy, None, MASK)
+
+
+def test_options_are_checked_once_when_built():
+    with pytest.raises(ValueError, match=r"cliprange must be positive for 'grpo'"):
+        ObjectiveOptions(importance_reweighting_method="grpo")
+    with pytest.raises(ValueError, match=r"importance_reweighting_method must be one"):
+        ObjectiveOptions(importance_reweighting_method="ppo")
+    with pytest.raises(ValueError, match=r"unknown objective option\(s\) \['eps'\]"):
+        ObjectiveOptions.from_keywords(eps=0.2)
+    with pytest.raises(TypeError):  # keywords only: no field can shift
+        ObjectiveOptions("grpo", 0.2)  # type: ignore[misc]
+
+
+def test_the_upper_clip_range_defaults_to_the_lower_one():
+    assert effective_cliprange_high(0.2, None) == 0.2
+    assert effective_cliprange_high(0.2, 0.28) == 0.28
+    assert effective_cliprange_high(None, None) is None
+    options = ObjectiveOptions(importance_reweighting_method="grpo", cliprange=0.2)
+    assert options.high_bound == pytest.approx(1.2)

@@ -1,4 +1,4 @@
-"""Tests for grpo_lab.math_verify_workers: CPU budget, wall ceiling, process hygiene."""
+"""Tests for grpo_lab.rewards.math_verify_workers: CPU budget, wall ceiling, process hygiene."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_lab import math_verify_workers
-from grpo_lab.math_verify_workers import MathGrade, MathGrader
+from grpo_lab.rewards import math_verify_workers
+from grpo_lab.rewards.math_verify_workers import MathGrade, MathGrader
 
 BUDGET = 0.3
 WALL = 1.0

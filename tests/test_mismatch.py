@@ -8,7 +8,7 @@ import torch
 from grpo_lab.logprobs import get_response_log_probs
 from grpo_lab.masks import pad_prompt_and_response_ids
 from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2
-from grpo_lab.rollouts import HFRolloutBackend, make_backend
+from grpo_lab.rollouts import HFRolloutBackend, build_backend, make_backend
 from grpo_lab.rollouts.base import SamplingSettings
 from grpo_lab.rollouts.mismatch import (
     PERTURBATIONS,
@@ -19,7 +19,6 @@ from grpo_lab.rollouts.mismatch import (
 )
 from grpo_lab.sampler_correction import sampler_correction_weights
 from grpo_lab.training.config import TrainConfig
-from grpo_lab.training.loop import build_backend
 
 PROMPTS = ["12345>", "7>", "98>"]
 

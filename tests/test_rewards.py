@@ -21,12 +21,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grpo_lab import rewards
-from grpo_lab.math_verify_workers import (
-    MathGrade,
-    MathGrader,
-    answer_rule_broken,
-    default_math_grader,
-)
 from grpo_lab.rewards import (
     contains_answer_reward,
     countdown_reward,
@@ -39,6 +33,12 @@ from grpo_lab.rewards import (
     parse_countdown_equation,
     r1_zero_reward,
     scratchpad_reward,
+)
+from grpo_lab.rewards.math_verify_workers import (
+    MathGrade,
+    MathGrader,
+    answer_rule_broken,
+    default_math_grader,
 )
 
 # A toy-reward call must return within this many seconds, even on a loaded machine.

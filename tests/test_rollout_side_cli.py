@@ -5,13 +5,14 @@ with one line naming the setting."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
-from grpo_lab import cli
-from grpo_lab.training.config import validation as config_module
+from grpo_lab.cli import main as cli
+from grpo_lab.rollouts import BACKEND_RECORDS
 from grpo_lab.training.dynamic_sampling import DynamicSamplingWarning
 
 SMOKE = ["train", "--profile", "smoke", "--steps", "2", "--no-progress"]
@@ -114,9 +115,8 @@ def test_a_bad_combination_exits_2_with_one_line_naming_it(
 ):
     flags, expected = BAD_COMBINATIONS[name]
     # Every backend reports sampler log-probs; hf is made one that does not.
-    monkeypatch.setattr(
-        config_module, "SAMPLER_LOG_PROB_BACKENDS", ("vllm", "mismatch")
-    )
+    hf = dataclasses.replace(BACKEND_RECORDS["hf"], sampler_log_probs=False)
+    monkeypatch.setitem(BACKEND_RECORDS, "hf", hf)
     code = cli.main([*SMOKE, "--run-dir", str(tmp_path / "run"), *flags])
     error = capsys.readouterr().err
     lines = [line for line in error.splitlines() if ": warning: " not in line]

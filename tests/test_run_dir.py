@@ -287,7 +287,7 @@ def test_metric_lines_without_a_checkpoint_are_not_overwritten(tmp_path):
 
 @pytest.mark.slow
 def test_two_command_line_runs_in_one_folder(tmp_path):
-    from grpo_lab import cli
+    from grpo_lab.cli import main as cli
 
     run_dir = tmp_path / "run"
     flags = [

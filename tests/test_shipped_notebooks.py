@@ -17,7 +17,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from grpo_lab import cli
+from grpo_lab.cli import main as cli
 from grpo_lab.instructor import shipped_notebooks
 from grpo_lab.instructor.rubric import MODEL_ANSWERS_NAME, find_exercises, load_rubric
 from grpo_lab.instructor.shipped_notebooks import (
@@ -48,7 +48,7 @@ def test_pyproject_lists_every_package_and_maps_the_notebooks():
     assert set(table["packages"]) == folders | {"grpo_lab.notebooks"}
     assert table["package-dir"] == {"grpo_lab.notebooks": "notebooks"}
     assert table["package-data"] == {
-        "grpo_lab": ["cli_flags.json"],  # the flags of a torch-free --help
+        "grpo_lab.cli": ["flags.json"],  # the flags of a torch-free --help
         "grpo_lab.notebooks": ["*.ipynb"],
         "grpo_lab.instructor": ["rubric.toml"],  # read by `grpo-lab grade`
     }
@@ -338,9 +338,9 @@ def test_the_wheel_ships_student_copies_and_grades_with_the_instructors_kit(tmp_
     assert_no_solution_and_no_answer(texts)  # nowhere in the wheel
     assert "raise NotImplementedError()" in texts[f"grpo_lab/notebooks/{NOTEBOOKS[3]}"]
     assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names)
-    assert "grpo_lab/cli_flags.json" in names  # the flags of a torch-free --help
+    assert "grpo_lab/cli/flags.json" in names  # the flags of a torch-free --help
     assert "grpo_lab/instructor/rubric.toml" in names  # points, read by grade
-    assert "grpo_lab/math_verify_template.py" in names  # run as a script
+    assert "grpo_lab/rewards/math_verify_template.py" in names  # run as a script
 
     site = tmp_path / "site"
     install = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps"]
@@ -409,8 +409,9 @@ def test_the_wheel_ships_student_copies_and_grades_with_the_instructors_kit(tmp_
 
 
 def _readme_container_recipe() -> str:
-    """The README's `docker run` recipe for untrusted classes, on one line."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    """The instructors' page's `docker run` recipe for untrusted classes, on one
+    line."""
+    text = (ROOT / "docs" / "instructors.md").read_text(encoding="utf-8")
     block = text.split("**For a class you do not trust**", 1)[1]
     block = block.split("```bash", 1)[1].split("```", 1)[0]
     return " ".join(line.strip().rstrip("\\") for line in block.strip().splitlines())

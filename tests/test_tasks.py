@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_lab.math_verify_workers import default_math_grader
 from grpo_lab.models import build_char_tokenizer
+from grpo_lab.rewards.math_verify_workers import default_math_grader
 from grpo_lab.tasks import Example, get_task, task_options
 from grpo_lab.tasks.math_data import (
     R1_ZERO_PROMPT,

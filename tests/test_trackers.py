@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from grpo_lab import cli
+from grpo_lab.cli import main as cli
 from grpo_lab.training import loop
 from grpo_lab.training import run_dir as run_dirs
 from grpo_lab.training import trackers as tracking

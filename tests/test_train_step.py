@@ -816,7 +816,7 @@ def test_a_step_with_no_signal_logs_the_keys_of_a_step_with_signal(
 
 
 def test_the_update_reads_settings_built_once(monkeypatch, tiny_qwen2, batch):
-    from grpo_lab import objectives
+    from grpo_lab import losses as objectives
     from grpo_lab.train_step import UpdateSettings
 
     settings = UpdateSettings(

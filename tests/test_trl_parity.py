@@ -27,7 +27,7 @@ import torch
 from trl import GRPOConfig
 
 from grpo_lab.advantages import compute_group_normalized_rewards
-from grpo_lab.integrations.trl import (
+from grpo_lab.integrations.trl.parity import (
     TrlFirstStep,
     fixed_completions_trainer,
     trl_first_step,
@@ -499,7 +499,7 @@ def table_names(column: int) -> list[tuple[str, str | None]]:
 
 
 def test_every_grpo_lab_name_in_the_translation_table_exists():
-    from grpo_lab import advantages, kl, losses
+    from grpo_lab import advantages, aggregation, kl, losses
     from grpo_lab.training.config import TrainConfig
 
     fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
@@ -512,7 +512,7 @@ def test_every_grpo_lab_name_in_the_translation_table_exists():
     values = {value for _, value in named}
     registries = (
         losses.REWEIGHTING_METHODS,
-        losses.LOSS_NORMALIZATIONS,
+        aggregation.LOSS_NORMALIZATIONS,
         advantages.BASELINES,
         advantages.ADVANTAGE_NORMALIZERS,
         kl.KL_ESTIMATORS,

@@ -3,7 +3,7 @@
 A fixed batch of calculator episodes (model turns replayed through the tool:
 calls answered, a wrong answer, an answer without a call, a failed call, a
 turn cut before EOS) goes to TRL 1.16's ``GRPOTrainer`` through the rollout_func
-that ``grpo-lab export trl`` writes (``grpo_lab.integrations.trl_tools``), with
+that ``grpo-lab export trl`` writes (``grpo_lab.integrations.trl.tools``), with
 the exported reward function. TRL's own ``_generate_and_score_completions`` and
 ``_compute_loss`` compute its masks, rewards, advantages and loss; grpo_lab's
 side is its loop's batch (``rollout_token_batch``), the task's reward, group
@@ -21,14 +21,14 @@ import pytest
 import torch
 
 from grpo_lab.advantages import compute_group_normalized_rewards
-from grpo_lab.integrations.trl_parity import _naive_scorer
-from grpo_lab.integrations.trl_tools import (
+from grpo_lab.integrations.trl.parity import _naive_scorer
+from grpo_lab.integrations.trl.tools import (
     make_rollout_func,
     rollout_func_output,
     tool_trainer_keywords,
     trainer_episode_sampler,
 )
-from grpo_lab.integrations.trl_trainer import trl_reward_function
+from grpo_lab.integrations.trl.trainer import trl_reward_function
 from grpo_lab.logprobs import get_response_log_probs
 from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2
 from grpo_lab.rollouts.multiturn import replayed_rollouts

@@ -13,8 +13,9 @@ import dataclasses
 import pytest
 
 from grpo_lab.errors import UserError
-from grpo_lab.integrations import trl as grpo_trl
-from grpo_lab.integrations import unrowed, verl_settings
+from grpo_lab.integrations import unrowed
+from grpo_lab.integrations.trl import translation as grpo_trl
+from grpo_lab.integrations.verl import settings as verl_settings
 from grpo_lab.training.config import TrainConfig
 from grpo_lab.training.config.fields import setting
 

@@ -16,7 +16,7 @@ import re
 
 import pytest
 
-from grpo_lab.integrations.verl_settings import EXPORTS, Target
+from grpo_lab.integrations.verl.settings import EXPORTS, Target
 from grpo_lab.training.config import TrainConfig
 
 # A dotted verl key in a note; not a file name such as data/reward.py, and not a
@@ -199,7 +199,7 @@ def test_a_notes_cases_are_what_its_converter_writes(configs):
 
 
 def test_every_field_is_exported_not_training_or_default_only():
-    from grpo_lab.integrations.verl_settings import (
+    from grpo_lab.integrations.verl.settings import (
         NOT_TRAINING_SETTINGS,
         exported_fields,
     )

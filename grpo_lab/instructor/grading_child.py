@@ -45,6 +45,8 @@ from typing import Any
 
 import torch
 
+from grpo_lab.instructor.tampering import Tampered
+
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
 # The most bytes one message may carry.
@@ -473,8 +475,6 @@ def _call(payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def _exception_reply(error: BaseException) -> dict[str, Any]:
-    from grpo_lab.instructor.grading_kernel import Tampered
-
     text = str(error)[:TEXT_LIMIT]
     if isinstance(error, Tampered):
         return {"tampered": text}
@@ -696,8 +696,6 @@ class _RemoteCall:
         """Apply the arguments' state after the call; the exception the student's
         function raised, if any. Raises Tampered (the child's guard saw a change)
         and ValueError (a result not built of plain types)."""
-        from grpo_lab.instructor.grading_kernel import Tampered
-
         reply = self.reply
         for argument, state in zip(self.args, _list(reply.get("states"))):
             apply_state(argument, state)

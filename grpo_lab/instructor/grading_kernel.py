@@ -51,7 +51,7 @@ verdict only when the line is the only one of its cell and carries the expected
 sequence number, and the cell itself ended cleanly; printed text and writes to
 file descriptors 1 and 2 are not read. :func:`run_exercise` and
 :func:`exercise_verdict` grade in one process (no child), for tests and tools
-outside a grading kernel. See the README's "For instructors" for what this does
+outside a grading kernel. See docs/instructors.md for what this does
 not defend against.
 """
 
@@ -69,6 +69,8 @@ import threading
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from grpo_lab.instructor.tampering import Tampered
 
 RESULT_FD_VARIABLE = "GRPO_LAB_RESULT_FD"
 TAMPERED_PREFIX = "the solution changed the grader's world: "
@@ -206,10 +208,6 @@ def _modes_and_threads() -> list[str]:
     if threading.active_count() > _state["threads"]:
         found.append("a thread started by the solution")
     return found
-
-
-class Tampered(Exception):
-    """The solution changed something the verdict depends on."""
 
 
 def check_world(where: str) -> None:

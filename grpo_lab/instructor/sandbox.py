@@ -119,8 +119,16 @@ def _allow_beneath(libc: ctypes.CDLL, ruleset: int, path: str, rights: int) -> N
         if not os.path.isdir(path):
             rights &= (1 << 1) | _TRUNCATE  # a file takes file rights only
         rule = _PathBeneathAttr(rights, descriptor)
-        if libc.syscall(LANDLOCK_ADD_RULE, ruleset, LANDLOCK_RULE_PATH_BENEATH,
-                        ctypes.byref(rule), 0) != 0:  # fmt: skip
+        if (
+            libc.syscall(
+                LANDLOCK_ADD_RULE,
+                ruleset,
+                LANDLOCK_RULE_PATH_BENEATH,
+                ctypes.byref(rule),
+                0,
+            )
+            != 0
+        ):
             raise OSError(ctypes.get_errno(), f"landlock_add_rule({path}) failed")
     finally:
         os.close(descriptor)

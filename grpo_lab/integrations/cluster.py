@@ -182,9 +182,12 @@ def copy_folder(source: Path, target: Path, progress: bool | None = None) -> Non
     total = sum(p.stat().st_size for p in source.rglob("*") if p.is_file())
     disable = None if progress is None else not progress
     with tqdm(
-        total=total, desc=f"copying {source.name}", unit="B", unit_scale=True,
+        total=total,
+        desc=f"copying {source.name}",
+        unit="B",
+        unit_scale=True,
         disable=disable,
-    ) as bar:  # fmt: skip
+    ) as bar:
 
         def copy_and_count(file: str, destination: str) -> None:
             shutil.copy2(file, destination)

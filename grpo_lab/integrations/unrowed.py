@@ -1,7 +1,7 @@
 """The fields an engine's table has no row for: refused unless they change nothing.
 
-TRL's :data:`~grpo_lab.integrations.trl.TRANSLATIONS` and verl's
-:data:`~grpo_lab.integrations.verl_settings.EXPORTS` hold one row per field
+TRL's :data:`~grpo_lab.integrations.trl.translation.TRANSLATIONS` and verl's
+:data:`~grpo_lab.integrations.verl.settings.EXPORTS` hold one row per field
 they carry, refuse or know to be harmless. A field with no row (a new setting,
 say, that only grpo_lab's own loss reads) needs none to be safe: an export
 refuses it, naming it, unless its value is the field's default or the setting

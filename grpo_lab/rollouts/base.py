@@ -10,9 +10,6 @@ import torch
 
 from grpo_lab.logprobs import check_temperature
 
-# Backends whose Rollouts carry sampler_log_probs (needed by a sampler correction).
-SAMPLER_LOG_PROB_BACKENDS = ("hf", "vllm", "mismatch")
-
 
 @dataclass(frozen=True)
 class SamplingSettings:

@@ -48,9 +48,9 @@ from typing import Any
 import torch
 
 from grpo_lab.logprobs import check_temperature, get_response_log_probs
+from grpo_lab.lora import merged_named_parameters
 from grpo_lab.masks import pad_prompt_and_response_ids
 from grpo_lab.rollouts.base import Rollouts, SamplingSettings, check_generate_arguments
-from grpo_lab.training.lora import merged_named_parameters
 
 # Sources checked (vllm-project/vllm unless named; commit prefixes):
 #   vllm/entrypoints/llm.py @10fdb8f0 (apply_model, collective_rpc,
@@ -376,7 +376,7 @@ def policy_weights_for_vllm(
     vLLM's Qwen2 loader does. ``.to(dtype)`` returns the parameter itself when
     it already has ``dtype``: no extra copy of the model is made. A policy
     with LoRA layers sends merged weights, W + (alpha / r) B A, under the base
-    model's names (:func:`grpo_lab.training.lora.merged_named_parameters`): vLLM
+    model's names (:func:`grpo_lab.lora.merged_named_parameters`): vLLM
     samples the adapted policy, and the sampler log-prob gap shows the sync.
     """
     config = getattr(policy, "config", None)

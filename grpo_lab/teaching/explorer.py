@@ -294,9 +294,14 @@ def plot_comparison(
         figure = axis.figure
     if not logged:
         axis.text(
-            0.5, 0.5, "not logged: a skipped update logs no loss/ diagnostics",
-            ha="center", va="center", transform=axis.transAxes, color="grey",
-        )  # fmt: skip
+            0.5,
+            0.5,
+            "not logged: a skipped update logs no loss/ diagnostics",
+            ha="center",
+            va="center",
+            transform=axis.transAxes,
+            color="grey",
+        )
     for label, (steps, values) in curves.items():
         sparse = len(steps) < 0.5 * max(len(s) for s, _ in curves.values())
         axis.plot(

@@ -69,8 +69,9 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as transformers_logging
 
+from grpo_lab import lora
 from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2, load_pretrained
-from grpo_lab.rollouts import make_backend
+from grpo_lab.rollouts import build_backend
 from grpo_lab.rollouts.base import (
     RolloutBackend,
     Rollouts,
@@ -91,7 +92,6 @@ from grpo_lab.train_step import (
     score_tokens,
 )
 from grpo_lab.training import checkpoint as checkpoints
-from grpo_lab.training import lora
 from grpo_lab.training import run_dir as run_dirs
 from grpo_lab.training.config import TrainConfig, inert_settings
 from grpo_lab.training.dynamic_sampling import (
@@ -327,41 +327,6 @@ def with_task_tool(config: TrainConfig, backend: RolloutBackend) -> RolloutBacke
         max_turns=task.max_turns,
         max_turn_tokens=task.max_turn_tokens,
     )
-
-
-def build_backend(
-    config: TrainConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
-) -> RolloutBackend:
-    """hf and mismatch wrap the live model; vllm loads its own copy, then syncs."""
-    if config.backend == "mismatch":
-        return make_backend(
-            "mismatch",
-            model,
-            tokenizer,
-            mismatch=config.mismatch,
-            scale=config.mismatch_scale,
-            sync_every=config.mismatch_sync_every,
-            max_batch_size=config.rollout_max_batch_size,
-        )
-    if config.backend == "hf":
-        return make_backend(
-            "hf",
-            model,
-            tokenizer,
-            max_batch_size=config.rollout_max_batch_size,
-            share_prompt_prefix=bool(config.share_prompt_prefix),  # auto samples so
-        )
-    backend = make_backend(
-        "vllm",
-        model,
-        tokenizer,
-        model_name_or_path=config.model,
-        dtype=config.autocast_dtype or config.dtype,
-        gpu_memory_utilization=config.vllm_gpu_memory_utilization,
-        seed=config.seed,
-    )
-    backend.sync(model)
-    return backend
 
 
 def resume_or_start(
@@ -694,9 +659,12 @@ def evaluate(
     ``progress`` shows a bar over the two passes (it closes when they are done).
     """
     bar = tqdm(
-        total=2, desc=f"evaluation at step {step}", unit="pass", leave=False,
+        total=2,
+        desc=f"evaluation at step {step}",
+        unit="pass",
+        leave=False,
         disable=not progress,
-    )  # fmt: skip
+    )
     with autocast(config), bar:
         greedy = held_out_scores(
             policy.backend,

@@ -61,8 +61,12 @@ DEFAULT_PARENT = Path("runs")
 # evaluate and checkpoint, and which trackers see the metrics, never what a
 # step computes.
 RESUMABLE_FIELDS = (
-    "steps", "eval_every", "checkpoint_every", "keep_checkpoints", "report_to",
-)  # fmt: skip
+    "steps",
+    "eval_every",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "report_to",
+)
 # Fields that name the run folder and the resume itself, not the run.
 _UNCOMPARED_FIELDS = ("run_dir", "resume")
 

@@ -26,7 +26,7 @@ except ImportError:
     pytest.skip("verl is not installed (make .venv-verl)", allow_module_level=True)
 
 # Recorded before anything here imports the plugin: verl itself loaded it.
-LOADED_BY_VERL = "grpo_lab.integrations.verl" in sys.modules
+LOADED_BY_VERL = "grpo_lab.integrations.verl.algorithms" in sys.modules
 
 from hydra import compose, initialize_config_dir  # noqa: E402
 from verl.trainer.config import AlgoConfig  # noqa: E402
@@ -35,11 +35,8 @@ from verl.utils.config import omega_conf_to_dataclass  # noqa: E402
 from verl.workers.config import FSDPActorConfig  # noqa: E402
 
 from grpo_lab.advantages import compute_group_normalized_rewards  # noqa: E402
-from grpo_lab.losses import (  # noqa: E402
-    OBJECTIVES,
-    aggregate_loss_across_microbatch,
-    compute_policy_gradient_loss,
-)
+from grpo_lab.aggregation import aggregate_loss_across_microbatch  # noqa: E402
+from grpo_lab.losses import OBJECTIVES, compute_policy_gradient_loss  # noqa: E402
 from grpo_lab.training.config import TrainConfig  # noqa: E402
 
 # GRPO_LAB_VERL_NOTES=FILE writes the table of differences there after the module.
@@ -158,7 +155,7 @@ def test_verl_loaded_the_plugin_from_its_entry_point():
 def test_registration_is_idempotent():
     import importlib
 
-    import grpo_lab.integrations.verl as plugin
+    import grpo_lab.integrations.verl.algorithms as plugin
 
     before = dict(core_algos.ADV_ESTIMATOR_REGISTRY)
     plugin.register()
@@ -280,7 +277,7 @@ def rewards_and_index(seed: int = 0):
 
 
 def test_every_estimator_matches_grpo_lab():
-    import grpo_lab.integrations.verl as plugin
+    import grpo_lab.integrations.verl.algorithms as plugin
 
     token_rewards, mask, index, scores, order = rewards_and_index()
     for name, (baseline, normalizer) in plugin.estimator_pairs().items():
@@ -366,7 +363,10 @@ def compose_exported(folder: Path):
 def test_exported_folder_composes_and_validates_in_verl(tmp_path):
     from verl.utils.config import validate_config
 
-    from grpo_lab.integrations.verl import objective_options, write_launch_folder
+    from grpo_lab.integrations.verl.algorithms import (
+        objective_options,
+        write_launch_folder,
+    )
 
     files = write_launch_folder(gpu_config(), tmp_path)
     assert {p.name for p in files} >= {"overrides.txt", "run.sh", "README.md"}
@@ -398,7 +398,7 @@ def test_exported_folder_composes_and_validates_in_verl(tmp_path):
 
 
 def test_constant_normalization_exports_loss_scale_factor(tmp_path):
-    from grpo_lab.integrations.verl import write_launch_folder
+    from grpo_lab.integrations.verl.algorithms import write_launch_folder
 
     config = gpu_config(
         loss_normalization="constant", normalization_constant=128 * 1024
@@ -429,7 +429,7 @@ def test_constant_normalization_exports_loss_scale_factor(tmp_path):
     ],
 )
 def test_settings_verl_cannot_carry_are_refused(tmp_path, name, changes):
-    from grpo_lab.integrations.verl import write_launch_folder
+    from grpo_lab.integrations.verl.algorithms import write_launch_folder
 
     with pytest.raises(ValueError, match=f"^{name} "):
         write_launch_folder(gpu_config(**changes), tmp_path)
@@ -437,7 +437,7 @@ def test_settings_verl_cannot_carry_are_refused(tmp_path, name, changes):
 
 
 def test_every_train_config_field_is_mapped_or_explained():
-    from grpo_lab.integrations.verl_launch import (
+    from grpo_lab.integrations.verl.launch import (
         EXPORTED_SETTINGS,
         NOT_TRAINING_SETTINGS,
     )
@@ -468,7 +468,7 @@ def rollout_replicas(cfg) -> int:
 def test_one_gpu_export_starts_a_rollout_engine_where_verls_default_would_not(
     tmp_path,
 ):
-    from grpo_lab.integrations.verl import write_launch_folder
+    from grpo_lab.integrations.verl.algorithms import write_launch_folder
 
     write_launch_folder(gpu_config(), tmp_path)
     cfg = compose_exported(tmp_path)
@@ -487,7 +487,7 @@ def test_one_gpu_export_starts_a_rollout_engine_where_verls_default_would_not(
 def test_eight_gpus_on_two_nodes_compose_and_validate(tmp_path):
     from verl.utils.config import validate_config
 
-    from grpo_lab.integrations.verl import write_launch_folder
+    from grpo_lab.integrations.verl.algorithms import write_launch_folder
 
     write_launch_folder(gpu_config(), tmp_path, gpus=8, nodes=2)
     cfg = compose_exported(tmp_path)
@@ -506,7 +506,7 @@ def test_eight_gpus_on_two_nodes_compose_and_validate(tmp_path):
 
 
 def test_the_defaults_the_readme_compares_against_are_verls(tmp_path):
-    from grpo_lab.integrations.verl_launch import VERL_DEFAULTS
+    from grpo_lab.integrations.verl.launch import VERL_DEFAULTS
 
     config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
     with initialize_config_dir(config_dir=config_dir, version_base=None):
@@ -521,7 +521,7 @@ def test_the_defaults_the_readme_compares_against_are_verls(tmp_path):
 def test_run_sh_makes_the_relative_paths_absolute_where_it_runs(tmp_path):
     import subprocess
 
-    from grpo_lab.integrations.verl import write_launch_folder
+    from grpo_lab.integrations.verl.algorithms import write_launch_folder
 
     write_launch_folder(gpu_config(), tmp_path / "made")
     moved = tmp_path / "moved"
@@ -543,7 +543,7 @@ def test_run_sh_makes_the_relative_paths_absolute_where_it_runs(tmp_path):
 
 
 def test_gspo_sets_loss_agg_mode_explicitly_and_verl_follows_it(tmp_path):
-    from grpo_lab.integrations.verl import write_launch_folder
+    from grpo_lab.integrations.verl.algorithms import write_launch_folder
 
     for normalization, mode in (
         ("token", "token-mean"),

@@ -38,16 +38,14 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.config import FSDPActorConfig
 
 from grpo_lab.advantages import compute_group_normalized_rewards
-from grpo_lab.integrations.verl_tools import (
+from grpo_lab.aggregation import aggregate_loss_across_microbatch
+from grpo_lab.integrations.verl.tools import (
     PARSER_NAME,
     TOOL_CONFIG_FILE,
     calculator_calls,
     verl_response_mask,
 )
-from grpo_lab.losses import (
-    aggregate_loss_across_microbatch,
-    compute_policy_gradient_loss,
-)
+from grpo_lab.losses import compute_policy_gradient_loss
 from grpo_lab.models import build_char_tokenizer
 from grpo_lab.rollouts.multiturn import replayed_rollouts
 from grpo_lab.tasks import get_task
@@ -101,7 +99,7 @@ def episodes(tokenizer, task):
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    from grpo_lab.integrations.verl import write_launch_folder
+    from grpo_lab.integrations.verl.algorithms import write_launch_folder
 
     out = tmp_path_factory.mktemp("verl_calculator")
     config = TrainConfig.for_profile("gpu", task="calculator", eval_size=16, steps=2)

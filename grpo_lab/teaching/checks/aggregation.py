@@ -3,12 +3,12 @@
 Exercise 1: reduce a (B, T) per-token loss to one scalar, either by the
 per-response mean (GRPO, "sequence") or by one constant divisor (Dr. GRPO,
 "constant"). The reference is
-:func:`grpo_lab.losses.aggregate_loss_across_microbatch`.
+:func:`grpo_lab.aggregation.aggregate_loss_across_microbatch`.
 
 Exercise 2: the whole scalar GRPO loss of a batch, from log-probs to the
 aggregated clipped surrogate. The reference is the train step's own pieces:
 :func:`grpo_lab.losses.compute_policy_gradient_loss` (``"grpo"``) reduced by
-:func:`grpo_lab.losses.aggregate_loss_across_microbatch`.
+:func:`grpo_lab.aggregation.aggregate_loss_across_microbatch`.
 
 Both are trained through, so values and gradients are compared.
 """
@@ -19,10 +19,8 @@ from collections.abc import Callable
 
 import torch
 
-from grpo_lab.losses import (
-    aggregate_loss_across_microbatch,
-    compute_policy_gradient_loss,
-)
+from grpo_lab.aggregation import aggregate_loss_across_microbatch
+from grpo_lab.losses import compute_policy_gradient_loss
 from grpo_lab.teaching.checks.framework import (
     CaseCount,
     ExerciseFailed,

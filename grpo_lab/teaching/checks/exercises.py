@@ -24,22 +24,22 @@ PACKAGE_COUNTERPARTS: dict[str, tuple[str, ...]] = {
     ),
     "check_clipped_loss": (
         "grpo_lab.losses.compute_policy_gradient_loss",
-        "grpo_lab.objectives._grpo_clip_loss",  # also OBJECTIVES["grpo"]
+        "grpo_lab.losses.grpo_clip_loss",  # also OBJECTIVES["grpo"]
     ),
     "check_sequence_ratio": (
         "grpo_lab.losses.compute_policy_gradient_loss",
         "grpo_lab.teaching.checks.gspo.reference_sequence_ratio",
     ),
-    "check_aggregate_loss": ("grpo_lab.losses.aggregate_loss_across_microbatch",),
+    "check_aggregate_loss": ("grpo_lab.aggregation.aggregate_loss_across_microbatch",),
     "check_grpo_loss": (
         "grpo_lab.train_step.microbatch_loss",
         "grpo_lab.losses.compute_policy_gradient_loss",
-        "grpo_lab.losses.aggregate_loss_across_microbatch",
+        "grpo_lab.aggregation.aggregate_loss_across_microbatch",
         "grpo_lab.teaching.checks.aggregation.reference_grpo_loss",
     ),
     "check_microbatch_losses": (
-        "grpo_lab.losses.microbatch_loss_scale",
-        "grpo_lab.losses.aggregate_loss_across_microbatch",
+        "grpo_lab.aggregation.microbatch_loss_scale",
+        "grpo_lab.aggregation.aggregate_loss_across_microbatch",
         "grpo_lab.teaching.checks.train_step.reference_microbatch_losses",
     ),
     "check_active_rows": ("grpo_lab.train_step.policy_gradient_update",),
@@ -61,8 +61,8 @@ PACKAGE_COUNTERPARTS: dict[str, tuple[str, ...]] = {
         "grpo_lab.teaching.checks.family.reference_dapo_kl_loss",
     ),
     "check_device_token_loss": (
-        "grpo_lab.losses.aggregate_loss_across_microbatch",
-        "grpo_lab.losses.microbatch_loss_scale",
+        "grpo_lab.aggregation.aggregate_loss_across_microbatch",
+        "grpo_lab.aggregation.microbatch_loss_scale",
         "grpo_lab.teaching.checks.scaling.reference_device_token_loss",
     ),
     "check_multi_turn_mask": (
@@ -70,7 +70,7 @@ PACKAGE_COUNTERPARTS: dict[str, tuple[str, ...]] = {
         "grpo_lab.rollouts.multiturn.segment_model_flags",
         "grpo_lab.rollouts.multiturn.multi_turn_token_batch",
     ),
-    "check_lora_linear": ("grpo_lab.training.lora.lora_linear",),
+    "check_lora_linear": ("grpo_lab.lora.lora_linear",),
     "check_corrected_loss": (
         "grpo_lab.train_step.microbatch_loss",
         "grpo_lab.sampler_correction.sampler_correction_weights",

@@ -20,10 +20,8 @@ from typing import Any
 
 import torch
 
-from grpo_lab.losses import (
-    aggregate_loss_across_microbatch,
-    compute_policy_gradient_loss,
-)
+from grpo_lab.aggregation import aggregate_loss_across_microbatch
+from grpo_lab.losses import compute_policy_gradient_loss
 from grpo_lab.teaching.checks.framework import (
     CaseCount,
     ExerciseFailed,

@@ -5,7 +5,7 @@ The exercise: the forward of a LoRA-adapted linear layer,
     y = x W^T + (alpha / r) x A^T B^T,   A (r, in), B (out, r),
 
 value and gradients to A and B. The reference is
-:func:`grpo_lab.training.lora.lora_linear` (what peft's layer computes). The
+:func:`grpo_lab.lora.lora_linear` (what peft's layer computes). The
 cases are built so that each plausible slip gives a different answer, and the
 message names the slip it recognises: the alpha / r scale forgotten (or
 written alpha, or r / alpha), A and B swapped, the frozen W x left out. Any
@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import torch
 
+from grpo_lab.lora import lora_linear
 from grpo_lab.teaching.checks.framework import (
     CaseCount,
     ExerciseFailed,
@@ -25,7 +26,6 @@ from grpo_lab.teaching.checks.framework import (
     assert_value_and_gradient,
     exercise_check,
 )
-from grpo_lab.training.lora import lora_linear
 
 LoraFunction = Callable[..., torch.Tensor]
 TOLERANCE = 1e-10  # float64 throughout
@@ -74,8 +74,10 @@ def _slips(x, weight, lora_A, lora_B, alpha, rank) -> dict[str, torch.Tensor]:
     }
     if weight.shape[0] == weight.shape[1]:  # x B A only multiplies when in = out
         swapped = base + (alpha / rank) * (x @ lora_B @ lora_A)
-        slips["A and B are swapped: A (r, in) maps x down to r numbers, then B "
-              "(out, r) maps them up: x A^T B^T"] = swapped  # fmt: skip
+        slips[
+            "A and B are swapped: A (r, in) maps x down to r numbers, then B "
+            "(out, r) maps them up: x A^T B^T"
+        ] = swapped
     return slips
 
 
@@ -114,9 +116,14 @@ def check_lora_linear(student_fn: LoraFunction, cases: CaseCount) -> None:
             )
             try:
                 assert_value_and_gradient(
-                    received, expected, student_B, reference_B, inputs,
-                    wrt="lora_B", atol=TOLERANCE,
-                )  # fmt: skip
+                    received,
+                    expected,
+                    student_B,
+                    reference_B,
+                    inputs,
+                    wrt="lora_B",
+                    atol=TOLERANCE,
+                )
             except ExerciseFailed as failure:
                 slip = _which_slip(received, case)
                 if slip is None:
@@ -127,6 +134,8 @@ def check_lora_linear(student_fn: LoraFunction, cases: CaseCount) -> None:
                     f"For {inputs}: the result's gradient does not reach lora_A"
                 )
             assert_close(
-                student_A.grad, reference_A.grad,
-                f"{inputs} (gradient w.r.t. lora_A)", atol=TOLERANCE,
-            )  # fmt: skip
+                student_A.grad,
+                reference_A.grad,
+                f"{inputs} (gradient w.r.t. lora_A)",
+                atol=TOLERANCE,
+            )

@@ -9,8 +9,8 @@ gradients, so device d must return
 with N the response tokens of the whole global batch, for the average over
 devices to be the global token mean (verl's ``token-mean`` with
 ``global_batch_info``). The reference is grpo_lab's accumulation rule,
-:func:`grpo_lab.losses.aggregate_loss_across_microbatch` (``"token"``) times
-:func:`grpo_lab.losses.microbatch_loss_scale`, times D. The cases have
+:func:`grpo_lab.aggregation.aggregate_loss_across_microbatch` (``"token"``) times
+:func:`grpo_lab.aggregation.microbatch_loss_scale`, times D. The cases have
 devices of unequal token counts, where a plain local token mean (or a missing
 factor D) answers differently, and global token counts N that D does not
 divide, where an integer division N // D does; values and gradients are
@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import torch
 
-from grpo_lab.losses import aggregate_loss_across_microbatch, microbatch_loss_scale
+from grpo_lab.aggregation import aggregate_loss_across_microbatch, microbatch_loss_scale
 from grpo_lab.teaching.checks.framework import (
     CaseCount,
     assert_value_and_gradient,

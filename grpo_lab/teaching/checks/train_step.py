@@ -22,12 +22,9 @@ from typing import Any
 
 import torch
 
+from grpo_lab.aggregation import aggregate_loss_across_microbatch, microbatch_loss_scale
 from grpo_lab.logprobs import get_response_log_probs
-from grpo_lab.losses import (
-    aggregate_loss_across_microbatch,
-    compute_policy_gradient_loss,
-    microbatch_loss_scale,
-)
+from grpo_lab.losses import compute_policy_gradient_loss
 from grpo_lab.masks import tokenize_prompt_and_output
 from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2
 from grpo_lab.teaching.checks.framework import (

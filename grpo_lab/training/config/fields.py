@@ -19,12 +19,10 @@ from grpo_lab.advantages import (
     BASELINES,
     NAN_REWARD_POLICIES,
 )
+from grpo_lab.aggregation import LOSS_NORMALIZATIONS
 from grpo_lab.kl import KL_ESTIMATORS
-from grpo_lab.losses import (
-    LOSS_NORMALIZATIONS,
-    REWEIGHTING_METHODS,
-)
-from grpo_lab.rollouts import BACKENDS
+from grpo_lab.losses import OBJECTIVE_RECORDS
+from grpo_lab.rollouts import BACKEND_RECORDS
 from grpo_lab.rollouts.mismatch import PERTURBATIONS
 from grpo_lab.sampler_correction import (
     CORRECTION_MODES,
@@ -251,7 +249,7 @@ class TrainFields:
         "arXiv:2506.13585), sapo (soft gate, arXiv:2511.20347) or gmpo "
         "(geometric mean, arXiv:2507.20673) weigh by pi / pi_old and need an "
         "off-policy schedule.",
-        REWEIGHTING_METHODS,
+        OBJECTIVE_RECORDS,
     )
     cliprange: float | None = setting(
         None,
@@ -349,7 +347,7 @@ class TrainFields:
         "sampling",
         "Rollout backend: hf (generate on the policy), vllm (GPU engine) or "
         "mismatch (a deliberately perturbed sampler, see 'sampler mismatch').",
-        BACKENDS,
+        BACKEND_RECORDS,
     )
     rollout_max_batch_size: int | None = setting(
         None,

@@ -8,6 +8,7 @@ from grpo_lab.losses import (
     CAPPED_METHODS,
     CLIPPED_METHODS,
 )
+from grpo_lab.rollouts import BACKEND_RECORDS
 from grpo_lab.training.config.fields import TrainFields
 
 
@@ -26,13 +27,27 @@ def inert_settings(config: TrainFields) -> dict[str, str]:
         )
     notes.update(_inert_family_settings(config))
     notes.update(_inert_sampler_bounds(config))
-    if config.backend == "vllm" and config.rollout_max_batch_size is not None:
-        notes["rollout_max_batch_size"] = "only the hf backend batches generation"
+    notes.update(_inert_backend_settings(config))
     sharing = _inert_prompt_sharing(config)
     if sharing:
         notes["share_prompt_prefix"] = sharing
     notes.update(_inert_length_settings(config))
     return notes
+
+
+def _inert_backend_settings(config: TrainFields) -> dict[str, str]:
+    """Set fields that only other rollout backends read (their records' fields)."""
+    own = BACKEND_RECORDS[config.backend].fields
+    readers: dict[str, list[str]] = {}
+    for name, record in BACKEND_RECORDS.items():
+        for field_name in record.fields:
+            readers.setdefault(field_name, []).append(name)
+    defaults = {f.name: f.default for f in dataclasses.fields(config)}
+    return {
+        name: f"only the {' and '.join(backends)} backend reads it"
+        for name, backends in readers.items()
+        if name not in own and getattr(config, name) != defaults[name]
+    }
 
 
 def _inert_length_settings(config: TrainFields) -> dict[str, str]:

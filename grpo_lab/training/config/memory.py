@@ -9,14 +9,14 @@ import os
 
 import torch
 
-from grpo_lab.training.config.fields import PROFILE_VARIABLE, PROFILES
-from grpo_lab.training.config.train_config import TrainConfig
-from grpo_lab.training.lora import (
+from grpo_lab.lora import (
     ADAPTER_TRAINING_BYTES,
     ALL_LINEAR,
     lora_parameter_count,
     qwen2_linear_shapes,
 )
+from grpo_lab.training.config.fields import PROFILE_VARIABLE, PROFILES
+from grpo_lab.training.config.train_config import TrainConfig
 
 # Parameters of the profiles' hub models, so the memory they need is known before
 # anything is downloaded: counted from their published architectures (Qwen2,

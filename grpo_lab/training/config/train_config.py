@@ -12,6 +12,12 @@ import dataclasses
 import json
 from typing import Any
 
+from grpo_lab.lora import (
+    ADAPTER_OPTIONS,
+    LoraSettings,
+    check_adapter_options_need_rank,
+    target_names,
+)
 from grpo_lab.train_step import UpdateSettings
 from grpo_lab.training.config.fields import (
     INERT_SETTINGS_KEY,
@@ -22,12 +28,6 @@ from grpo_lab.training.config.fields import (
 from grpo_lab.training.config.inert import inert_settings
 from grpo_lab.training.config.profiles import CPU_TASK_CHANGES, PROFILE_CHANGES
 from grpo_lab.training.config.validation import validate_config
-from grpo_lab.training.lora import (
-    ADAPTER_OPTIONS,
-    LoraSettings,
-    check_adapter_options_need_rank,
-    target_names,
-)
 
 
 class TrainConfig(TrainFields):

@@ -13,12 +13,21 @@ from grpo_lab.advantages import (
     check_advantage_settings,
 )
 from grpo_lab.logprobs import check_temperature
+from grpo_lab.lora import (
+    ADAPTER_OPTIONS,
+    check_adapter_fit,
+    check_adapter_options_need_rank,
+    check_lora_settings,
+    qwen2_linear_layers,
+    target_names,
+)
 from grpo_lab.losses import (
     REWEIGHTING_METHODS,
 )
 from grpo_lab.models import TINY_ATTENTION_HEADS
 from grpo_lab.prefix_sharing import check_share_prompt_prefix
-from grpo_lab.rollouts.base import SAMPLER_LOG_PROB_BACKENDS, check_sampling_settings
+from grpo_lab.rollouts import BACKEND_RECORDS
+from grpo_lab.rollouts.base import check_sampling_settings
 from grpo_lab.rollouts.mismatch import check_mismatch_settings
 from grpo_lab.sampler_correction import (
     check_sampler_correction,
@@ -30,14 +39,6 @@ from grpo_lab.train_step import (
 )
 from grpo_lab.training.config.fields import TrainFields
 from grpo_lab.training.dynamic_sampling import check_dynamic_sampling_settings
-from grpo_lab.training.lora import (
-    ADAPTER_OPTIONS,
-    check_adapter_fit,
-    check_adapter_options_need_rank,
-    check_lora_settings,
-    qwen2_linear_layers,
-    target_names,
-)
 from grpo_lab.training.overlong import check_overlong_settings
 from grpo_lab.training.parsers import check_report_to, parse_device
 
@@ -77,7 +78,7 @@ def _check_choices(config: TrainFields) -> None:
         value = getattr(config, config_field.name)
         if choices and value not in choices:
             raise ValueError(
-                f"{config_field.name} must be one of {choices}, got {value!r}"
+                f"{config_field.name} must be one of {tuple(choices)}, got {value!r}"
             )
     for name in ("model", "task", "device"):
         if not isinstance(getattr(config, name), str) or not getattr(config, name):
@@ -271,9 +272,10 @@ def _check_tool_task(config: TrainFields) -> None:
     if not uses_tools(config.task):
         return
     get_task(config.task, **config.task_options)  # its options' own ValueErrors
-    if config.backend not in ("hf", "vllm"):
+    if not BACKEND_RECORDS[config.backend].multi_turn:
+        multi_turn = " or ".join(map(repr, _backends_where("multi_turn")))
         raise ValueError(
-            f"backend must be 'hf' or 'vllm' for the tool-using task {config.task!r} "
+            f"backend must be {multi_turn} for the tool-using task {config.task!r} "
             "(multi-turn rollouts resume a backend from token ids), "
             f"got {config.backend!r}"
         )
@@ -293,13 +295,19 @@ def _check_sampler_correction(config: TrainFields) -> None:
     )
     if (
         config.sampler_correction != "none"
-        and config.backend not in SAMPLER_LOG_PROB_BACKENDS
+        and not BACKEND_RECORDS[config.backend].sampler_log_probs
     ):
+        reporting = _backends_where("sampler_log_probs")
         raise ValueError(
             f"sampler_correction {config.sampler_correction!r} needs the sampler's "
             f"log-probs, but backend {config.backend!r} returns none; use a backend "
-            f"in {SAMPLER_LOG_PROB_BACKENDS} or sampler_correction 'none'"
+            f"in {reporting} or sampler_correction 'none'"
         )
+
+
+def _backends_where(fact: str) -> tuple[str, ...]:
+    """The rollout backends whose record has ``fact`` set."""
+    return tuple(name for name, r in BACKEND_RECORDS.items() if getattr(r, fact))
 
 
 def _check_device(config: TrainFields) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 
 from grpo_lab.errors import UserError
 from grpo_lab.integrations.cluster import Cluster, portable_config, source_install
-from grpo_lab.integrations.trl import (
+from grpo_lab.integrations.trl.translation import (
     TESTED_TRL_VERSION,
     grpo_lab_trainer_reasons,
     to_trl_config,
@@ -71,15 +71,15 @@ from pathlib import Path
 from trl import GRPOConfig, GRPOTrainer
 
 from grpo_lab.integrations.cluster import resolve_task_options
-from grpo_lab.integrations.trl import data_parallel_batch
-from grpo_lab.integrations.trl_trainer import (
+from grpo_lab.integrations.trl.translation import data_parallel_batch
+from grpo_lab.integrations.trl.trainer import (
     hand_generate_the_tokenizer,
     peft_config_for,
     task_dataset,
     trainer_class_for,
     trl_reward_function,
 )
-from grpo_lab.integrations.trl_tools import tool_trainer_keywords
+from grpo_lab.integrations.trl.tools import tool_trainer_keywords
 from grpo_lab.models import load_tokenizer
 from grpo_lab.tasks import get_task
 from grpo_lab.training.config import TrainConfig
@@ -340,10 +340,21 @@ def _serve_script(config: TrainConfig, launch: TrlLaunch) -> str:
     model = "tiny_model" if config.model == "tiny" else config.model
     dtype = config.autocast_dtype or config.dtype
     command = [
-        "trl", "vllm-serve", "--model", '"$model"',
-        "--tensor-parallel-size", "1", "--data-parallel-size", str(serving),
-        "--dtype", dtype, "--host", "0.0.0.0", "--port", str(VLLM_SERVER_PORT),
-    ]  # fmt: skip
+        "trl",
+        "vllm-serve",
+        "--model",
+        '"$model"',
+        "--tensor-parallel-size",
+        "1",
+        "--data-parallel-size",
+        str(serving),
+        "--dtype",
+        dtype,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(VLLM_SERVER_PORT),
+    ]
     return (
         "#!/usr/bin/env bash\n"
         "# TRL's vLLM server for this run (start it before ./launch.sh).\n"

@@ -16,7 +16,7 @@ import re
 from collections import Counter
 from fractions import Fraction
 
-from grpo_lab.math_verify_workers import (
+from grpo_lab.rewards.math_verify_workers import (
     MathGrade,
     MathGrader,
     answer_rule_broken,
@@ -162,7 +162,7 @@ def r1_zero_reward(
 
     Bound: the response is only searched with ``str.find`` (linear time, any
     length); math-verify runs in a worker process with a CPU budget
-    (``grpo_lab.math_verify_workers``), so the caller waits at most about
+    (``grpo_lab.rewards.math_verify_workers``), so the caller waits at most about
     ``grader.cpu_seconds`` plus process overhead once a worker slot is free.
     ``grader`` defaults to ``default_math_grader()``.
     """

@@ -15,7 +15,7 @@ mask is then ``completion_mask * tool_mask``, the same mask as
 :func:`grpo_lab.rollouts.multiturn.pad_prompt_and_segment_ids` over the labels.
 ``logprobs`` holds the sampler's log-prob of each model token and 0.0 at tool
 tokens, as TRL's own tool loop pads them. The reward function is the task's
-(:func:`grpo_lab.integrations.trl.trl_reward_function`), on the decoded
+(:func:`grpo_lab.integrations.trl.translation.trl_reward_function`), on the decoded
 completion, tool replies included, as grpo_lab grades it.
 
 TRL's ``environment_factory`` is not used: it renders tools through the

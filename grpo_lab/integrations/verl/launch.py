@@ -10,7 +10,7 @@ task's local files or the hub at export, and ``reward.py``), ``task_files/``
 (the task's local files, which reward.py builds the task from) and README.md
 (install lines, launch, what maps where and what the export changed from
 verl's defaults). Nothing written holds an absolute path. The overrides are
-those of :mod:`grpo_lab.integrations.verl_settings`, one row per field.
+those of :mod:`grpo_lab.integrations.verl.settings`, one row per field.
 
 The vLLM rollout runs with tensor parallel size 1 (verl's default is 2, and
 verl 0.9.1 starts ``n_gpus // tensor_parallel`` rollout replicas: none on one
@@ -34,8 +34,8 @@ from grpo_lab.integrations.cluster import (
     portable_config,
     source_install,
 )
-from grpo_lab.integrations.verl import VERL_VERSION
-from grpo_lab.integrations.verl_settings import (  # noqa: F401 (read from here too)
+from grpo_lab.integrations.verl.algorithms import VERL_VERSION
+from grpo_lab.integrations.verl.settings import (  # noqa: F401 (read from here too)
     ACTOR,
     EXPORTED_SETTINGS,
     MODEL_PATH,
@@ -45,7 +45,7 @@ from grpo_lab.integrations.verl_settings import (  # noqa: F401 (read from here 
     launch_overrides,
     lora_overrides,
 )
-from grpo_lab.integrations.verl_tools import (
+from grpo_lab.integrations.verl.tools import (
     TOOL_CONFIG_FILE,
     TOOL_CONFIG_PATH,
     tool_config_text,
@@ -191,7 +191,7 @@ def _run_script(overrides: Mapping[str, Any], cluster: Cluster) -> str:
         "# verl logs a plugin that fails to import at debug level only; importing\n"
         "# it here as an external module makes a broken install fail loudly.\n"
         'export VERL_USE_EXTERNAL_MODULES="${VERL_USE_EXTERNAL_MODULES:-'
-        'grpo_lab.integrations.verl}"\n'
+        'grpo_lab.integrations.verl.algorithms}"\n'
         f"{ray}"
         "python -m verl.trainer.main_ppo \\\n"
         f"    {arguments} \\\n"

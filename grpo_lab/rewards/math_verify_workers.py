@@ -65,7 +65,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO
 
-from grpo_lab.math_verify_template import (
+from grpo_lab.rewards.math_verify_template import (
     HEDGING_RELATIONS,
     WARM_UP_PAIRS,
     GraderLimits,

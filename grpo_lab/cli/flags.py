@@ -5,7 +5,7 @@ package imports torch and the whole core (their registries give the choices), wh
 takes seconds, and longer on a loaded machine: too long for ``--help``. So the
 flags are kept here as data, ``cli_flags.json`` (each field's section, help,
 choices, type and every profile's value), written by
-``python -m grpo_lab.cli_flags`` from ``TrainConfig`` itself. The table records
+``python -m grpo_lab.cli.flags`` from ``TrainConfig`` itself. The table records
 the SHA-256 of the config package it was written from; when a file has changed
 since, the flags are read from ``TrainConfig`` directly (slower, never stale),
 and ``tests/test_cli_help.py`` fails until the table is written again.
@@ -25,8 +25,8 @@ import typing
 from pathlib import Path
 from typing import Any
 
-TABLE_PATH = Path(__file__).with_name("cli_flags.json")
-CONFIG_PACKAGE = Path(__file__).parent / "training" / "config"
+TABLE_PATH = Path(__file__).with_name("flags.json")
+CONFIG_PACKAGE = Path(__file__).parents[1] / "training" / "config"
 # The flag whose default is chosen by the machine, not by a profile.
 PROFILE_FIELD = "profile"
 
@@ -98,7 +98,7 @@ def current_table() -> dict[str, Any]:
 
 
 def write_table(path: Path = TABLE_PATH) -> Path:
-    """Write :func:`flag_table` to ``path`` (``python -m grpo_lab.cli_flags``)."""
+    """Write :func:`flag_table` to ``path`` (``python -m grpo_lab.cli.flags``)."""
     text = json.dumps(flag_table(), indent=1, ensure_ascii=False) + "\n"
     path.write_text(text, encoding="utf-8")
     return path

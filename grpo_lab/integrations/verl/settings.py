@@ -25,12 +25,13 @@ from grpo_lab.integrations.unrowed import (
     check_unrowed,
     unrowed_fields,
 )
-from grpo_lab.integrations.verl import (
+from grpo_lab.integrations.verl.algorithms import (
     DEFAULT_ADVANTAGE_EPS,
     LOSS_PREFIX,
     estimator_name,
 )
 from grpo_lab.losses import effective_cliprange_high
+from grpo_lab.rollouts import BACKEND_RECORDS
 from grpo_lab.training.config import TrainConfig
 from grpo_lab.training.parsers import parse_report_to
 
@@ -94,6 +95,14 @@ def _nothing(config: Any, target: Target) -> dict[str, Any]:
 
 
 # --- run, model, task -----------------------------------------------------------------
+
+
+def _backend(config: Any, target: Target) -> dict[str, Any]:
+    """The backend record's verl overrides, or its refusal."""
+    overrides = BACKEND_RECORDS[config.backend].verl
+    if isinstance(overrides, str):
+        raise _refuse("backend", "hf or vllm", f"{config.backend} ({overrides})")
+    return {**overrides, f"{ROLLOUT}.tensor_model_parallel_size": 1}
 
 
 def _seed(config: Any, target: Target) -> dict[str, Any]:
@@ -498,11 +507,9 @@ EXPORTS: dict[str, Export] = {
     "top_p": E(_one(f"{ROLLOUT}.top_p", lambda c: c.top_p), "rollout.top_p"),
     "max_new_tokens": E(_max_new_tokens, "data.max_response_length (None: the task's)"),
     "backend": E(
-        lambda c, t: {
-            f"{ROLLOUT}.name": "vllm",
-            f"{ROLLOUT}.tensor_model_parallel_size": 1,
-        },
-        "rollout.name vllm (verl samples with its own engine)",
+        _backend,
+        "rollout.name vllm (verl samples with its own engine); the backend "
+        "record's refusal otherwise",
     ),
     "vllm_gpu_memory_utilization": E(
         _one(

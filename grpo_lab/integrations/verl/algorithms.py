@@ -14,7 +14,7 @@ adds grpo_lab's to them:
 
 verl imports every entry point of the group ``verl.plugins`` when ``verl`` is
 first imported (``VERL_USE_EXTERNAL_PLUGINS``: ``auto``, ``none`` or a list of
-names); pyproject.toml declares ``grpo_lab = grpo_lab.integrations.verl``
+names); pyproject.toml declares ``grpo_lab = grpo_lab.integrations.verl.algorithms``
 there, and importing this module registers everything. verl logs a plugin
 that fails to import at debug level only, so the exported run.sh also names the
 module in ``VERL_USE_EXTERNAL_MODULES`` (imported without a guard). Registering
@@ -74,7 +74,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -85,13 +84,12 @@ from grpo_lab.advantages import (
     BASELINES,
     compute_group_normalized_rewards,
 )
+from grpo_lab.aggregation import aggregate_loss_across_microbatch, microbatch_loss_scale
 from grpo_lab.losses import (
     CAPPED_METHODS,
     OBJECTIVES,
     SEQUENCE_METHODS,
     ObjectiveOptions,
-    aggregate_loss_across_microbatch,
-    microbatch_loss_scale,
 )
 
 try:
@@ -464,12 +462,3 @@ def register() -> None:
 
 if core_algos is not None:  # loaded by verl's plugin loader: register at import
     register()
-
-# --- the launch folder (grpo_lab.integrations.verl_launch) ----------------------
-
-
-def write_launch_folder(config: Any, out_dir: str | Path, **options: Any) -> list:
-    """:func:`grpo_lab.integrations.verl_launch.write_launch_folder`."""
-    from grpo_lab.integrations.verl_launch import write_launch_folder as write
-
-    return write(config, out_dir, **options)

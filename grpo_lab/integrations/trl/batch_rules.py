@@ -1,7 +1,8 @@
 """TRL 1.16's own batch rules, as ``GRPOConfig`` checks them when it is built.
 
 :func:`trl_batch_problem` says what TRL would refuse in a set of ``GRPOConfig``
-arguments, so that :func:`grpo_lab.integrations.trl.to_trl_config` refuses it
+arguments, so that
+:func:`grpo_lab.integrations.trl.translation.to_trl_config` refuses it
 first, naming the grpo_lab field (``tests/test_integrations_trl.py`` holds it
 to ``GRPOConfig``'s own validation on a grid).
 """

@@ -1,6 +1,6 @@
 """The template process of ``math_verify_workers``: run as a script, it grades.
 
-``MathGrader`` (in :mod:`grpo_lab.math_verify_workers`) starts this file as
+``MathGrader`` (in :mod:`grpo_lab.rewards.math_verify_workers`) starts this file as
 ``python -P -B math_verify_template.py LIMITS_JSON``. Run that way it imports
 math-verify, grades ``WARM_UP_PAIRS`` once, freezes its heap and then relays
 request lines from stdin to forked workers, each grading under a CPU timer, an

@@ -1,7 +1,7 @@
 """The calculator inside verl's agent loop (needs verl 0.9.1).
 
 ``CalculatorVerlTool`` is the ``BaseTool`` that ``tool_config.yaml`` names
-(:mod:`grpo_lab.integrations.verl_tools`): ``execute`` answers
+(:mod:`grpo_lab.integrations.verl.tools`): ``execute`` answers
 ``{"expression": ...}`` with :class:`grpo_lab.rollouts.tools.CalculatorTool`,
 the same parser-only, bounded calculator grpo_lab's rollout calls (never
 ``eval``). ``CalculatorCallParser``, registered in verl's ``ToolParser``
@@ -20,7 +20,7 @@ from typing import Any
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
-from grpo_lab.integrations import verl_tools
+from grpo_lab.integrations.verl import tools as verl_tools
 from grpo_lab.rollouts.tools import CalculatorTool
 
 try:  # verl's agent loop: a full verl install

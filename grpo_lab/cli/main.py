@@ -41,14 +41,14 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from grpo_lab import cli_flags
-from grpo_lab.cli_config_file import (
+from grpo_lab.cli import flags as cli_flags
+from grpo_lab.cli.config_file import (
     FIELD_NAMES,
     FLAG_TABLE,
     USAGE_HINT,
     read_config_file,
 )
-from grpo_lab.cli_course import COURSE_COMMANDS, add_course_commands
+from grpo_lab.cli.course import COURSE_COMMANDS, add_course_commands
 from grpo_lab.errors import UserError
 
 # Torch, the core and training are imported inside the commands that use them,
@@ -240,29 +240,43 @@ def _add_export_command(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     export_parser.add_argument("target", choices=("trl", "verl"))
     export_parser.add_argument(
-        "source_run", nargs="?", metavar="RUN_DIR", default=None,
+        "source_run",
+        nargs="?",
+        metavar="RUN_DIR",
+        default=None,
         help="a run folder: export its config, starting from its warm-up's "
         "checkpoint (instead of profile, --config and flags)",
-    )  # fmt: skip
+    )
     export_parser.add_argument(
         "--out", metavar="DIR", dest="out_dir", required=True, help="a new folder"
     )
     export_parser.add_argument(
-        "--config", metavar="FILE", dest="config_file", default=None,
+        "--config",
+        metavar="FILE",
+        dest="config_file",
+        default=None,
         help="a YAML or JSON file of TrainConfig fields; flags override it",
-    )  # fmt: skip
+    )
     export_parser.add_argument(
-        "--gpus", type=int, default=1, metavar="N",
+        "--gpus",
+        type=int,
+        default=1,
+        metavar="N",
         help="GPUs per machine (default: 1); N x M processes in all",
-    )  # fmt: skip
+    )
     export_parser.add_argument(
-        "--nodes", type=int, default=1, metavar="M",
+        "--nodes",
+        type=int,
+        default=1,
+        metavar="M",
         help="machines (default: 1): accelerate's machine ranks, verl's Ray cluster",
-    )  # fmt: skip
+    )
     export_parser.add_argument(
-        "--vllm-mode", choices=("colocate", "server"), default="colocate",
+        "--vllm-mode",
+        choices=("colocate", "server"),
+        default="colocate",
         help="trl only: vLLM beside each process, or TRL's `trl vllm-serve` server",
-    )  # fmt: skip
+    )
     export_parser.add_argument(
         "--no-progress", action="store_true", help="no progress bar"
     )
@@ -410,7 +424,7 @@ def run_train(arguments: argparse.Namespace) -> int:
     config = train_config(arguments)
     check_can_train(config)
     if arguments.push_to_hub is not None:  # before training, not after it
-        from grpo_lab.hub import check_repo_id, hub_token
+        from grpo_lab.integrations.hub import check_repo_id, hub_token
 
         check_repo_id(arguments.push_to_hub)
         hub_token()
@@ -433,7 +447,7 @@ def run_train(arguments: argparse.Namespace) -> int:
         run_dirs.release_run_dir(config.run_dir)
     _print_summary(result.run_dir, result.history)
     if arguments.push_to_hub is not None:
-        from grpo_lab.hub import push_run
+        from grpo_lab.integrations.hub import push_run
 
         print(f"pushed to {push_run(result.run_dir, arguments.push_to_hub)}")
     return 0
@@ -483,7 +497,7 @@ def run_plot(arguments: argparse.Namespace) -> int:
 
 def run_push(arguments: argparse.Namespace) -> int:
     """``grpo-lab push RUN_DIR REPO_ID``: the final model and its card to the Hub."""
-    from grpo_lab.hub import push_run
+    from grpo_lab.integrations.hub import push_run
 
     url = push_run(
         arguments.run_dir,
@@ -497,8 +511,8 @@ def run_push(arguments: argparse.Namespace) -> int:
 
 def run_merge(arguments: argparse.Namespace) -> int:
     """``grpo-lab merge RUN_DIR --out DIR``: the adapted model as a plain one."""
+    from grpo_lab import lora
     from grpo_lab.models import load_pretrained, load_tokenizer
-    from grpo_lab.training import lora
     from grpo_lab.training.config import TrainConfig
     from grpo_lab.training.loop import BASE_MODEL_DIR, FINAL_MODEL_DIR, tiny_model
 
@@ -552,9 +566,11 @@ def run_export(arguments: argparse.Namespace) -> int:
     from grpo_lab.training.checkpoint import quiet_transformers
 
     with tqdm(
-        total=2, desc=f"export {arguments.target}", unit="stage",
+        total=2,
+        desc=f"export {arguments.target}",
+        unit="stage",
         disable=True if arguments.no_progress else None,
-    ) as stages:  # fmt: skip
+    ) as stages:
         stages.set_postfix_str("reading the settings")
         config = _export_config(arguments)
         stages.update()
@@ -588,7 +604,7 @@ def _write_export(arguments: argparse.Namespace, config) -> list:
     out_dir = Path(arguments.out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise UserError(f"{out_dir} is not an empty folder", "give --out a new folder")
-    module = f"grpo_lab.integrations.{arguments.target}"
+    module = f"grpo_lab.integrations.{arguments.target}.launch"
     # The verl folder is written without verl; TRL's needs trl's GRPOConfig.
     if arguments.target == "trl" and importlib.util.find_spec("trl") is None:
         raise UserError("trl is not installed", "pip install trl==1.16.0")
@@ -654,7 +670,7 @@ def _flag_hints(unknown: list[str]) -> str:
         if token.startswith("--"):
             name = token[2:].split("=", 1)[0].replace("-", "_")
             if name not in FIELD_NAMES:
-                from grpo_lab.integrations.trl_names import trl_name_hint
+                from grpo_lab.integrations.trl.names import trl_name_hint
 
                 hint = trl_name_hint(name)
                 if hint is not None:

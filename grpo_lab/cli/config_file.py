@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from grpo_lab.cli_flags import current_table, field_names
+from grpo_lab.cli.flags import current_table, field_names
 from grpo_lab.errors import UserError
 
 # The flags as data (cli.py reads them from here too): a file's keys are theirs.
@@ -84,7 +84,7 @@ def read_config_file(path: str | Path, *, from_trl: bool = False) -> dict[str, A
 
 
 def _translated_from_trl(values: dict[str, Any], path: Path) -> dict[str, Any]:
-    from grpo_lab.integrations.trl_names import from_trl_values
+    from grpo_lab.integrations.trl.names import from_trl_values
 
     try:
         return from_trl_values(values)
@@ -213,7 +213,7 @@ def _unknown_name_hint(name: str) -> str:
     'nearest'? " (difflib), else ""."""
     name = name.replace("-", "_")
     if name not in FIELD_NAMES:
-        from grpo_lab.integrations.trl_names import trl_name_hint
+        from grpo_lab.integrations.trl.names import trl_name_hint
 
         trl = trl_name_hint(name)
         if trl is not None:

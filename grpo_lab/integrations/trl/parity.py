@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from trl import GRPOTrainer
 
-from grpo_lab.integrations.trl import to_trl_config
-from grpo_lab.integrations.trl_trainer import trainer_class_for
+from grpo_lab.integrations.trl.trainer import trainer_class_for
+from grpo_lab.integrations.trl.translation import to_trl_config
 from grpo_lab.training.config import TrainConfig
 
 # --- one step of TRL on fixed completions ------------------------------------------

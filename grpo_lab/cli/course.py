@@ -103,9 +103,11 @@ def _add_instructor_command(commands: Any, common: argparse.ArgumentParser) -> N
     instructor_parser.add_argument("action", choices=("kit",))
     instructor_parser.add_argument("out_dir", metavar="KIT")
     instructor_parser.add_argument(
-        "--source", default=None, metavar="CHECKOUT",
+        "--source",
+        default=None,
+        metavar="CHECKOUT",
         help="the course's checkout (default: the one grpo_lab is imported from)",
-    )  # fmt: skip
+    )
     instructor_parser.add_argument(
         "--force", action="store_true", help="overwrite a kit already in KIT"
     )

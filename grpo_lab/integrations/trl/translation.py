@@ -26,7 +26,6 @@ still read from here.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -35,10 +34,11 @@ import torch
 
 from grpo_lab.errors import UserError
 from grpo_lab.integrations.cluster import refusal_counts, split_rows
-from grpo_lab.integrations.trl_batch_rules import trl_batch_problem
+from grpo_lab.integrations.trl.batch_rules import trl_batch_problem
 from grpo_lab.integrations.unrowed import DEFAULT_ONLY_NOTE, check_unrowed
 from grpo_lab.integrations.unrowed import unrowed_fields as _unrowed
 from grpo_lab.losses import effective_cliprange_high
+from grpo_lab.rollouts import BACKEND_RECORDS
 from grpo_lab.tasks import get_task
 from grpo_lab.training.config import TrainConfig, inert_settings
 from grpo_lab.training.parsers import parse_report_to
@@ -46,7 +46,7 @@ from grpo_lab.training.parsers import parse_report_to
 TESTED_TRL_VERSION = "1.16.0"
 TRL_ADVANTAGE_EPS = 1e-4  # TRL divides by std + 1e-4, a constant
 TRL_EPSILON = 0.2  # GRPOConfig's default epsilon
-FIX = "see the README's 'When you outgrow one GPU'"
+FIX = "see docs/scaling_out.md"
 
 
 def _refuse(field: str, value: Any, why: str, fix: str = FIX) -> UserError:
@@ -158,14 +158,26 @@ def _advantages(config: TrainConfig, num_processes: int) -> dict[str, Any]:
     return {"scale_rewards": _SCALE_REWARDS[config.advantage_normalizer]}
 
 
+# The objectives TRL 1.16 computes, and its importance_sampling_level for each;
+# any other (noclip, gmpo, or one added to the family later) is refused by name.
+TRL_OBJECTIVES = {
+    "none": "token",
+    "grpo": "token",
+    "gspo": "sequence",
+    "cispo": "token",
+    "sapo": "token",
+}
+
+
 def _objective(config: TrainConfig, num_processes: int) -> dict[str, Any]:
     method = config.importance_reweighting_method
-    if method in ("noclip", "gmpo"):
+    if method not in TRL_OBJECTIVES:
         raise _refuse(
-            "importance_reweighting_method", method, "TRL 1.16 has no such loss_type"
+            "importance_reweighting_method",
+            method,
+            f"TRL 1.16 has no such loss_type (it computes {tuple(TRL_OBJECTIVES)})",
         )
-    level = "sequence" if method == "gspo" else "token"
-    return {"importance_sampling_level": level}
+    return {"importance_sampling_level": TRL_OBJECTIVES[method]}
 
 
 def _cliprange(config: TrainConfig, num_processes: int) -> dict[str, Any]:
@@ -276,18 +288,12 @@ def _max_new_tokens(config: TrainConfig, num_processes: int) -> dict[str, Any]:
 
 
 def _backend(config: TrainConfig, num_processes: int) -> dict[str, Any]:
-    if config.backend == "hf":
-        return {"use_vllm": False}
-    if config.backend == "mismatch":
-        raise _refuse(
-            "backend",
-            config.backend,
-            "the mismatch backend is a teaching simulator of a sampler that is not "
-            "the policy; TRL samples with transformers or vLLM: use hf or vllm",
-        )
-    # grpo_lab's vllm engine shares the policy's GPU; sampler_correction says
-    # whether TRL corrects for the mismatch.
-    return {"use_vllm": True, "vllm_mode": "colocate"}
+    """The backend record's TRL arguments (sampler_correction says whether TRL
+    corrects for a sampler that is not the policy), or its refusal."""
+    arguments = BACKEND_RECORDS[config.backend].trl
+    if isinstance(arguments, str):
+        raise _refuse("backend", config.backend, arguments)
+    return dict(arguments)
 
 
 def _mismatch(config: TrainConfig, num_processes: int) -> dict[str, Any]:
@@ -474,6 +480,12 @@ class Translation:
 
 
 T = Translation
+
+
+def _lora_lr(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    return {"learning_rate": config.lora_lr} if config.lora_rank > 0 else {}
+
+
 TRANSLATIONS: dict[str, Translation] = {
     "seed": T(("seed",), lambda c, n: {"seed": c.seed}, "prompt order differs"),
     "steps": T(("max_steps",), _steps, "x optimizer steps per rollout batch"),
@@ -491,6 +503,8 @@ TRANSLATIONS: dict[str, Translation] = {
         ("gradient_accumulation_steps",), _accumulation, "/ processes if they split"
     ),
     "lr": T(("learning_rate", "optim"), _lr, "AdamW (torch)"),
+    # After "lr": with adapters, their rate replaces it.
+    "lora_lr": T(("learning_rate",), _lora_lr, "lora_rank > 0: learning_rate"),
     "lr_warmup_steps": T(
         ("lr_scheduler_type", "warmup_steps"),
         _warmup,
@@ -637,6 +651,11 @@ LAUNCH_SETTINGS: dict[str, str] = {
     "chat_template": "train.py writes prompts as user messages (TRL applies it)",
     "eval_size": "train.py's eval dataset size",
     "resume": "train.py passes resume_from_checkpoint",
+    "lora_rank": "train.py passes peft_config (peft_config_for) to GRPOTrainer",
+    "lora_alpha": "peft_config's lora_alpha",
+    "lora_dropout": "peft_config's lora_dropout",
+    "lora_target_modules": "peft_config's target_modules",
+    "lora_train_norms": "peft_config's modules_to_save (the RMSNorm modules)",
 }
 
 NOT_TRAINING_SETTINGS: dict[str, str] = {
@@ -755,48 +774,3 @@ def translation_table(*, config_class: type = TrainConfig) -> str:
         f"| `{n}` | — | {DEFAULT_ONLY_NOTE} |" for n in _unrowed(config_class, _TABLES)
     ]
     return "\n".join(rows)
-
-
-# --- LoRA -------------------------------------------------------------------------
-
-LAUNCH_SETTINGS.update(
-    {
-        "lora_rank": "train.py passes peft_config (peft_config_for) to GRPOTrainer",
-        "lora_alpha": "peft_config's lora_alpha",
-        "lora_dropout": "peft_config's lora_dropout",
-        "lora_target_modules": "peft_config's target_modules",
-        "lora_train_norms": "peft_config's modules_to_save (the RMSNorm modules)",
-    }
-)
-
-
-def _lora_lr(config: TrainConfig, num_processes: int) -> dict[str, Any]:
-    return {"learning_rate": config.lora_lr} if config.lora_rank > 0 else {}
-
-
-# After "lr": with adapters, their rate replaces it.
-TRANSLATIONS["lora_lr"] = Translation(
-    ("learning_rate",), _lora_lr, "lora_rank > 0: learning_rate"
-)
-
-
-# --- names kept in the modules of their own job ------------------------------------
-
-# Still read from here (the notebooks' ``grpo_trl.trl_first_step_loss``), loaded
-# on first use: importing the table imports neither trl nor the modules that
-# import the table.
-MOVED = {
-    "peft_config_for": "trl_trainer",
-    "TrlFirstStep": "trl_parity",
-    "fixed_completions_trainer": "trl_parity",
-    "trl_first_step": "trl_parity",
-    "trl_first_step_loss": "trl_parity",
-    "write_launch_folder": "trl_launch",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name not in MOVED:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module = importlib.import_module(f"grpo_lab.integrations.{MOVED[name]}")
-    return getattr(module, name)

@@ -1,7 +1,8 @@
 """GrpoLabTrainer: TRL's GRPOTrainer with what TRL lacks, and its data and reward.
 
-Imports trl (and torch): the translation table (``grpo_lab.integrations.trl``)
-does not, so a config can be translated without them.
+Imports trl (and torch): the translation table
+(``grpo_lab.integrations.trl.translation``) does not, so a config can be
+translated without them.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 from trl import GRPOTrainer
 
 from grpo_lab.advantages import compute_group_normalized_rewards
-from grpo_lab.integrations.trl import (
+from grpo_lab.integrations.trl.translation import (
     grpo_lab_trainer_reasons,
     optimizer_steps_per_grpo_step,
 )
@@ -177,7 +178,7 @@ def trainer_class_for(config: TrainConfig, *, num_processes: int = 1) -> type:
 def peft_config_for(config: TrainConfig) -> Any:
     """The ``peft.LoraConfig`` GRPOTrainer's ``peft_config`` takes for
     ``config``'s adapters (the one grpo_lab trains with), None without."""
-    from grpo_lab.training.lora import peft_lora_config
+    from grpo_lab.lora import peft_lora_config
 
     settings = config.lora_settings()
     return None if settings is None else peft_lora_config(settings)

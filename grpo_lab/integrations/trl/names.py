@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from grpo_lab.errors import UserError
-from grpo_lab.integrations.trl import (
+from grpo_lab.integrations.trl.translation import (
     FIX,
     TRANSLATIONS,
     TRL_EPSILON,
@@ -113,8 +113,8 @@ def from_trl_values(values: dict[str, Any]) -> dict[str, Any]:
         elif name not in trl_names and name not in ("max_steps", "loss_type"):
             raise UserError(
                 f"TRL's `{name}` has no grpo_lab counterpart",
-                "the TRL names grpo_lab reads are those of the table in the "
-                "README's 'When you outgrow one GPU'",
+                "the TRL names grpo_lab reads are those of the table in "
+                "docs/scaling_out.md",
             )
     fields = _batch_and_steps(fields, values)
     _check_translates_back(_built(fields), values)

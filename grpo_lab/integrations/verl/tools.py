@@ -13,7 +13,7 @@ tokens the loop appended, which is grpo_lab's model-only mask
 
 ``grpo-lab export verl`` on a tool-using task writes ``tool_config.yaml``
 (:func:`tool_config`) naming
-:class:`grpo_lab.integrations.verl_calculator.CalculatorVerlTool` (the same
+:class:`grpo_lab.integrations.verl.calculator.CalculatorVerlTool` (the same
 exact calculator, :class:`grpo_lab.rollouts.tools.CalculatorTool`)
 and adds :func:`tool_overrides`: the multi-turn switch, the tool config, the
 turn limit and grpo_lab's call-tag parser (``grpo_lab_calculator``, registered
@@ -36,7 +36,7 @@ from grpo_lab.rollouts.tools import CalculatorTool
 from grpo_lab.tasks import get_task, uses_tools
 
 TOOL_NAME = "calculator"
-TOOL_CLASS = "grpo_lab.integrations.verl_calculator.CalculatorVerlTool"
+TOOL_CLASS = "grpo_lab.integrations.verl.calculator.CalculatorVerlTool"
 PARSER_NAME = "grpo_lab_calculator"
 TOOL_CONFIG_FILE = "tool_config.yaml"
 MULTI_TURN = "actor_rollout_ref.rollout.multi_turn"
