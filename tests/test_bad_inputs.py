@@ -1984,7 +1984,7 @@ def test_a_nan_reward_is_ignored_when_the_config_says_so(tmp_path, monkeypatch):
 CONFIG_CASES = [
     ({"lora_lr": 1e-3}, "lora_lr", "0.001"),
     ({"lora_alpha": 8.0}, "lora_alpha", "8.0"),
-    ({"lora_train_norms": True}, "lora_train_norms", "True"),  # given, even at default
+    ({"lora_train_norms": False}, "lora_train_norms", "False"),
     ({"lora_dropout": 0.1}, "lora_dropout", "0.1"),
     ({"lora_rank": 4, "lora_target_modules": "no_such_proj"}, "lora_target_modules",
      "'no_such_proj'"),

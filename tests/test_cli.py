@@ -469,7 +469,7 @@ def test_a_model_folder_is_copied_with_a_byte_bar(tmp_path, capsys):
     [
         (["--lora-lr", "1e-3"], "lora_lr"),
         (["--lora-alpha", "8"], "lora_alpha"),
-        (["--lora-train-norms"], "lora_train_norms"),
+        (["--no-lora-train-norms"], "lora_train_norms"),
         (
             ["--lora-rank", "4", "--lora-target-modules", "no_such_proj"],
             "lora_target_modules",

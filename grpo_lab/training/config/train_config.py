@@ -12,12 +12,7 @@ import dataclasses
 import json
 from typing import Any
 
-from grpo_lab.lora import (
-    ADAPTER_OPTIONS,
-    LoraSettings,
-    check_adapter_options_need_rank,
-    target_names,
-)
+from grpo_lab.lora import ADAPTER_OPTIONS, LoraSettings, target_names
 from grpo_lab.train_step import UpdateSettings
 from grpo_lab.training.config.fields import (
     INERT_SETTINGS_KEY,
@@ -38,12 +33,9 @@ class TrainConfig(TrainFields):
 
     @classmethod
     def for_profile(cls, profile: str, **overrides: Any) -> TrainConfig:
-        """The ``profile`` defaults (cpu, gpu or smoke) with ``overrides`` applied.
-
-        An adapter setting (``lora_lr``, ``lora_alpha``, ...) given in
-        ``overrides`` without a LoRA rank is refused even at its default value
-        (``--lora-train-norms`` alone); ``lora_rank=0`` drops the profile's own
-        adapter settings."""
+        """The ``profile`` defaults (cpu, gpu or smoke) with ``overrides`` applied;
+        ``lora_rank=0`` drops the profile's own adapter settings (``lora_lr``,
+        ...), which full fine-tuning would refuse."""
         if profile not in PROFILES:
             raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
         check_field_names(overrides)
@@ -54,9 +46,6 @@ class TrainConfig(TrainFields):
             changes = {**changes, **CPU_TASK_CHANGES.get(overrides.get("task"), {})}
         if overrides.get("lora_rank") == 0:  # the profile's adapter settings go too
             changes = {k: v for k, v in changes.items() if k not in ADAPTER_OPTIONS}
-        rank = overrides.get("lora_rank", changes.get("lora_rank", 0))
-        given = {k: v for k, v in overrides.items() if k in ADAPTER_OPTIONS}
-        check_adapter_options_need_rank(rank, given)  # given, even at its default
         return cls(**{**changes, "profile": profile, **overrides})
 
     @property
