@@ -107,7 +107,8 @@ class TrainFields:
         0,
         "model",
         "Rank r of LoRA adapters on the policy (peft; arXiv:2106.09685): only the "
-        "adapters train, the base weights stay frozen (0: full fine-tuning).",
+        "adapters train, the base weights stay frozen (0: full fine-tuning, where "
+        "the other lora_ settings are refused unless left at their defaults).",
     )
     lora_alpha: float = setting(
         32.0,
