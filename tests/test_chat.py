@@ -148,3 +148,24 @@ def test_a_response_cut_inside_the_opened_block_is_named(thinking_tokenizer):
     assert not task.reasoning_unclosed("2 and 2 make 4</think>4")
     off = ChatPromptTask(ThinkTask(), thinking_tokenizer, enable_thinking=False)
     assert not off.reasoning_unclosed(cut)
+
+
+def test_the_loop_s_share_of_responses_left_inside_the_block(
+    thinking_tokenizer, instruct_tokenizer
+):
+    from grpo_lab.tasks.chat import unclosed_reasoning_metrics
+
+    responses = ["2 and 2 make 4</think>4", "2 and 2 ma", "so</think>5", "hmm"]
+    thinking = ChatPromptTask(ThinkTask(), thinking_tokenizer)
+    assert unclosed_reasoning_metrics(thinking, responses) == {
+        "rollout/unclosed_reasoning_fraction": 0.5
+    }
+    off = ChatPromptTask(ThinkTask(), thinking_tokenizer, enable_thinking=False)
+    assert unclosed_reasoning_metrics(off, responses) == {}
+    assert (
+        unclosed_reasoning_metrics(
+            ChatPromptTask(ThinkTask(), instruct_tokenizer), responses
+        )
+        == {}
+    )
+    assert unclosed_reasoning_metrics(ThinkTask(), responses) == {}  # no template

@@ -17,7 +17,9 @@ turn is then the template's ``<think>\n`` plus the response, and that is what
 ``<think> ... </think>`` sees the tag the template wrote, instead of scoring
 every response 0. A response cut at max_new_tokens inside that block never
 closed it (:meth:`ChatPromptTask.reasoning_unclosed`): it holds no answer, and
-its format reward is 0 however good its reasoning.
+its format reward is 0 however good its reasoning. The loop logs the share of
+such responses each step (``rollout/unclosed_reasoning_fraction``), beside the
+share cut at max_new_tokens.
 """
 
 from __future__ import annotations
@@ -130,3 +132,13 @@ class ChatPromptTask:
             example.prompt, self.tokenizer, enable_thinking=self.enable_thinking
         )
         return dataclasses.replace(example, prompt=prompt)
+
+
+def unclosed_reasoning_metrics(task: object, responses: list[str]) -> dict[str, float]:
+    """``rollout/unclosed_reasoning_fraction``: the share of ``responses`` that
+    end inside a reasoning block their chat template opened (no answer, format
+    reward 0); {} for a task whose prompts open no block."""
+    if not isinstance(task, ChatPromptTask) or not task.reasoning_prefix:
+        return {}
+    unclosed = sum(task.reasoning_unclosed(response) for response in responses)
+    return {"rollout/unclosed_reasoning_fraction": unclosed / max(len(responses), 1)}
