@@ -363,10 +363,8 @@ def compose_exported(folder: Path):
 def test_exported_folder_composes_and_validates_in_verl(tmp_path):
     from verl.utils.config import validate_config
 
-    from grpo_lab.integrations.verl.algorithms import (
-        objective_options,
-        write_launch_folder,
-    )
+    from grpo_lab.integrations.verl.algorithms import objective_options
+    from grpo_lab.integrations.verl.launch import write_launch_folder
 
     files = write_launch_folder(gpu_config(), tmp_path)
     assert {p.name for p in files} >= {"overrides.txt", "run.sh", "README.md"}
@@ -398,7 +396,7 @@ def test_exported_folder_composes_and_validates_in_verl(tmp_path):
 
 
 def test_constant_normalization_exports_loss_scale_factor(tmp_path):
-    from grpo_lab.integrations.verl.algorithms import write_launch_folder
+    from grpo_lab.integrations.verl.launch import write_launch_folder
 
     config = gpu_config(
         loss_normalization="constant", normalization_constant=128 * 1024
@@ -429,7 +427,7 @@ def test_constant_normalization_exports_loss_scale_factor(tmp_path):
     ],
 )
 def test_settings_verl_cannot_carry_are_refused(tmp_path, name, changes):
-    from grpo_lab.integrations.verl.algorithms import write_launch_folder
+    from grpo_lab.integrations.verl.launch import write_launch_folder
 
     with pytest.raises(ValueError, match=f"^{name} "):
         write_launch_folder(gpu_config(**changes), tmp_path)
@@ -468,7 +466,7 @@ def rollout_replicas(cfg) -> int:
 def test_one_gpu_export_starts_a_rollout_engine_where_verls_default_would_not(
     tmp_path,
 ):
-    from grpo_lab.integrations.verl.algorithms import write_launch_folder
+    from grpo_lab.integrations.verl.launch import write_launch_folder
 
     write_launch_folder(gpu_config(), tmp_path)
     cfg = compose_exported(tmp_path)
@@ -487,7 +485,7 @@ def test_one_gpu_export_starts_a_rollout_engine_where_verls_default_would_not(
 def test_eight_gpus_on_two_nodes_compose_and_validate(tmp_path):
     from verl.utils.config import validate_config
 
-    from grpo_lab.integrations.verl.algorithms import write_launch_folder
+    from grpo_lab.integrations.verl.launch import write_launch_folder
 
     write_launch_folder(gpu_config(), tmp_path, gpus=8, nodes=2)
     cfg = compose_exported(tmp_path)
@@ -521,7 +519,7 @@ def test_the_defaults_the_readme_compares_against_are_verls(tmp_path):
 def test_run_sh_makes_the_relative_paths_absolute_where_it_runs(tmp_path):
     import subprocess
 
-    from grpo_lab.integrations.verl.algorithms import write_launch_folder
+    from grpo_lab.integrations.verl.launch import write_launch_folder
 
     write_launch_folder(gpu_config(), tmp_path / "made")
     moved = tmp_path / "moved"
@@ -543,7 +541,7 @@ def test_run_sh_makes_the_relative_paths_absolute_where_it_runs(tmp_path):
 
 
 def test_gspo_sets_loss_agg_mode_explicitly_and_verl_follows_it(tmp_path):
-    from grpo_lab.integrations.verl.algorithms import write_launch_folder
+    from grpo_lab.integrations.verl.launch import write_launch_folder
 
     for normalization, mode in (
         ("token", "token-mean"),

@@ -99,7 +99,7 @@ def episodes(tokenizer, task):
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    from grpo_lab.integrations.verl.algorithms import write_launch_folder
+    from grpo_lab.integrations.verl.launch import write_launch_folder
 
     out = tmp_path_factory.mktemp("verl_calculator")
     config = TrainConfig.for_profile("gpu", task="calculator", eval_size=16, steps=2)
