@@ -212,17 +212,23 @@ def qwen2_linear_layers(
 
 
 def model_linear_layers(model: torch.nn.Module) -> dict[str, tuple[int, int]]:
-    """(in, out) of every ``nn.Linear`` of ``model`` but its output head."""
+    """(in, out) of every linear layer of ``model`` but its output head: each
+    ``nn.Linear``, and each transformers ``Conv1D`` (GPT-2's linear layer,
+    weight (in, out)), the layers peft can adapt."""
     head = (
         model.get_output_embeddings()
         if hasattr(model, "get_output_embeddings")
         else None
     )
-    return {
-        name: (module.in_features, module.out_features)
-        for name, module in model.named_modules()
-        if isinstance(module, torch.nn.Linear) and module is not head
-    }
+    layers = {}
+    for name, module in model.named_modules():
+        if module is head:
+            continue
+        if isinstance(module, torch.nn.Linear):
+            layers[name] = (module.in_features, module.out_features)
+        elif type(module).__name__ == "Conv1D" and hasattr(module, "nf"):
+            layers[name] = tuple(module.weight.shape)  # (in, out)
+    return layers
 
 
 def target_names(

@@ -208,6 +208,14 @@ def test_adapter_targets_and_rank_fit_the_model():
     with pytest.raises(ValueError, match=r"^lora_rank must be at most 8, .*got 9$"):
         lora.add_adapters(model, settings, seed=0)  # v_proj: 16 -> 8
     assert not any("lora" in name for name, _ in model.named_modules())
+    # GPT-2's linear layers are transformers' Conv1D (weight (in, out)): read too.
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=50))
+    layers = lora.model_linear_layers(gpt2)
+    assert layers["transformer.h.0.attn.c_attn"] == (16, 48)
+    assert "lm_head" not in layers
+    lora.check_adapter_fit(4, ("c_attn",), layers)
 
 
 # --- the policy: what trains, and exactness at initialisation ------------------------
