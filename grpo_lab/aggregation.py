@@ -66,6 +66,11 @@ def microbatch_loss_scale(
                 f"batch_rows must be a positive int (rows per batch), got "
                 f"{batch_rows!r}"
             )
+        if not _is_count(microbatch_rows) or not 0 <= microbatch_rows <= batch_rows:
+            raise ValueError(
+                f"microbatch_rows must be an int in [0, batch_rows ({batch_rows})]: "
+                f"a microbatch is part of its batch, got {microbatch_rows!r}"
+            )
         return microbatch_rows / batch_rows
     if loss_normalization == "token":
         if not (_is_count(microbatch_tokens) and _is_count(batch_tokens)):

@@ -19,6 +19,8 @@ import math
 
 import torch
 
+from grpo_lab.logprobs import check_log_prob_values
+
 KL_ESTIMATORS = ("k1", "k2", "k3")
 
 
@@ -36,9 +38,39 @@ def compute_kl_penalty(
     float32 (bfloat16 rounds a log-ratio of 1e-3 to nothing); float64 stays
     float64. Masked positions hold whatever their inputs give: aggregate with
     the response mask.
+
+    This door checks every value once: a log-prob must be <= 0 and not NaN
+    (fill padding with 0, not NaN), the tensors must hold data (not the meta
+    device), and with k3 the log-ratio must stay below log of the dtype's
+    largest number (88.7 in float32), where exp(log r) overflows to inf; pass
+    float64 log-probs for larger ones. The train step calls
+    :func:`kl_estimate`, which checks none of the values.
     """
     check_kl_estimator(estimator, argument="compute_kl_penalty's estimator")
-    return kl_estimate(policy_log_probs, reference_log_probs, estimator)
+    check_log_prob_values(policy_log_probs, "policy_log_probs")
+    check_log_prob_values(reference_log_probs, "reference_log_probs")
+    penalty = kl_estimate(policy_log_probs, reference_log_probs, estimator)
+    if estimator == "k3":
+        _check_k3_range(policy_log_probs, reference_log_probs, penalty.dtype)
+    return penalty
+
+
+def _check_k3_range(
+    policy_log_probs: torch.Tensor,
+    reference_log_probs: torch.Tensor,
+    dtype: torch.dtype,
+) -> None:
+    """k3's exp(log r) is finite in ``dtype``: log r below log(largest)."""
+    log_ratio = reference_log_probs.detach().to(dtype) - policy_log_probs.detach().to(
+        dtype
+    )  # (B, T)
+    largest = math.log(torch.finfo(dtype).max)
+    if bool((log_ratio > largest).any()):
+        raise ValueError(
+            f"reference_log_probs - policy_log_probs must be below {largest:.1f} for "
+            f"k3 in {dtype} (exp of it overflows to inf; pass float64 log-probs), "
+            f"got {log_ratio.max().item()!r}"
+        )
 
 
 def kl_estimate(

@@ -765,3 +765,32 @@ def _head_matmuls(hidden, weight, bias, settings: _HeadSettings):
     """The head's matmuls with autocast off (its dtype was fixed at forward)."""
     with torch.autocast(hidden.device.type, enabled=False):
         yield _HeadMatmuls(weight, bias, settings.compute_dtype)
+
+
+def check_log_prob_values(
+    log_probs: object, name: str, mask: torch.Tensor | None = None
+) -> None:
+    """A tensor of log-probs a door can read: on a real device, and each value
+    (where ``mask`` is 1, or everywhere) <= 0 and not NaN (-inf: probability 0).
+
+    A floating-point tensor's other properties (shape, dtype) are left to the
+    caller's own checks; anything else passes through to them.
+    """
+    if not isinstance(log_probs, torch.Tensor) or not log_probs.is_floating_point():
+        return
+    if log_probs.device.type == "meta":
+        raise ValueError(
+            f"{name} must hold values (a cpu or cuda tensor), got a tensor on the "
+            "meta device"
+        )
+    values = log_probs.detach()
+    if mask is not None:
+        values = values[mask.bool()]  # (N,): the positions that count
+    bad = torch.isnan(values) | (values > 0)  # (N,)
+    if bool(bad.any()):
+        first = values[bad][0].item()
+        where = " inside the response mask" if mask is not None else ""
+        raise ValueError(
+            f"{name} must be log-probabilities (<= 0, not NaN){where}, got {first!r} "
+            f"at {int(bad.sum())} of {bad.numel()} positions"
+        )

@@ -45,6 +45,24 @@ NORM_MODULES = ("input_layernorm", "post_attention_layernorm", "model.norm")
 # Bytes per adapter parameter while training with AdamW in float32: the weight,
 # its gradient and two moments.
 ADAPTER_TRAINING_BYTES = 16
+# The settings that shape or train adapters: each needs lora_rank > 0.
+ADAPTER_OPTIONS = (
+    "lora_alpha",
+    "lora_dropout",
+    "lora_target_modules",
+    "lora_lr",
+    "lora_train_norms",
+)
+# The linear layers of one Qwen2 (and Llama) decoder layer, under their parents.
+QWEN2_LINEAR_NAMES = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)
 
 
 @dataclass(frozen=True)
@@ -116,6 +134,103 @@ def check_lora_settings(
     target_names(target_modules)
 
 
+def check_adapter_options_need_rank(rank: int, given: dict[str, object]) -> None:
+    """Refuse an adapter setting (``ADAPTER_OPTIONS``) given without adapters.
+
+    ``given``: the adapter settings a caller set, name -> value. With
+    ``rank`` 0 (full fine-tuning) none of them has any effect, so the first
+    is refused, naming it and its value.
+    """
+    if rank != 0 or isinstance(rank, bool) or not given:
+        return
+    name, value = next(iter(given.items()))
+    raise ValueError(
+        f"{name} needs lora_rank > 0 (adapters): lora_rank 0 is full fine-tuning, "
+        f"where {name} has no effect; set lora_rank, or leave {name} out; "
+        f"got {name} {value!r} with lora_rank 0"
+    )
+
+
+def check_adapter_fit(
+    rank: int,
+    target_modules: str | tuple[str, ...],
+    linear_layers: dict[str, tuple[int, int]],
+) -> None:
+    """Every target names a linear layer, and the rank fits the smallest one.
+
+    ``linear_layers``: the (in, out) of each linear layer but the output
+    head, by qualified name. A target matches a layer whose name is it or ends
+    in "." + it (peft's rule). The update B A of a layer has rank at most
+    min(in, out), so a larger ``rank`` adds parameters and no capacity.
+    """
+    if target_modules == ALL_LINEAR:
+        chosen = dict(linear_layers)
+    else:
+        chosen = {}
+        for target in target_modules:
+            matched = {
+                name: shape
+                for name, shape in linear_layers.items()
+                if name == target or name.endswith("." + target)
+            }
+            if not matched:
+                known = sorted({name.rsplit(".", 1)[-1] for name in linear_layers})
+                raise ValueError(
+                    f"lora_target_modules must name linear layers of the model "
+                    f"({', '.join(known)}), got {target!r}, which matches none"
+                )
+            chosen.update(matched)
+    if not chosen:
+        raise ValueError(
+            f"lora_target_modules must match a linear layer, got {target_modules!r}"
+        )
+    largest = min(min(shape) for shape in chosen.values())
+    if rank > largest:
+        raise ValueError(
+            f"lora_rank must be at most {largest}, the smallest min(in, out) of the "
+            "adapted layers (an update B A has no higher rank), "
+            f"got {rank!r}"
+        )
+
+
+def qwen2_linear_layers(
+    hidden_size: int,
+    intermediate_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+) -> dict[str, tuple[int, int]]:
+    """(in, out) of every linear layer of a Qwen2 decoder by qualified name."""
+    shapes = qwen2_linear_shapes(
+        hidden_size, intermediate_size, 1, num_heads, num_kv_heads
+    )
+    return {
+        f"model.layers.{layer}.{name}": shape
+        for layer in range(num_layers)
+        for name, shape in zip(QWEN2_LINEAR_NAMES, shapes, strict=True)
+    }
+
+
+def model_linear_layers(model: torch.nn.Module) -> dict[str, tuple[int, int]]:
+    """(in, out) of every linear layer of ``model`` but its output head: each
+    ``nn.Linear``, and each transformers ``Conv1D`` (GPT-2's linear layer,
+    weight (in, out)), the layers peft can adapt."""
+    head = (
+        model.get_output_embeddings()
+        if hasattr(model, "get_output_embeddings")
+        else None
+    )
+    layers = {}
+    for name, module in model.named_modules():
+        if module is head:
+            continue
+        if isinstance(module, torch.nn.Linear):
+            layers[name] = (module.in_features, module.out_features)
+        elif type(module).__name__ == "Conv1D" and hasattr(module, "nf"):
+            layers[name] = tuple(module.weight.shape)  # (in, out)
+    return layers
+
+
 def target_names(
     target_modules: str | list[str] | tuple[str, ...],
 ) -> str | tuple[str, ...]:
@@ -168,6 +283,9 @@ def add_adapters(
     """
     import peft
 
+    check_adapter_fit(
+        settings.rank, settings.target_modules, model_linear_layers(model)
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         adapted = peft.get_peft_model(model, peft_lora_config(settings))

@@ -213,6 +213,29 @@ def _check_id_lists(prompt_ids: list[list[int]], response_ids: list[list[int]]) 
                 )
 
 
+def check_binary_mask(mask: object, name: str = "response_mask") -> None:
+    """A door's check that a mask tensor holds values, each 0 or 1 (or bool).
+
+    A function that reads a mask as "which tokens count" (``mask.bool()``)
+    would take 0.5 as 1; this refuses it. Non-tensors pass through to the
+    caller's own checks.
+    """
+    if not isinstance(mask, torch.Tensor):
+        return
+    if mask.device.type == "meta":
+        raise ValueError(
+            f"{name} must hold values (a cpu or cuda tensor), got a tensor on the "
+            "meta device"
+        )
+    if mask.dtype == torch.bool:
+        return
+    other = (mask != 0) & (mask != 1)  # (B, T)
+    if bool(other.any()):
+        raise ValueError(
+            f"{name} must hold only 0 and 1 (or bool), got {mask[other][0].item()!r}"
+        )
+
+
 def masked_mean(
     tensor: torch.Tensor, mask: torch.Tensor, dim: int | None = None
 ) -> torch.Tensor:

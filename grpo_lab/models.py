@@ -52,8 +52,6 @@ QWEN2_SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-# Attention heads of the tiny models (their head size is hidden_size / 4).
-TINY_NUM_HEADS = 4
 # A hub model name: "name" or "owner/name" (letters, digits, "-", "_", ".").
 _HUB_MODEL_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
@@ -251,12 +249,16 @@ def _wrap_tokenizer(
     )
 
 
+# The tiny Qwen2's attention heads and key/value heads (the loop's tiny model).
+TINY_ATTENTION_HEADS = (4, 2)
+
+
 def build_tiny_qwen2(
     tokenizer: PreTrainedTokenizerBase,
     hidden_size: int = 128,
     num_layers: int = 2,
-    num_heads: int = TINY_NUM_HEADS,
-    num_kv_heads: int = 2,
+    num_heads: int = TINY_ATTENTION_HEADS[0],
+    num_kv_heads: int = TINY_ATTENTION_HEADS[1],
     intermediate_size: int = 256,
     max_position_embeddings: int = 256,
     seed: int = 0,

@@ -34,10 +34,12 @@ Semantics follow TRL's ``vllm_importance_sampling_mode`` (``token_truncate``,
 counterpart here); masking zeroes rho outside [low, high], TRL's
 [clip_min, clip_max] with clip_min None read as no lower bound (here low = 0,
 the same thing for ratios >= 0) and clip_max 3.0, so bounds themselves are kept.
-Like TRL, a token whose sampler log-prob is NaN (not reported) gets a zero
-log-ratio difference, rho = 1. The weight multiplies the policy-gradient part
-of each token's loss, before aggregation and before a KL penalty is added
-(:func:`grpo_lab.train_step.microbatch_loss`).
+Like TRL, the train step reads a token whose sampler log-prob is NaN (not
+reported) as a zero log-ratio difference, rho = 1; the door a direct caller
+meets (:func:`sampler_correction_weights`) refuses NaN instead, so that a
+missing log-prob is never read as agreement by accident. The weight multiplies
+the policy-gradient part of each token's loss, before aggregation and before a
+KL penalty is added (:func:`grpo_lab.train_step.microbatch_loss`).
 
 Taught in ``notebooks/11_when_the_sampler_is_not_the_policy.ipynb``.
 """
@@ -47,6 +49,9 @@ from __future__ import annotations
 import math
 
 import torch
+
+from grpo_lab.logprobs import check_log_prob_values
+from grpo_lab.masks import check_binary_mask
 
 CORRECTION_MODES = (
     "none",
@@ -151,8 +156,22 @@ def sampler_correction_weights(
     response tokens whose weight was truncated or masked (rho > cap; rho
     outside [low, high]); ``is_sequence_corrected_fraction``: responses with at
     least one such token, among responses with a response token.
+
+    This door also checks the values once: the mask holds only 0 and 1, and
+    inside it every log-prob is <= 0 and not NaN. A sampler that did not
+    report a token's log-prob must say so by its value: give that token the
+    trainer's log-prob (rho = 1, what TRL's ``nan_to_num`` makes of a NaN),
+    or mask it out. The train step's call (:func:`sampler_weights_and_metrics`)
+    checks none of the values, and reads a NaN as TRL does.
     """
     check_sampler_correction(mode, cap, low, high, caller="sampler_correction_weights")
+    _check_shapes(trainer_log_probs, sampler_log_probs, response_mask)
+    check_binary_mask(response_mask)
+    for name, log_probs in (
+        ("trainer_log_probs", trainer_log_probs),
+        ("sampler_log_probs", sampler_log_probs),
+    ):
+        check_log_prob_values(log_probs, name, response_mask)
     return sampler_weights_and_metrics(
         trainer_log_probs, sampler_log_probs, response_mask, mode, cap, low, high
     )

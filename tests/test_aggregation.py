@@ -85,3 +85,15 @@ def test_microbatch_scale_for_token_normalization():
     assert scale("sequence", 2, 4) == 0.5 and scale("constant", 2, 4) == 1.0
     with pytest.raises(ValueError, match="microbatch_tokens and batch_tokens must be"):
         scale("token", 2, 4)
+
+
+def test_a_microbatch_larger_than_its_batch_is_refused():
+    # 8 of 4 rows would weigh the microbatch 2.0: more than the whole batch.
+    with pytest.raises(
+        ValueError,
+        match=r"^microbatch_rows must be an int in \[0, batch_rows \(4\)\].*got 8$",
+    ):
+        microbatch_loss_scale("sequence", 8, 4)
+    with pytest.raises(ValueError, match=r"^microbatch_rows .*got -1$"):
+        microbatch_loss_scale("sequence", -1, 4)
+    assert microbatch_loss_scale("sequence", 0, 4) == 0.0

@@ -33,6 +33,7 @@ from grpo_lab.advantages import (
     compute_rollout_rewards,
 )
 from grpo_lab.aggregation import aggregate_loss_across_microbatch, microbatch_loss_scale
+from grpo_lab.integrations.trl.translation import to_trl_config
 from grpo_lab.integrations.verl.algorithms import aggregate_like_verl
 from grpo_lab.kl import check_kl_settings, compute_kl_penalty
 from grpo_lab.logprobs import (
@@ -53,11 +54,14 @@ from grpo_lab.models import (
     tokenizer_training_corpus,
 )
 from grpo_lab.prefix_sharing import prompt_only_columns, split_at_prefix
+from grpo_lab.rewards import grade_math_answer
 from grpo_lab.rollouts.base import Rollouts
+from grpo_lab.rollouts.tools import CalculatorTool
 from grpo_lab.sampler_correction import (
     correction_weights,
     sampler_correction_weights,
     sampler_log_prob_gap,
+    sampler_weights,
 )
 from grpo_lab.train_step import grpo_train_step, policy_gradient_update
 from grpo_lab.training.dynamic_sampling import (
@@ -73,6 +77,7 @@ from grpo_lab.training.evaluation import (
 )
 from grpo_lab.training.overlong import (
     check_overlong_settings,
+    is_truncated,
     mask_truncated,
     shape_reward_results,
     soft_overlong_punishment,
@@ -1023,8 +1028,16 @@ def sampler_cases() -> list[Case]:
         ),
         Case(
             f,
+            "NaN sampler log-prob on a response token",
+            partial(weights, sampler=nan_sampler, cap=1.0),
+            "sampler_log_probs",
+        ),
+        Case(
+            "sampler_weights",
             "NaN sampler log-prob on a response token: rho 1 there (TRL)",
-            lambda: weights(sampler=nan_sampler, cap=1.0)[0],
+            lambda: sampler_weights(
+                LOG_PROBS, nan_sampler, MASK, "token_truncate", 1.0, 0.0, 3.0
+            )[0],
             expected=equals(MASK.float()),
         ),
         Case(
@@ -1183,6 +1196,25 @@ def objective_cases() -> list[Case]:
             "batch_rows 0",
             partial(microbatch_loss_scale, "sequence", 2, 0),
             "batch_rows",
+        ),
+        Case(
+            h,
+            "microbatch_rows above batch_rows",
+            partial(microbatch_loss_scale, "sequence", 8, 4),
+            "microbatch_rows",
+        ),
+        Case(
+            h,
+            "microbatch_rows -1",
+            partial(microbatch_loss_scale, "sequence", -1, 4),
+            "microbatch_rows",
+        ),
+        # 4 of 4 rows: weight 4 / 4
+        Case(
+            h,
+            "every row: weight 1",
+            partial(microbatch_loss_scale, "sequence", 4, 4),
+            expected=lambda result: result == 1.0,
         ),
         Case(
             h,
@@ -1641,6 +1673,165 @@ def evaluation_cases() -> list[Case]:
     ]
 
 
+def door_cases() -> list[Case]:
+    """Values a door reads once: log-probs, masks, lengths, counts, types."""
+    positive = LOG_PROBS.abs()  # (2, 3): log-probs above 0
+    nan_policy = LOG_PROBS.clone()
+    nan_policy[1, 2] = math.nan
+    inf_reference = LOG_PROBS.clone()
+    inf_reference[0, 0] = math.inf
+    inf_trainer = LOG_PROBS.clone()
+    inf_trainer[0, 0] = math.inf  # a response token: rho = inf before the cap
+    f, g = "compute_kl_penalty", "sampler_correction_weights"
+    tool = CalculatorTool()
+    return [
+        Case(
+            f,
+            "positive policy log-probs",
+            partial(kl, policy=positive),
+            "policy_log_probs",
+        ),
+        Case(
+            f, "NaN policy log-prob", partial(kl, policy=nan_policy), "policy_log_probs"
+        ),
+        Case(
+            f,
+            "+inf reference log-prob",
+            partial(kl, reference=inf_reference),
+            "reference_log_probs",
+        ),
+        # log r = -1 - (-201) = 200: exp(200) is past float32's largest (e^88.7)
+        Case(
+            f,
+            "k3 at log-ratio 200 in float32",
+            lambda: kl(torch.tensor([[-201.0]]), torch.tensor([[-1.0]])),
+            "reference_log_probs",
+        ),
+        # float64 holds it: exp(200) - 200 - 1
+        Case(
+            f,
+            "k3 at log-ratio 200 in float64: finite",
+            lambda: kl(
+                torch.tensor([[-201.0]]).double(), torch.tensor([[-1.0]]).double()
+            ),
+            expected=lambda result: bool(
+                torch.isclose(
+                    result, torch.tensor([[math.exp(200) - 201]], dtype=torch.float64)
+                )
+            ),
+        ),
+        Case(
+            f,
+            "meta-device tensors",
+            partial(kl, policy=LOG_PROBS.to("meta"), reference=LOG_PROBS.to("meta")),
+            "policy_log_probs",
+        ),
+        Case(g, "mask of 0.5", partial(weights_with_mask, MASK * 0.5), "response_mask"),
+        Case(
+            g,
+            "+inf trainer log-prob on a response token",
+            partial(weights, trainer=inf_trainer),
+            "trainer_log_probs",
+        ),
+        Case(
+            g,
+            "meta-device trainer log-probs",
+            partial(weights, trainer=LOG_PROBS.to("meta")),
+            "trainer_log_probs",
+        ),
+        Case(
+            "replay_reward_fn",
+            "no results for one response",
+            partial(replay_reward_fn, [], ["a"]),
+            "responses",
+        ),
+        Case(
+            "collect_groups_with_signal",
+            "group_size 0",
+            partial(collect_groups_with_signal, None, None, 0, 3),
+            "group_size",
+        ),
+        Case(
+            "soft_overlong_punishment",
+            "a negative length",
+            partial(soft_overlong_punishment, torch.tensor([-5, 3]), 10, 4),
+            "lengths",
+        ),
+        Case(
+            "soft_overlong_punishment",
+            "a NaN length",
+            partial(soft_overlong_punishment, torch.tensor([math.nan, 3.0]), 10, 4),
+            "lengths",
+        ),
+        Case(
+            "is_truncated",
+            "max_new_tokens 0",
+            partial(
+                is_truncated,
+                [1, 2],
+                "ab",
+                2,
+                eos_token_ids=[0],
+                stop_strings=[],
+                max_new_tokens=0,
+            ),
+            "max_new_tokens",
+        ),
+        Case(
+            "to_trl_config",
+            "a dict, not a TrainConfig",
+            partial(to_trl_config, {"lr": 1e-3}),
+            "config",
+        ),
+        Case(
+            "CalculatorTool.call_arguments",
+            "None",
+            partial(tool.call_arguments, None),
+            "segment_text",
+        ),
+        # The tool reads ASCII digits only: other scripts' digits are no numbers.
+        Case(
+            "CalculatorTool.run",
+            "Arabic-Indic digits",
+            lambda: tool.run("\u0663+\u0664"),
+            expected=lambda reply: reply.error,
+        ),
+        Case(
+            "CalculatorTool.run",
+            "mathematical-bold digits",
+            lambda: tool.run("\U0001d7d1+\U0001d7d2"),
+            expected=lambda reply: reply.error,
+        ),
+        Case(
+            "CalculatorTool.run",
+            "ASCII digits",
+            lambda: tool.run("3+4"),
+            expected=lambda reply: (reply.text, reply.error) == ("7", False),
+        ),
+        # A ground truth that hedges accepts neither side alone (rule 5, no worker).
+        Case(
+            "grade_math_answer",
+            "ground truth 4 \\approx 5 against 4",
+            lambda: grade_math_answer("4", "4 \\approx 5", grader=NO_GRADER),
+            expected=lambda grade: not grade.equal,
+        ),
+    ]
+
+
+def weights_with_mask(mask: torch.Tensor):
+    return sampler_correction_weights(LOG_PROBS, SAMPLER, mask, mode="token_truncate")
+
+
+class _NoGrader:
+    """A MathGrader stand-in that fails the test if a verdict reaches it."""
+
+    def grade(self, answer: str, ground_truth: str):
+        raise AssertionError(f"the worker was asked: {answer!r} vs {ground_truth!r}")
+
+
+NO_GRADER = _NoGrader()
+
+
 OWN_CASES = (
     text_cases()
     + id_list_cases()
@@ -1660,6 +1851,7 @@ NEWER_CASES = (
     + dynamic_sampling_cases()
     + overlong_cases()
     + evaluation_cases()
+    + door_cases()
 )
 CASES = OWN_CASES + OTHER_CASES + NEWER_CASES
 # Cases the functions under them do not handle yet; the expected outcome is the
@@ -1784,3 +1976,84 @@ def test_a_nan_reward_is_ignored_when_the_config_says_so(tmp_path, monkeypatch):
     argv = ["train", *TINY_RUN, "--nan-rewards", "ignore", "--run-dir", str(run_dir)]
     assert cli.main(argv) == 0
     assert read_metrics(run_dir)[-1]["step"] == 1
+
+
+# ------------------------------------------------------------------ the config
+
+# Settings refused as the config is built: (overrides, the field named, its value).
+CONFIG_CASES = [
+    ({"lora_lr": 1e-3}, "lora_lr", "0.001"),
+    ({"lora_alpha": 8.0}, "lora_alpha", "8.0"),
+    ({"lora_train_norms": False}, "lora_train_norms", "False"),
+    ({"lora_dropout": 0.1}, "lora_dropout", "0.1"),
+    ({"lora_rank": 4, "lora_target_modules": "no_such_proj"}, "lora_target_modules",
+     "'no_such_proj'"),
+    ({"lora_rank": 1_000_000_000}, "lora_rank", "1000000000"),
+    ({"steps": 1_000_000_000}, "steps", "1000000000"),
+    ({"seed": 10**23}, "seed", str(10**23)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("overrides", "name", "value"), CONFIG_CASES)
+def test_a_setting_that_cannot_work_is_refused_when_the_config_is_built(
+    overrides, name, value
+):
+    from grpo_lab.training.config import TrainConfig
+
+    with pytest.raises(ValueError) as refused:
+        TrainConfig.for_profile("cpu", **overrides)
+    message = str(refused.value)
+    assert is_clear(message, name), message
+    assert f"got {value}" in message or f"got {name} {value}" in message, message
+
+
+def test_eval_every_0_is_no_evaluation_at_all():
+    """Documented: 0 evaluates never, not even after the last step."""
+    from grpo_lab.training.config import TrainConfig, field_help
+    from grpo_lab.training.loop import _evaluation_due
+
+    config = TrainConfig.for_profile("smoke", eval_every=0)
+    assert not any(_evaluation_due(config, step) for step in range(1, config.steps + 1))
+    assert "not even after the last step" in field_help("eval_every")
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b"", "sets no field: it is empty"),
+        (b"# only a comment\n", "sets no field: it is empty"),
+        ("steps: 3\n".encode("utf-16"), "must be UTF-8 text, got byte 0xff"),
+    ],
+    ids=["empty", "comments only", "UTF-16"],
+)
+def test_a_config_file_that_sets_nothing_or_is_not_utf8_is_named(
+    content, problem, tmp_path, capsys
+):
+    from grpo_lab.cli import main as cli
+
+    path = tmp_path / "run.yaml"
+    path.write_bytes(content)
+    assert cli.main(["train", "--config", str(path)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith(f"grpo-lab train: config file {path} {problem}"), error
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_gpu_profile_on_a_cpu_machine_fails_before_the_hub(
+    tmp_path, monkeypatch, capsys
+):
+    """The device is checked before the task and the model, which may reach for
+    the Hub (GSM8K and Qwen2.5 in the gpu profile)."""
+    from grpo_lab import tasks
+    from grpo_lab.cli import main as cli
+
+    def no_hub(*args, **kwargs):
+        raise AssertionError("the task was built before the device was checked")
+
+    monkeypatch.setattr(tasks, "get_task", no_hub)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    path = tmp_path / "gpu.yaml"
+    path.write_text("profile: gpu\n")
+    assert cli.main(["train", "--config", str(path)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("grpo-lab train: device 'cuda' is not available"), error

@@ -171,3 +171,13 @@ def test_eval_prompts_are_distinct_and_never_drawn_for_training():
 def test_bad_task_options(options, name):
     with pytest.raises(ValueError, match=name):
         get_task("calculator", **options)
+
+
+def test_the_tool_reads_ascii_digits_only_and_names_a_missing_turn():
+    # int() reads Arabic-Indic and mathematical-bold digits as numbers: not here.
+    tool = CalculatorTool()
+    for text in ("\u0663+\u0664", "\U0001d7d1+\U0001d7d2", "3+\u0664"):
+        assert tool.run(text).error, text
+    assert (tool.run("3+4").text, tool.run("3+4").error) == ("7", False)
+    with pytest.raises(ValueError, match=r"^segment_text must be .* got NoneType$"):
+        tool.call_arguments(None)

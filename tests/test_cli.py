@@ -464,3 +464,32 @@ def test_a_model_folder_is_copied_with_a_byte_bar(tmp_path, capsys):
     assert (tmp_path / "copy" / "sub" / "config.json").read_text() == "{}"
     bar = capsys.readouterr().err
     assert "copying weights" in bar and "3.00k/3.00k" in bar
+
+
+@pytest.mark.parametrize(
+    ("argv", "setting"),
+    [
+        (["--lora-lr", "1e-3"], "lora_lr"),
+        (["--lora-alpha", "8"], "lora_alpha"),
+        (["--no-lora-train-norms"], "lora_train_norms"),
+        (
+            ["--lora-rank", "4", "--lora-target-modules", "no_such_proj"],
+            "lora_target_modules",
+        ),
+        (["--lora-rank", "1000000000"], "lora_rank"),
+    ],
+)
+def test_lora_flags_that_cannot_act_are_one_line_and_exit_2(
+    argv, setting, tmp_path, capsys
+):
+    assert cli.main(["train", *argv, "--run-dir", str(tmp_path / "run")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith(f"grpo-lab train: {setting} ") and "got" in error, error
+    assert len(error.splitlines()) == 1 and not (tmp_path / "run").exists()
+
+
+def test_a_config_file_s_lora_lr_without_a_rank_is_refused(tmp_path, capsys):
+    path = tmp_path / "run.yaml"
+    path.write_text("lora_lr: 1.0e-4\n")
+    assert cli.main(["train", "--config", str(path)]) == 2
+    assert "lora_lr needs lora_rank > 0" in capsys.readouterr().err

@@ -1034,3 +1034,19 @@ def test_share_prompt_prefix_takes_auto_from_every_door():
             ValueError, match=r'^share_prompt_prefix must be False, True or "auto"'
         ):
             TrainConfig(share_prompt_prefix=bad)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "largest"),
+    [
+        ("seed", 10**23, 2**32 - 1),
+        ("steps", 10**9, 10**6),
+        ("sft_max_steps", 10**9, 10**6),
+    ],
+)
+def test_counts_past_their_ceiling_are_refused(name, value, largest):
+    with pytest.raises(
+        ValueError, match=rf"^{name} must be at most {largest} .*got {value}$"
+    ):
+        TrainConfig(**{name: value})
+    assert getattr(TrainConfig(**{name: largest}), name) == largest

@@ -1151,3 +1151,130 @@ def test_the_distillation_rules_skip_a_run_without_a_teacher(tmp_path):
     diagnosis = diagnose(crafted_run(tmp_path, [{"train/reward_mean": 0.3}] * 4))
     assert "teacher-off-distribution" in diagnosis.skipped
     assert "kl-falls-reward-flat" in diagnosis.skipped
+
+
+# --- LoRA's learning rate, a flat reward with signal, the order of steps ------------------
+
+
+def flat_with_signal(count: int, equal_fraction: float = 0.2) -> list[dict]:
+    """Reward 0.30 +- 0.01 (alternating) while 1 - ``equal_fraction`` of the
+    groups carry signal."""
+    return [
+        {
+            "train/reward_mean": 0.30 + (0.01 if step % 2 else -0.01),
+            "train/equal_reward_group_fraction": equal_fraction,
+            "loss/loss": 0.0,
+            "loss/gradient_norm": 0.05,
+        }
+        for step in range(count)
+    ]
+
+
+def test_lora_s_learning_rate_band_is_ten_times_full_fine_tuning_s(tmp_path):
+    records = [{"train/reward_mean": 0.2}]
+    pretrained = {"model": "some/model", "lora_rank": 16}
+    low = crafted_run(tmp_path, records, name="low", **pretrained, lora_lr=5e-7)
+    finding = only(diagnose(low), "learning-rate-out-of-range")
+    assert (finding.severity, finding.metric) == ("warning", "lora_lr")
+    assert "below 1e-06 for LoRA (rank 16) on a pretrained model" in finding.summary
+    assert "LoRA Without Regret" in finding.cause
+    # The same rate without adapters is in full fine-tuning's band.
+    full = crafted_run(tmp_path, records, name="full", model="some/model", lr=5e-7)
+    assert "learning-rate-out-of-range" not in rules_found(diagnose(full))
+    # 5e-4: an error for full fine-tuning, inside LoRA's band.
+    high = crafted_run(tmp_path, records, name="high", **pretrained, lora_lr=5e-4)
+    assert "learning-rate-out-of-range" not in rules_found(diagnose(high))
+    full = crafted_run(tmp_path, records, name="full_high", model="some/model", lr=5e-4)
+    assert rules_found(diagnose(full))["learning-rate-out-of-range"] == "error"
+    healthy = crafted_run(tmp_path, records, name="ok", **pretrained, lora_lr=5e-5)
+    assert "learning-rate-out-of-range" not in rules_found(diagnose(healthy))
+
+
+def test_a_trl_lora_run_at_full_fine_tuning_s_rate_is_found_by_its_adapter_file(
+    tmp_path,
+):
+    """The reported run: TRL, LoRA at lr 5e-7, 100 steps, reward 0.30 +- 0.01
+    while 80% of groups carry signal. peft's adapter_config.json in the
+    checkpoint says the run trains adapters."""
+    entries = [
+        trl_entry(
+            step,
+            learning_rate=5e-7,
+            reward=record["train/reward_mean"],
+            frac_reward_zero_std=0.2,
+            grad_norm=0.05,
+            **{"completions/clipped_ratio": 0.0},
+        )
+        for step, record in enumerate(flat_with_signal(100), start=1)
+    ]
+    folder = tmp_path / "checkpoint-100"
+    folder.mkdir()
+    (folder / "trainer_state.json").write_text(json.dumps(trl_state(entries)))
+    found = rules_found(diagnose(tmp_path))
+    assert "learning-rate-out-of-range" not in found  # in full fine-tuning's band
+    assert found["reward-flat-with-signal"] == "warning"
+    (folder / "adapter_config.json").write_text(
+        json.dumps({"peft_type": "LORA", "r": 16, "lora_alpha": 32})
+    )
+    assert load_run(tmp_path).adapter_config["r"] == 16
+    finding = only(diagnose(tmp_path), "learning-rate-out-of-range")
+    assert finding.severity == "warning" and "LoRA (rank 16)" in finding.summary
+
+
+def test_a_reward_flat_while_groups_carry_signal_is_found(tmp_path):
+    flat = only(
+        diagnose(crafted_run(tmp_path, flat_with_signal(60), name="flat")),
+        "reward-flat-with-signal",
+    )
+    assert flat.severity == "warning"
+    assert "over the last 50 steps while 80% of groups carried signal" in flat.summary
+    # Rising reward with the same signal: silent.
+    rising = [
+        {**record, "train/reward_mean": reward}
+        for record, reward in zip(flat_with_signal(60), rising_reward(60), strict=True)
+    ]
+    found = rules_found(diagnose(crafted_run(tmp_path, rising, name="rising")))
+    assert "reward-flat-with-signal" not in found
+    # Flat with no signal is the no-signal rule's, not this one's.
+    none = crafted_run(tmp_path, flat_with_signal(60, 0.95), name="none")
+    found = rules_found(diagnose(none))
+    assert "reward-flat-with-signal" not in found and "no-signal" in found
+    # Too short to tell: skipped, and said so.
+    short = diagnose(crafted_run(tmp_path, flat_with_signal(30), name="short"))
+    assert short.skipped["reward-flat-with-signal"].startswith("fewer than 50")
+
+
+def test_steps_logged_out_of_order_are_found(tmp_path):
+    reversed_run = write_run(tmp_path / "reversed", [good_line(s) for s in (3, 2, 1)])
+    finding = only(diagnose(reversed_run), "steps-out-of-order")
+    assert finding.severity == "warning"
+    assert finding.evidence == [(2, 3.0), (1, 2.0)]
+    assert "goes back 2 time(s) (step 2 right after step 3)" in finding.summary
+    assert [r["step"] for r in load_run(reversed_run).history] == [1, 2, 3]
+    in_order = write_run(tmp_path / "in_order", [good_line(s) for s in (1, 2, 3)])
+    assert "steps-out-of-order" not in rules_found(diagnose(in_order))
+
+
+def test_a_verl_line_whose_data_is_a_list_is_named(tmp_path):
+    """verl's file logger writes {"step": N, "data": {...}}; a line of another
+    shape is named under unreadable, never read as grpo_lab's or dropped."""
+
+    def verl_log(name: str, shapes: dict[int, type]) -> Path:
+        lines = []
+        for step, shape in shapes.items():
+            data = verl_metrics(step)
+            logged = [data] if shape is list else data
+            lines.append(json.dumps({"step": step, "data": logged}))
+        path = tmp_path / name
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    run = load_run(verl_log("mixed.jsonl", {1: dict, 2: list, 3: dict}))
+    assert run.kind == "verl" and [r["step"] for r in run.history] == [1, 3]
+    (unreadable,) = run.unreadable
+    assert unreadable.startswith("mixed.jsonl line 2: data is [{")
+    assert unreadable.endswith("(list), not an object")
+    with pytest.raises(ValueError, match=r"2 unreadable lines; the first: lists"):
+        load_run(verl_log("lists.jsonl", {1: list, 2: list}))
+    healthy = load_run(verl_log("healthy.jsonl", {1: dict, 2: dict}))
+    assert healthy.unreadable == [] and len(healthy.history) == 2

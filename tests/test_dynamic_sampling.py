@@ -253,3 +253,12 @@ def test_the_round_bound_and_the_penalty_are_inert_when_their_option_is_off():
         "cpu", dynamic_sampling=True, dynamic_sampling_max_rounds=3, overlong_buffer=2
     )
     assert inert_settings(on) == {}
+
+
+def test_replay_and_collect_refuse_what_they_would_misread():
+    with pytest.raises(
+        ValueError, match=r"^responses must have one entry per result \(0\), got 1$"
+    ):
+        replay_reward_fn([], ["a"])  # before any call: not at the first reward
+    with pytest.raises(ValueError, match=r"^group_size must be a positive int, got 0$"):
+        collect_groups_with_signal(None, None, 0, 3)  # before sampling anything

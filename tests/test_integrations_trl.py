@@ -1073,3 +1073,8 @@ def test_export_from_a_folder_that_is_no_run_is_refused(tmp_path, capsys):
     assert code == 2 and "RUN_DIR must be a folder grpo-lab train wrote" in (
         capsys.readouterr().err
     )
+
+
+def test_to_trl_config_names_a_dict_given_for_a_config():
+    with pytest.raises(ValueError, match=r"^config must be a TrainConfig .*got dict$"):
+        grpo_trl.to_trl_config({"lr": 1e-3})

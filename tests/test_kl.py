@@ -39,8 +39,8 @@ def test_gradients_flow_through_the_policy_only():
 
 def test_k2_and_k3_are_nonnegative_and_zero_at_the_reference():
     generator = torch.Generator().manual_seed(0)
-    policy = torch.randn(4, 8, generator=generator)
-    reference = torch.randn(4, 8, generator=generator)
+    policy = torch.randn(4, 8, generator=generator).log_softmax(-1)  # <= 0
+    reference = torch.randn(4, 8, generator=generator).log_softmax(-1)
     for estimator in ("k2", "k3"):
         assert (compute_kl_penalty(policy, reference, estimator) >= 0).all()
     for estimator in KL_ESTIMATORS:
@@ -91,3 +91,31 @@ def test_kl_errors():
         with pytest.raises(ValueError, match="kl_coef must be a finite number >= 0"):
             check_kl_settings(bad, "k3")
     check_kl_settings(0.0, "k1")  # no penalty is a valid setting
+
+
+def test_the_door_refuses_values_no_log_prob_takes():
+    """compute_kl_penalty reads every value once: a log-prob is <= 0 and not
+    NaN, held in a real tensor, and k3's exp(log r) must not overflow the dtype;
+    the train step's kl_estimate checks none of them."""
+    from grpo_lab.kl import kl_estimate
+
+    policy = torch.tensor([[-1.0, -2.0]])
+    for name, bad in (("policy_log_probs", 0), ("reference_log_probs", 1)):
+        for value in (0.5, math.inf, math.nan):
+            tensors = [policy, policy.clone()]
+            tensors[bad] = tensors[bad].clone()
+            tensors[bad][0, 1] = value
+            with pytest.raises(ValueError, match=rf"^{name} must be log-prob") as error:
+                compute_kl_penalty(*tensors)
+            assert f"got {value!r} at 1 of 2 positions" in str(error.value)
+    assert compute_kl_penalty(torch.zeros(1, 1), torch.zeros(1, 1)).item() == 0
+    # log r = 100 - 0.0 overflows float32 (its largest is e^88.72), not float64
+    low, high = torch.tensor([[-101.0]]), torch.tensor([[-1.0]])
+    with pytest.raises(ValueError, match=r"must be below 88\.7 for k3 .* got 100\.0"):
+        compute_kl_penalty(low, high)
+    assert math.isinf(kl_estimate(low, high, "k3").item())  # what the door prevents
+    assert compute_kl_penalty(low, high, "k1").item() == -100.0  # only k3 exponentiates
+    wide = compute_kl_penalty(low.double(), high.double())
+    assert wide.item() == pytest.approx(math.exp(100) - 101, rel=1e-12)
+    with pytest.raises(ValueError, match=r"^policy_log_probs must hold values"):
+        compute_kl_penalty(policy.to("meta"), policy.to("meta"))

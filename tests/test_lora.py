@@ -166,14 +166,57 @@ def test_float16_autocast_needs_float32_master_weights():
         TrainConfig.for_profile("cpu", dtype="float16", autocast_dtype="float16")
 
 
-def test_lora_settings_without_adapters_are_named_inert():
-    config = TrainConfig.for_profile(
-        "cpu", lora_alpha=8.0, lora_lr=1e-3, lora_train_norms=False
+def test_lora_settings_without_adapters_are_refused():
+    """Without a rank an adapter setting does nothing: one validator refuses any
+    that differs from its default (a flag, a config file's key, a keyword);
+    at its default it changes nothing, so a full dump of the fields passes."""
+    with pytest.raises(ValueError, match=r"^lora_alpha needs lora_rank > 0") as built:
+        TrainConfig(lora_alpha=8.0, lora_lr=1e-3)
+    assert str(built.value).endswith("got lora_alpha 8.0 with lora_rank 0")
+    with pytest.raises(ValueError) as direct:
+        lora.check_adapter_options_need_rank(0, {"lora_alpha": 8.0})
+    assert str(direct.value) == str(built.value)
+    with pytest.raises(ValueError, match=r"^lora_train_norms needs lora_rank > 0"):
+        TrainConfig.for_profile("cpu", lora_train_norms=False)
+    assert TrainConfig.for_profile("cpu", lora_train_norms=True).lora_settings() is None
+    assert TrainConfig.for_profile("cpu", lora_rank=2, lora_lr=1e-3).lora_lr == 1e-3
+    assert TrainConfig.from_dict(TrainConfig().to_dict()).lora_rank == 0
+    assert config_module.inert_settings(TrainConfig()) == {}
+
+
+def test_lora_rank_0_drops_the_profile_s_adapter_settings():
+    config = TrainConfig.for_profile("small-gpu", lora_rank=0, device="cpu")
+    assert (config.lora_lr, config.lora_train_norms) == (2e-3, True)  # the defaults
+    with pytest.raises(ValueError, match=r"^lora_lr needs lora_rank > 0"):
+        TrainConfig.for_profile("small-gpu", lora_rank=0, lora_lr=5e-5)
+
+
+def test_adapter_targets_and_rank_fit_the_model():
+    """The tiny model's layers are known when the config is built; any model's
+    when its adapters are added, before peft allocates them."""
+    with pytest.raises(ValueError, match=r"got 'qproj', which matches none") as built:
+        TrainConfig(lora_rank=4, lora_target_modules="q_proj,qproj")
+    assert "q_proj" in str(built.value)  # the names it could have meant
+    # hidden 128, 4 heads, 2 key/value heads: k_proj and v_proj are 128 -> 64
+    assert TrainConfig(lora_rank=64).lora_rank == 64
+    with pytest.raises(ValueError, match=r"^lora_rank must be at most 64, .*got 65$"):
+        TrainConfig(lora_rank=65)
+    assert TrainConfig(lora_rank=128, lora_target_modules="q_proj").lora_rank == 128
+    model = build_tiny_qwen2(build_char_tokenizer(), hidden_size=16, num_layers=1)
+    settings = lora.LoraSettings(
+        rank=9, alpha=8.0, dropout=0.0, target_modules="all-linear"
     )
-    notes = config_module.inert_settings(config)
-    assert set(notes) == {"lora_alpha", "lora_lr", "lora_train_norms"}
-    assert "lora_rank is 0" in notes["lora_alpha"]
-    assert config_module.inert_settings(dataclasses.replace(config, lora_rank=2)) == {}
+    with pytest.raises(ValueError, match=r"^lora_rank must be at most 8, .*got 9$"):
+        lora.add_adapters(model, settings, seed=0)  # v_proj: 16 -> 8
+    assert not any("lora" in name for name, _ in model.named_modules())
+    # GPT-2's linear layers are transformers' Conv1D (weight (in, out)): read too.
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=50))
+    layers = lora.model_linear_layers(gpt2)
+    assert layers["transformer.h.0.attn.c_attn"] == (16, 48)
+    assert "lm_head" not in layers
+    lora.check_adapter_fit(4, ("c_attn",), layers)
 
 
 # --- the policy: what trains, and exactness at initialisation ------------------------

@@ -308,3 +308,18 @@ def test_the_tiny_models_end_token_is_the_tokenizers_eos():
     tokenizer = build_char_tokenizer()
     model = build_tiny_qwen2(tokenizer, hidden_size=16, num_layers=1)
     assert EOS in end_of_sequence_ids(tokenizer, model.generation_config)
+
+
+def test_lengths_and_the_limit_no_response_can_have_are_refused():
+    with pytest.raises(
+        ValueError, match=r"^lengths must be finite token counts >= 0, got -5\.0$"
+    ):
+        soft_overlong_punishment(torch.tensor([-5, 3]), 10, 4)
+    with pytest.raises(ValueError, match=r"^lengths must be finite .*got nan$"):
+        soft_overlong_punishment(torch.tensor([3.0, float("nan")]), 10, 4)
+    assert soft_overlong_punishment(torch.tensor([0]), 10, 4).tolist() == [0.0]
+    # max_new_tokens 0: every response (length >= 0) would count as cut off.
+    with pytest.raises(
+        ValueError, match=r"^max_new_tokens must be a positive int, got 0$"
+    ):
+        is_truncated([2, 3], "ab", 2, **{**DETECT, "max_new_tokens": 0})

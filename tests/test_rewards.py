@@ -276,6 +276,10 @@ HEDGED_PAIRS = [
     ("10\\%", "0.1", "percent"),
     ("4 \\pm 1", "4", "plus or minus"),
     ("4 \\equiv 1", "4", "congruent"),
+    # A ground truth that hedges accepts neither side alone.
+    ("4", "4 \\approx 5", "approximately"),
+    ("5", "4 \u2248 5", "approximately"),
+    ("4", "4 \\pm 1", "plus or minus"),
 ]
 # Equal after simplification, which plain math-verify misses (a bare symbol is
 # compared by name), and pairs the rules leave alone.
@@ -440,6 +444,7 @@ def test_plain_math_verify_would_have_paid_the_hedges() -> None:
     # The attack is real: without the rules each of these scores 1.
     paid = [a for a, t, _ in HEDGED_PAIRS[:2] + HEDGED_PAIRS[4:6]]
     assert all(math_verify_oracle(a, "4") for a in paid)
+    assert math_verify_oracle("4", "4 \\approx 5")  # and a hedging ground truth
 
 
 def test_the_worker_applies_the_rules_to_direct_callers(fast_grader) -> None:

@@ -14,6 +14,7 @@ from grpo_lab.sampler_correction import (
     correction_weights,
     sampler_correction_weights,
     sampler_log_prob_gap,
+    sampler_weights_and_metrics,
 )
 
 # Two responses: 3 and 2 response tokens; the last columns are padding.
@@ -22,8 +23,8 @@ MASK = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
 RATIOS = torch.tensor(
     [[2.0, 0.5, 4.0, 1.0], [1.5, 0.25, 1.0, 1.0]], dtype=torch.float64
 )
-SAMPLER = torch.full((2, 4), -1.0, dtype=torch.float64)
-TRAINER = SAMPLER + RATIOS.log()
+SAMPLER = torch.full((2, 4), -2.0, dtype=torch.float64)
+TRAINER = SAMPLER + RATIOS.log()  # log-probs <= 0: the largest is -2 + ln 4
 
 
 def weights_of(mode, trainer=TRAINER, sampler=SAMPLER, mask=MASK, **bounds):
@@ -97,19 +98,21 @@ def test_none_is_the_mask_and_reports_only_the_gap():
 
 def test_bounds_are_kept_inclusive():
     # rho exactly at the cap is not corrected; exactly at low / high is kept.
-    ratios = torch.tensor([[2.0, 0.5, 1.0]], dtype=torch.float64)  # exp(log) exact
+    ratios = torch.tensor([[1.0, 0.5, 0.25]], dtype=torch.float64)  # exp(log) exact
     trainer, sampler, mask = ratios.log(), torch.zeros(1, 3).double(), torch.ones(1, 3)
-    weights, metrics = weights_of("token_mask", trainer, sampler, mask, low=0.5, high=2)
+    weights, metrics = weights_of(
+        "token_mask", trainer, sampler, mask, low=0.25, high=1
+    )
     torch.testing.assert_close(weights, ratios, rtol=0, atol=0)
     assert metrics["is_token_corrected_fraction"] == 0.0
-    _, metrics = weights_of("token_truncate", trainer, sampler, mask, cap=2.0)
+    _, metrics = weights_of("token_truncate", trainer, sampler, mask, cap=1.0)
     assert metrics["is_token_corrected_fraction"] == 0.0
 
 
 def test_sequence_ratio_is_the_product_not_the_geometric_mean():
     # Two tokens of ratio 2: product 4 (> cap 3), geometric mean 2 (< cap).
-    trainer = torch.full((1, 2), math.log(2), dtype=torch.float64)
-    sampler = torch.zeros(1, 2, dtype=torch.float64)
+    trainer = torch.zeros(1, 2, dtype=torch.float64)
+    sampler = torch.full((1, 2), -math.log(2), dtype=torch.float64)
     weights, _ = weights_of("sequence_truncate", trainer, sampler, torch.ones(1, 2))
     torch.testing.assert_close(weights, torch.full((1, 2), 3.0, dtype=torch.float64))
 
@@ -138,15 +141,49 @@ def test_masked_positions_are_ignored_whatever_they_hold(mode):
     assert junk[1] == clean[1]
 
 
-def test_a_nan_sampler_log_prob_counts_as_ratio_one():
-    # As TRL: a token the sampler did not score gets rho = 1 (no correction).
+def test_a_nan_sampler_log_prob_counts_as_ratio_one_in_the_train_step():
+    # As TRL: a token the sampler did not score gets rho = 1 (no correction), in
+    # the core the train step calls; the door a direct caller meets refuses it.
     sampler = SAMPLER.clone()
     sampler[0, 2] = float("nan")
-    weights, metrics = weights_of("token_truncate", sampler=sampler, cap=3.0)
+    weights, metrics = sampler_weights_and_metrics(
+        TRAINER, sampler, MASK, "token_truncate", 3.0, 0.0, 3.0
+    )
     assert weights[0, 2] == 1.0
     assert metrics["sampler_log_prob_diff_max"] == pytest.approx(math.log(4))
-    weights, _ = weights_of("sequence_truncate", sampler=sampler, cap=3.0)
+    weights, _ = sampler_weights_and_metrics(
+        TRAINER, sampler, MASK, "sequence_truncate", 3.0, 0.0, 3.0
+    )
     assert weights[0, 0] == pytest.approx(1.0)  # 2 * 0.5 * 1
+    with pytest.raises(
+        ValueError,
+        match=r"^sampler_log_probs must be log-probabilities \(<= 0, not NaN\) "
+        r"inside the response mask, got nan at 1 of 5 positions$",
+    ):
+        weights_of("token_truncate", sampler=sampler)
+
+
+def test_the_door_refuses_a_mask_or_log_probs_it_would_misread():
+    """A 0.5 mask would read as 1; a positive or +inf log-prob is no
+    probability (its ratio would be clipped into a weight); a meta tensor holds
+    no values. Masked-out positions may hold anything."""
+    with pytest.raises(
+        ValueError, match=r"^response_mask must hold only 0 and 1 .*got 0\.5$"
+    ):
+        weights_of("token_truncate", mask=MASK * 0.5)
+    for value in (0.5, math.inf):
+        trainer = TRAINER.clone()
+        trainer[1, 0] = value
+        with pytest.raises(
+            ValueError, match=rf"^trainer_log_probs .*got {value!r} at 1"
+        ):
+            weights_of("token_truncate", trainer=trainer)
+        trainer[1, 3] = trainer[1, 0]  # padding: ignored
+        trainer[1, 0] = TRAINER[1, 0]
+        assert weights_of("token_truncate", trainer=trainer)[0][1, 3] == 0
+    with pytest.raises(ValueError, match=r"^trainer_log_probs must hold values"):
+        weights_of("none", trainer=TRAINER.to("meta"))
+    assert weights_of("none", mask=MASK.bool())[0].sum() == 5
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -23,6 +23,7 @@ FLAG_TABLE = current_table()
 FIELD_NAMES = field_names(FLAG_TABLE)
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
 USAGE_HINT = "see grpo-lab train --help"
+_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
 
 
 def read_config_file(path: str | Path, *, from_trl: bool = False) -> dict[str, Any]:
@@ -37,7 +38,9 @@ def read_config_file(path: str | Path, *, from_trl: bool = False) -> dict[str, A
     and, for a TRL ``GRPOConfig`` name, its grpo_lab name from the TRL table;
     ``resume`` is refused (use ``--resume``). A float field also takes a string
     in decimal or scientific notation (YAML 1.1 reads ``3e-4`` as a string).
-    ``from_trl``: the keys are TRL names, translated through that table.
+    ``from_trl``: the keys are TRL names, translated through that table. A
+    file that is not UTF-8 (UTF-16 from some Windows editors) or that sets
+    nothing (empty, or comments only) is refused, naming the file.
     """
     path = Path(path)
     if path.suffix.lower() not in CONFIG_SUFFIXES:
@@ -52,7 +55,21 @@ def read_config_file(path: str | Path, *, from_trl: bool = False) -> dict[str, A
             f"config file {path} cannot be read: {error.strerror or error}",
             "check the path given to --config",
         ) from error
+    except UnicodeDecodeError as error:
+        raise UserError(
+            f"config file {path} must be UTF-8 text, got byte "
+            f"0x{error.object[error.start]:02x} at offset {error.start}"
+            + (
+                " (a UTF-16 byte-order mark)" if error.object[:2] in _UTF16_BOMS else ""
+            ),
+            "save it as UTF-8",
+        ) from error
     values = _parse_config_text(text, path)
+    if values is None:
+        raise UserError(
+            f"config file {path} sets no field: it is empty or only comments",
+            "write one 'name: value' line per setting, or leave out --config",
+        )
     if not isinstance(values, dict):
         raise UserError(
             f"config file {path} must map field names to values, got "
@@ -174,7 +191,7 @@ def _parse_config_text(text: str, path: Path) -> Any:
         raise UserError(
             f"config file {path} is not valid YAML: {problem}", "fix that line"
         ) from error
-    return {} if values is None else values
+    return values
 
 
 def _check_config_key(key: Any, path: Path) -> None:

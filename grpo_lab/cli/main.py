@@ -357,12 +357,14 @@ def check_can_train(config: TrainConfig) -> None:
     """The task, its data, the model path, the device and the backend, or UserError.
 
     These fail inside ``train`` only after the run folder is written; checked
-    here, a mistake costs one line and leaves no folder behind.
+    here, a mistake costs one line and leaves no folder behind. The machine's
+    own checks (device, backend) come first: they cost nothing, while the task
+    and the model may reach for the Hub.
     """
-    _check_task(config)
-    _check_model(config)
     _check_device(config)
     _check_backend(config)
+    _check_task(config)
+    _check_model(config)
 
 
 def _check_task(config: TrainConfig) -> None:

@@ -258,8 +258,8 @@ def grade_math_answer(
       4. a ground truth longer than ``MAX_ANSWER_CHARS`` is not equal;
       5. an answer that hedges is not equal (``answer_rule_broken``): a percent
          sign on one side only ("4\\%" or "400\\%" against 4, and 4 against
-         "4\\%"), or an approximate relation, \\pm, \\equiv or \\propto the
-         ground truth does not use ("4 \\approx 5" against 4);
+         "4\\%"), or an approximate relation, \\pm, \\equiv or \\propto on
+         one side only ("4 \\approx 5" against 4, and 4 against "4 \\approx 5");
       6. otherwise ``grader.grade`` (default ``default_math_grader()``):
          math-verify in a worker process under a CPU budget, where two plain
          expressions whose difference sympy simplifies to 0 are equal too
@@ -373,8 +373,14 @@ def parse_countdown_equation(text: str) -> tuple[Fraction | None, list[int]] | N
 
 
 def _is_equation_token(token: str) -> bool:
-    """An integer (at most 6 digits), an operator or a parenthesis."""
-    return token in "+-*/()" or (token.isdigit() and len(token) <= 6)
+    """An integer (at most 6 ASCII digits), an operator or a parenthesis.
+
+    ``str.isdigit`` alone also takes other scripts' digits ("\u0663", Arabic-Indic
+    3) and styled ones ("\U0001d7d1", mathematical bold 3), which ``int`` reads
+    as numbers: neither is a digit of the answer's format."""
+    return token in "+-*/()" or (
+        token.isascii() and token.isdigit() and len(token) <= 6
+    )
 
 
 class _EquationParser:

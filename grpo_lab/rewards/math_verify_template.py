@@ -122,7 +122,7 @@ def serve(limits: GraderLimits) -> None:
 
 
 # Relations that let one answer name two values (math-verify grades "4 \\approx 5"
-# as 4): an answer may use one only where its ground truth uses it too.
+# as 4): an answer uses one exactly where its ground truth uses it too.
 HEDGING_RELATIONS = {
     "approximately": (
         "approx",
@@ -167,10 +167,12 @@ def answer_rule_broken(answer: str, ground_truth: str) -> str | None:
       only a ground truth with one, and a ground truth with one only such an
       answer. math-verify reads "4\\%" as both 4 and 0.04, so a percent sign
       would hedge a factor of 100 ("400\\%" would match 4 and 400);
-    * relations: an answer may use an approximate relation (\\approx, \\sim,
+    * relations: an answer uses an approximate relation (\\approx, \\sim,
       \\simeq, \\cong, ...), \\pm / \\mp, \\equiv or \\propto (or their
-      Unicode signs) only when its ground truth uses the same family; math-verify
-      keeps one side of "4 \\approx 5", so the other side would be a free guess.
+      Unicode signs) exactly when its ground truth uses the same family;
+      math-verify keeps one side of "4 \\approx 5", so the other side would be
+      a free guess, and a ground truth written that way would accept either
+      side alone ("4" against "4 \\approx 5").
 
     Units in ``\\text{...}`` are left to math-verify: they do not change a
     number's value, as a percent sign does.
@@ -178,7 +180,7 @@ def answer_rule_broken(answer: str, ground_truth: str) -> str | None:
     if _has_percent(answer) != _has_percent(ground_truth):
         return "percent"
     for family in HEDGING_RELATIONS:
-        if _uses_relation(answer, family) and not _uses_relation(ground_truth, family):
+        if _uses_relation(answer, family) != _uses_relation(ground_truth, family):
             return family
     return None
 

@@ -88,6 +88,11 @@ class CalculatorTool:
         when the turn does not end with a call. A close tag without an open tag
         gives ``""`` (the call is answered with ``"error"``).
         """
+        if not isinstance(segment_text, str):
+            raise ValueError(
+                "segment_text must be one model turn's text (a str), got "
+                f"{type(segment_text).__name__}"
+            )
         if not segment_text.endswith(self.call_close):
             return None
         body = segment_text[: -len(self.call_close)]

@@ -92,6 +92,12 @@ def collect_groups_with_signal(
     check_dynamic_sampling_settings(
         True, max_rounds, caller="collect_groups_with_signal"
     )
+    if (
+        isinstance(group_size, bool)
+        or not isinstance(group_size, int)
+        or group_size < 1
+    ):
+        raise ValueError(f"group_size must be a positive int, got {group_size!r}")
     kept: list[tuple[Rollouts, list[dict[str, float]], Any, int]] = []
     dropped: list[tuple[Rollouts, list[dict[str, float]], Any, int]] = []
     wanted, rounds, sampled = None, 0, 0
@@ -182,8 +188,14 @@ def replay_reward_fn(
     """A reward_fn that hands back ``results`` in order, without grading again.
 
     For :func:`grpo_lab.train_step.rollout_advantages`, which calls reward_fn
-    once per response in order; a call for another response raises.
+    once per response in order; a call for another response raises. ``results``
+    and ``responses`` must have one entry each per graded response.
     """
+    if len(results) != len(responses):
+        raise ValueError(
+            f"responses must have one entry per result ({len(results)}), "
+            f"got {len(responses)}"
+        )
     position = iter(range(len(results)))
 
     def replay(response: str, ground_truth: str) -> dict[str, float]:

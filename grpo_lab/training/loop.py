@@ -90,7 +90,7 @@ from grpo_lab.rollouts.multiturn import (
 from grpo_lab.sampler_correction import GAP_KEYS
 from grpo_lab.tasks import get_task, uses_tools
 from grpo_lab.tasks.base import Example, Task
-from grpo_lab.tasks.chat import ChatPromptTask
+from grpo_lab.tasks.chat import ChatPromptTask, unclosed_reasoning_metrics
 from grpo_lab.train_step import (
     UpdateSettings,
     policy_gradient_update,
@@ -617,6 +617,7 @@ def grpo_update(
         "train/optimizer_steps": sum(r["optimizer_step"] for r in update_records),
         **flatten_metrics("train", grading_timeouts),
         **truncation_metrics(lengths, truncated),
+        **unclosed_reasoning_metrics(task, rollouts.responses),
         **length_shaping_metrics(config, task, lengths),
         **getattr(rollouts, "sampling_metrics", {}),
         **trained_tool_token_metrics(rollouts, batch["response_mask"]),

@@ -52,13 +52,26 @@ def is_truncated(
     ends with a stop string (both backends keep the stop string and cut the text
     right after it). ``length`` is the response's token count; a backend that
     returns text only (``response_token_ids`` None) is judged by its stop
-    strings and length alone.
+    strings and length alone. ``max_new_tokens`` is a positive int.
     """
+    check_max_new_tokens(max_new_tokens)
     if response_token_ids and response_token_ids[-1] in eos_token_ids:
         return False
     if any(stop and response.endswith(stop) for stop in stop_strings):
         return False
     return length >= max_new_tokens
+
+
+def check_max_new_tokens(max_new_tokens: object) -> None:
+    """The response length limit truncation is judged by: a positive int."""
+    if (
+        isinstance(max_new_tokens, bool)
+        or not isinstance(max_new_tokens, int)
+        or max_new_tokens < 1
+    ):
+        raise ValueError(
+            f"max_new_tokens must be a positive int, got {max_new_tokens!r}"
+        )
 
 
 def truncated_rows(
@@ -126,8 +139,9 @@ def soft_overlong_punishment(
 ) -> torch.Tensor:
     """DAPO's R_length(|y|) for each length (eq. 13 above), in ``lengths``' dtype.
 
-    ``lengths`` (B,) holds |y| (integers are scored in float64); the result
-    (B,) lies in [-1, 0]. ``max_length`` >= ``buffer`` >= 1 (both ints).
+    ``lengths`` (B,) holds |y| >= 0, finite (integers are scored in float64);
+    the result (B,) lies in [-1, 0]. ``max_length`` >= ``buffer`` >= 1 (both
+    ints).
     """
     check_punishment_lengths(max_length, buffer)
     if not isinstance(lengths, torch.Tensor) or lengths.ndim != 1:
@@ -138,6 +152,11 @@ def soft_overlong_punishment(
         )
     if not lengths.is_floating_point():
         lengths = lengths.to(torch.float64)  # (B,)
+    bad = ~torch.isfinite(lengths) | (lengths < 0)  # (B,)
+    if bool(bad.any()):
+        raise ValueError(
+            f"lengths must be finite token counts >= 0, got {lengths[bad][0].item()!r}"
+        )
     start = max_length - buffer
     inside = (start - lengths) / buffer  # (B,)
     shaped = torch.where(lengths <= start, torch.zeros_like(lengths), inside)

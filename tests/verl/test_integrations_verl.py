@@ -646,8 +646,8 @@ def test_geo_mean_ignores_the_global_batch_counts():
 def test_kl_estimators_match_verls_and_k3_differs_where_verl_clamps_it():
     from grpo_lab.kl import compute_kl_penalty
 
-    log_prob = torch.tensor([[-1.0, -1.0]], dtype=torch.float64)
-    reference = torch.tensor([[-1.5, 12.0]], dtype=torch.float64)  # log r 0.5, 13
+    log_prob = torch.tensor([[-2.0, -14.0]], dtype=torch.float64)
+    reference = torch.tensor([[-1.5, -1.0]], dtype=torch.float64)  # log r 0.5, 13
     for ours_name, verl_name in (("k1", "kl"), ("k2", "mse")):
         ours = compute_kl_penalty(log_prob, reference, ours_name)
         theirs = core_algos.kl_penalty(log_prob, reference, verl_name)
@@ -669,3 +669,148 @@ def test_verls_optimizer_decays_every_parameter():
     decayed = [p for g in optimizer.param_groups if g["weight_decay"] == 0.1
                for p in g["params"]]  # fmt: skip
     assert len(decayed) == len(list(model.parameters())) == 4  # biases, norm too
+
+
+# --- the translation table's claims, read from the table itself -------------------------
+
+TABLE = Path(__file__).resolve().parents[2] / "docs" / "translation_table.md"
+# Each objective row of the table (its first cell), the grpo_lab objective and
+# the verl built-in it is measured against, and the settings the row states.
+TABLE_ROWS = {
+    '`importance_reweighting_method="grpo"`, `cliprange`': ("grpo", "vanilla", {}),
+    "`cliprange_high`": ("grpo", "vanilla", {"clip_ratio_high": 0.28}),
+    "`ratio_cap`": ("grpo", "vanilla", {"clip_ratio_c": 3.0}),
+    '`importance_reweighting_method="gspo"`': (
+        "gspo",
+        "gspo",
+        {"clip_ratio_c": math.inf, "clip_ratio_low": 0.05, "clip_ratio_high": 0.07},
+    ),
+    '`importance_reweighting_method="cispo"`, `cliprange`, `cliprange_high`': (
+        "cispo",
+        "cispo",
+        {},
+    ),
+    '`importance_reweighting_method="sapo"`, `sapo_temperature_pos`, '
+    "`sapo_temperature_neg`": ("sapo", "sapo", {"tau_pos": 1.3, "tau_neg": 1.6}),
+    '`importance_reweighting_method="gmpo"`, `cliprange`, `cliprange_high` '
+    "(on log w)": (
+        "gmpo",
+        "geo_mean",
+        {"clip_ratio_low": 0.4, "clip_ratio_high": 0.4},
+    ),
+}
+MODE_LIST = r"((?:`[a-z-]+`(?:, | and )?)+)"
+ONE_MICRO_BATCH = " on one micro-batch of one rank"
+
+
+def table_claims() -> dict[str, dict[str, list[str]]]:
+    """{first cell: {"exact": modes, "exact_one": modes, "differs": modes}} of
+    the objective rows: what each row says of verl, mode by mode."""
+    import re
+
+    claims = {}
+    for line in TABLE.read_text().splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split(" | ")]
+        if cells[0] not in TABLE_ROWS:
+            continue
+        agreement = cells[-1]
+        found = {"exact": [], "exact_one": [], "differs": []}
+        for match in re.finditer(r"verl: exact in " + MODE_LIST, agreement):
+            one = agreement[match.end() :].startswith(ONE_MICRO_BATCH)
+            found["exact_one" if one else "exact"] += re.findall(
+                r"`([a-z-]+)`", match.group(1)
+            )
+        for match in re.finditer(r"differs in " + MODE_LIST, agreement):
+            found["differs"] += re.findall(r"`([a-z-]+)`", match.group(1))
+        claims[cells[0]] = found
+    return claims
+
+
+def split_loss(name, data, mode, config, weights=None):
+    """verl's loss over 2 ranks x 2 micro-batches with the global counts, the
+    ranks averaged as the data-parallel all-reduce does."""
+    config.global_batch_info.update(
+        {
+            "dp_size": 2,
+            "batch_num_tokens": int(data["mask"].sum()),
+            "global_batch_size": B,
+            "loss_scale_factor": 5,
+        }
+    )
+    total = torch.zeros((), dtype=torch.float64)
+    grad = torch.zeros(B, T, dtype=torch.float64)
+    for start in range(0, B, 2):
+        rows = slice(start, start + 2)
+        log_prob = data["log_prob"][rows].clone().requires_grad_(True)
+        mask = data["mask"][rows]
+        extra = {} if weights is None else {"rollout_is_weights": weights[rows]}
+        loss, _ = core_algos.get_policy_loss_fn(name)(
+            old_log_prob=data["old"][rows], log_prob=log_prob,
+            advantages=data["row_advantages"][rows] * mask, response_mask=mask,
+            loss_agg_mode=mode, config=config, **extra,
+        )  # fmt: skip
+        (micro_grad,) = torch.autograd.grad(loss, log_prob)
+        total += loss.detach() / 2
+        grad[rows] = micro_grad / 2
+    return total, grad
+
+
+def test_the_table_names_a_verl_claim_for_every_mode_of_every_objective_row():
+    claims = table_claims()
+    assert set(claims) == set(TABLE_ROWS)
+    for row, found in claims.items():
+        named = found["exact"] + found["exact_one"] + found["differs"]
+        assert set(found["exact"]) | set(found["differs"]) == set(MODES) or (
+            found["exact_one"] and set(found["differs"]) == set(MODES)
+        ), row
+        assert set(named) <= set(MODES), row
+
+
+@pytest.mark.parametrize("row", tuple(TABLE_ROWS))
+def test_each_objective_row_holds_in_the_modes_it_names(row):
+    method, built_in, changes = TABLE_ROWS[row]
+    found = table_claims()[row]
+    data = batch(seed=1)
+    for mode in found["exact"]:
+        config = actor_config(loss_scale_factor=5, **changes)
+        ours, our_grad = split_loss(f"grpo_lab_{method}", data, mode, config)
+        theirs, their_grad = split_loss(built_in, data, mode, config)
+        record(f"table: {row[:30]} vs {built_in}, {mode}, 2x2", delta(ours, theirs),
+               delta(our_grad, their_grad))  # fmt: skip
+        assert torch.allclose(ours, theirs, rtol=1e-7, atol=1e-10), (row, mode)
+        assert torch.allclose(our_grad, their_grad, rtol=1e-7, atol=1e-10), (row, mode)
+    for mode in found["exact_one"]:
+        config = actor_config(loss_scale_factor=5, **changes)
+        ours, our_grad, _ = plugin_loss(f"grpo_lab_{method}", data, mode, config)
+        theirs, their_grad, _ = plugin_loss(built_in, data, mode, config)
+        assert torch.allclose(ours, theirs, rtol=1e-7, atol=1e-10), (row, mode)
+        assert torch.allclose(our_grad, their_grad, rtol=1e-7, atol=1e-10), (row, mode)
+    for mode in found["differs"]:
+        config = actor_config(loss_scale_factor=5, **changes)
+        ours, our_grad = split_loss(f"grpo_lab_{method}", data, mode, config)
+        theirs, their_grad = split_loss(built_in, data, mode, config)
+        assert delta(our_grad, their_grad) > 1e-6, (row, mode)
+
+
+def test_gmpo_averages_rollout_weights_arithmetically_where_verl_does_geometrically():
+    """The table's GMPO rollout-weight line: verl's geo_mean scales a response's
+    term by exp(mean_t log w_t), grpo_lab by the mean of its tokens' w_t."""
+    data = batch(seed=1)
+    generator = torch.Generator().manual_seed(5)
+    weights = 0.5 + torch.rand(B, T, generator=generator, dtype=torch.float64)
+    config = actor_config(clip_ratio_low=0.4, clip_ratio_high=0.4)
+    mode = "seq-mean-token-mean"
+    ours, _ = weighted_loss("grpo_lab_gmpo", data, mode, config, weights)
+    theirs, _ = weighted_loss("geo_mean", data, mode, config, weights)
+    assert abs(ours - theirs).item() > 1e-3  # 1.2e-2 for this batch
+    # Each response's weights replaced by their geometric mean: the two agree.
+    mask = data["mask"].double()
+    geometric = torch.exp((weights.log() * mask).sum(1) / mask.sum(1))  # (B,)
+    flat = geometric[:, None].expand(B, T).clone()
+    ours, our_grad = weighted_loss("grpo_lab_gmpo", data, mode, config, flat)
+    theirs, their_grad = weighted_loss("geo_mean", data, mode, config, weights)
+    assert torch.allclose(ours, theirs, rtol=1e-7, atol=1e-10)
+    assert torch.allclose(our_grad, their_grad, rtol=1e-7, atol=1e-10)
+    assert "geometrically" in TABLE.read_text() and "arithmetic mean" in (
+        TABLE.read_text()
+    )

@@ -37,12 +37,24 @@ from grpo_lab.training.teacher import teacher_folder
 BETAS = {("reward", "k1"): 1.0, ("loss", "k2"): 1.0, ("loss", "k3"): 0.0}
 # Settings of a GRPO run the DistillationTrainer has no counterpart for.
 NO_COUNTERPART = (
-    "importance_reweighting_method", "cliprange", "cliprange_high", "ratio_cap",
-    "epochs_per_rollout_batch", "kl_coef", "entropy_coef", "top_entropy_quantile",
-    "sampler_correction", "dynamic_sampling", "overlong_buffer",
-    "mask_truncated_completions", "lora_rank", "backend", "autocast_dtype",
-    "chat_template", "loss_normalization",
-)  # fmt: skip
+    "importance_reweighting_method",
+    "cliprange",
+    "cliprange_high",
+    "ratio_cap",
+    "epochs_per_rollout_batch",
+    "kl_coef",
+    "entropy_coef",
+    "top_entropy_quantile",
+    "sampler_correction",
+    "dynamic_sampling",
+    "overlong_buffer",
+    "mask_truncated_completions",
+    "lora_rank",
+    "backend",
+    "autocast_dtype",
+    "chat_template",
+    "loss_normalization",
+)
 
 TRAIN_SCRIPT = '''"""Train train_config.json's run on TRL's DistillationTrainer.
 

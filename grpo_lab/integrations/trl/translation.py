@@ -694,6 +694,11 @@ def to_trl_config(config: TrainConfig, *, num_processes: int = 1) -> dict[str, A
     number of data-parallel processes: the global batch sizes stay the
     config's, the per-device one shrinks.
     """
+    if not isinstance(config, TrainConfig):
+        raise ValueError(
+            "config must be a TrainConfig (TrainConfig.from_dict builds one from a "
+            f"dict), got {type(config).__name__}"
+        )
     if not isinstance(num_processes, int) or num_processes < 1:
         raise ValueError(f"num_processes must be a positive int, got {num_processes!r}")
     check_unrowed(config, _TABLES, _no_counterpart)

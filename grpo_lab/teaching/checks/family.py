@@ -84,7 +84,7 @@ def _dapo_kl_cases() -> list[tuple[_Case, float, float, float]]:
     random_policy = random_old + 0.4 * torch.randn(4, 5, generator=generator).double()
     random_reference = (
         random_old + 0.6 * torch.randn(4, 5, generator=generator).double()
-    )
+    ).clamp(max=0.0)  # log-probs: <= 0 (compute_kl_penalty refuses others)
     random_mask = torch.tensor(
         [[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 1, 0], [1, 0, 0, 0, 0]]
     )

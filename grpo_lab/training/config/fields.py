@@ -77,7 +77,10 @@ class TrainFields:
         PROFILES,
     )
     seed: int = setting(
-        0, "run", "Seed of the model weights, the prompt draws and every sampler."
+        0,
+        "run",
+        "Seed of the model weights, the prompt draws and every sampler, in "
+        "[0, 2**32 - 1].",
     )
     run_dir: str | None = setting(
         None,
@@ -106,7 +109,8 @@ class TrainFields:
         0,
         "model",
         "Rank r of LoRA adapters on the policy (peft; arXiv:2106.09685): only the "
-        "adapters train, the base weights stay frozen (0: full fine-tuning).",
+        "adapters train, the base weights stay frozen (0: full fine-tuning, where "
+        "the other lora_ settings are refused unless left at their defaults).",
     )
     lora_alpha: float = setting(
         32.0,
@@ -159,7 +163,9 @@ class TrainFields:
     )
     # --- batches and schedule --------------------------------------------------
     steps: int = setting(
-        400, "batches and schedule", "GRPO steps (one rollout batch each)."
+        400,
+        "batches and schedule",
+        "GRPO steps (one rollout batch each), at most 1000000.",
     )
     rollout_batch_size: int = setting(
         256,
@@ -416,7 +422,8 @@ class TrainFields:
     eval_every: int = setting(
         10,
         "evaluation and checkpoints",
-        "Evaluate on held-out prompts every this many steps (0: never).",
+        "Evaluate on held-out prompts every this many steps and after the last "
+        "(0: never, not even after the last step).",
     )
     eval_size: int = setting(
         200, "evaluation and checkpoints", "Held-out prompts per evaluation."

@@ -32,7 +32,6 @@ def inert_settings(config: TrainFields) -> dict[str, str]:
     if sharing:
         notes["share_prompt_prefix"] = sharing
     notes.update(_inert_length_settings(config))
-    notes.update(_inert_lora_settings(config))
     return notes
 
 
@@ -48,20 +47,6 @@ def _inert_backend_settings(config: TrainFields) -> dict[str, str]:
         name: f"only the {' and '.join(backends)} backend reads it"
         for name, backends in readers.items()
         if name not in own and getattr(config, name) != defaults[name]
-    }
-
-
-def _inert_lora_settings(config: TrainFields) -> dict[str, str]:
-    """The LoRA options a full fine-tuning run (lora_rank 0) does not read."""
-    defaults = {f.name: f.default for f in dataclasses.fields(TrainFields)}
-    names = ("lora_alpha", "lora_dropout", "lora_target_modules", "lora_lr")
-    names += ("lora_train_norms",)
-    if config.lora_rank > 0:
-        return {}
-    return {
-        name: "lora_rank is 0: full fine-tuning, no adapters"
-        for name in names
-        if getattr(config, name) != defaults[name]
     }
 
 

@@ -12,7 +12,7 @@ import dataclasses
 import json
 from typing import Any
 
-from grpo_lab.lora import LoraSettings, target_names
+from grpo_lab.lora import ADAPTER_OPTIONS, LoraSettings, target_names
 from grpo_lab.train_step import UpdateSettings
 from grpo_lab.training.config.fields import (
     INERT_SETTINGS_KEY,
@@ -33,7 +33,9 @@ class TrainConfig(TrainFields):
 
     @classmethod
     def for_profile(cls, profile: str, **overrides: Any) -> TrainConfig:
-        """The ``profile`` defaults (cpu, gpu or smoke) with ``overrides`` applied."""
+        """The ``profile`` defaults (cpu, gpu or smoke) with ``overrides`` applied;
+        ``lora_rank=0`` drops the profile's own adapter settings (``lora_lr``,
+        ...), which full fine-tuning would refuse."""
         if profile not in PROFILES:
             raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
         check_field_names(overrides)
@@ -42,6 +44,8 @@ class TrainConfig(TrainFields):
             changes = {**changes, "task_options": {}}  # the profile's are its task's
         if profile == "cpu":
             changes = {**changes, **CPU_TASK_CHANGES.get(overrides.get("task"), {})}
+        if overrides.get("lora_rank") == 0:  # the profile's adapter settings go too
+            changes = {k: v for k, v in changes.items() if k not in ADAPTER_OPTIONS}
         return cls(**{**changes, "profile": profile, **overrides})
 
     @property

@@ -14,12 +14,17 @@ from grpo_lab.advantages import (
 )
 from grpo_lab.logprobs import check_temperature
 from grpo_lab.lora import (
+    ADAPTER_OPTIONS,
+    check_adapter_fit,
+    check_adapter_options_need_rank,
     check_lora_settings,
+    qwen2_linear_layers,
+    target_names,
 )
 from grpo_lab.losses import (
     REWEIGHTING_METHODS,
 )
-from grpo_lab.models import TINY_NUM_HEADS
+from grpo_lab.models import TINY_ATTENTION_HEADS
 from grpo_lab.prefix_sharing import check_share_prompt_prefix
 from grpo_lab.rollouts import BACKEND_RECORDS
 from grpo_lab.rollouts.base import check_sampling_settings
@@ -114,6 +119,14 @@ _NONNEGATIVE_COUNTS = (
     "lr_warmup_steps",
 )
 _OPTIONAL_POSITIVE_COUNTS = ("max_new_tokens", "rollout_max_batch_size", "num_threads")
+# Counts with a ceiling, and why: a seed seeds numpy, torch and vLLM, whose common
+# range is 32 bits; a million steps is far past any published GRPO run (DeepSeek-R1's
+# are thousands), so more is a typo, not a plan.
+_LARGEST_COUNTS = {
+    "seed": (2**32 - 1, "the seed range numpy, torch and vLLM share"),
+    "steps": (1_000_000, "a million GRPO steps is already far past any real run"),
+    "sft_max_steps": (1_000_000, "a million warm-up steps is far past any real run"),
+}
 
 
 def _check_counts(config: TrainFields) -> None:
@@ -127,6 +140,12 @@ def _check_counts(config: TrainFields) -> None:
             if name in _OPTIONAL_POSITIVE_COUNTS:
                 expected = "None or a positive int"
             raise ValueError(f"{name} must be {expected}, got {value!r}")
+    for name, (largest, reason) in _LARGEST_COUNTS.items():
+        if getattr(config, name) > largest:
+            raise ValueError(
+                f"{name} must be at most {largest} ({reason}), "
+                f"got {getattr(config, name)!r}"
+            )
     if config.eval_every and config.eval_size < 1:
         raise ValueError(
             f"eval_size must be positive when eval_every > 0 ({config.eval_every}), "
@@ -302,13 +321,13 @@ def _check_device(config: TrainFields) -> None:
             f"got device {config.device!r}; use backend 'hf' on this device"
         )
     if config.backend == "vllm" and device.type == "cpu" and config.model == "tiny":
-        head_size = config.tiny_hidden_size // TINY_NUM_HEADS
+        head_size = config.tiny_hidden_size // TINY_ATTENTION_HEADS[0]
         if head_size not in CPU_ATTENTION_HEAD_SIZES:
             raise ValueError(
                 f"model 'tiny' with tiny_hidden_size {config.tiny_hidden_size} has "
                 f"attention head size {head_size} (tiny_hidden_size / "
-                f"{TINY_NUM_HEADS} heads), which vLLM's CPU attention does not "
-                f"support: backend 'vllm' on device 'cpu' needs a head size in "
+                f"{TINY_ATTENTION_HEADS[0]} heads), which vLLM's CPU attention does "
+                f"not support: backend 'vllm' on device 'cpu' needs a head size in "
                 f"{CPU_ATTENTION_HEAD_SIZES}, e.g. tiny_hidden_size 128; or use "
                 "backend 'hf'"
             )
@@ -323,6 +342,24 @@ def _check_lora_and_precision(config: TrainFields) -> None:
         train_norms=config.lora_train_norms,
     )
     _check_range("lora_lr", config.lora_lr, low=0.0, low_open=True)
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainFields)}
+    check_adapter_options_need_rank(
+        config.lora_rank,
+        {
+            name: getattr(config, name)
+            for name in ADAPTER_OPTIONS
+            if getattr(config, name) != defaults[name]
+        },
+    )
+    if config.lora_rank > 0 and config.model == "tiny":  # a hub model's at load
+        layers = qwen2_linear_layers(
+            config.tiny_hidden_size,
+            config.tiny_intermediate_size,
+            config.tiny_num_layers,
+            *TINY_ATTENTION_HEADS,
+        )
+        targets = target_names(config.lora_target_modules)
+        check_adapter_fit(config.lora_rank, targets, layers)
     if config.autocast_dtype == "float16" and config.dtype != "float32":
         raise ValueError(
             "dtype must be 'float32' with autocast_dtype 'float16': the dynamic "

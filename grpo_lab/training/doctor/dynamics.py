@@ -1,11 +1,14 @@
 """The doctor's rules on a run's course: a loss at 0, KL spikes, groups of mixed
-prompts, a late reward collapse, lengths that run away or collapse.
+prompts, a late reward collapse, lengths that run away or collapse, a reward
+flat while groups carry signal, steps logged out of order.
 
 Each rule cites the public thread where users met the problem; the thresholds
 are named constants with the reason for their value.
 """
 
 from __future__ import annotations
+
+import itertools
 
 from grpo_lab.training.doctor.findings import (
     PERSISTENT_SHARE,
@@ -319,4 +322,71 @@ def rule_length_collapse(run: Run) -> Finding | str | None:
         "the end token became the likeliest token",
         "check what the reward pays for a short or empty response; raise "
         "max_new_tokens if cut answers score 0; lower lr",
+    )
+
+
+# A reward flat over this many steps while at least half of the groups carry
+# signal (rewards that differ within a group, so advantages that are not 0):
+# each such step pushes the policy towards its better responses, and fifty of
+# them that leave the mean reward where it was mean the updates do not reach
+# what is sampled. Shorter runs are left to the other flat-reward rules.
+FLAT_WITH_SIGNAL_STEPS = 50
+SIGNAL_SHARE = 0.5
+
+
+def rule_reward_flat_with_signal(run: Run) -> Finding | str | None:
+    """The last FLAT_WITH_SIGNAL_STEPS steps: reward flat, groups with signal."""
+    equal = dict(series(run, "train/equal_reward_group_fraction"))
+    if not equal:
+        return "no train/equal_reward_group_fraction logged"
+    rewards = series(run, "train/reward_mean")
+    if len(rewards) < FLAT_WITH_SIGNAL_STEPS:
+        return f"fewer than {FLAT_WITH_SIGNAL_STEPS} steps logged train/reward_mean"
+    last = rewards[-FLAT_WITH_SIGNAL_STEPS:]
+    third = FLAT_WITH_SIGNAL_STEPS // 3
+    change = mean(values(last[-third:])) - mean(values(last[:third]))
+    signal = [1 - equal[step] for step, _ in last if step in equal]
+    if abs(change) >= REWARD_FLAT_CHANGE or not signal or mean(signal) < SIGNAL_SHARE:
+        return None
+    return Finding(
+        "reward-flat-with-signal",
+        "warning",
+        "train/reward_mean",
+        evidence(last),
+        f"the reward changed by {change:+.3f} over the last {len(last)} steps "
+        f"while {mean(signal):.0%} of groups carried signal (rewards that differ)",
+        "the updates do not change what is sampled: a learning rate too low to "
+        "show (LoRA at full fine-tuning's rate), weights not synced to the "
+        "sampler, or a reward the policy's changes cannot reach",
+        "check the learning rate (lora_lr about 10x full fine-tuning's lr), that "
+        "the sampler gets each step's weights, and a few responses against the "
+        "reward function",
+    )
+
+
+def rule_steps_out_of_order(run: Run) -> Finding | str | None:
+    """A log whose steps go back: two runs in one file, a resume, a reversal."""
+    steps = run.logged_steps
+    if len(steps) < 2:
+        return "fewer than 2 steps logged"
+    back = [
+        (later, float(earlier))
+        for earlier, later in itertools.pairwise(steps)
+        if later < earlier
+    ]
+    if not back:
+        return None
+    first_later, first_earlier = back[0]
+    return Finding(
+        "steps-out-of-order",
+        "warning",
+        "step",
+        evidence(back),
+        f"the log goes back {len(back)} time(s) (step {first_later} right after "
+        f"step {first_earlier:.0f}); the evidence pairs each step with the one "
+        "logged before it",
+        "two runs appended to one log, a resume that logged its steps again, or "
+        "a log written in reverse; the doctor reads the steps sorted, and a "
+        "repeated step keeps its later line",
+        "give each run its own folder (or log file), or cut the log where it goes back",
     )

@@ -48,6 +48,10 @@ class Run:
     # One line per part of the files that could not be read ("metrics.jsonl
     # line 7: not JSON (...)"): left out of every rule.
     unreadable: list[str] = field(default_factory=list)
+    # The steps in the order the file logged them (``history`` is sorted).
+    logged_steps: list[int] = field(default_factory=list)
+    # peft's adapter_config.json beside a TRL run's state (None: none found).
+    adapter_config: dict[str, Any] | None = None
 
 
 @dataclass
@@ -172,6 +176,16 @@ def config_number(run: Run, name: str) -> float | None:
     """The config's ``name`` when it is a finite number (None otherwise)."""
     value = (run.config or {}).get(name)
     return float(value) if is_finite_number(value) else None
+
+
+def adapter_rank(run: Run) -> int:
+    """The run's LoRA rank: config.json's lora_rank, else the r of peft's
+    adapter_config.json beside a TRL run; 0 for full fine-tuning (or unknown)."""
+    for source, key in ((run.config, "lora_rank"), (run.adapter_config, "r")):
+        rank = (source or {}).get(key)
+        if is_finite_number(rank) and rank > 0:
+            return int(rank)
+    return 0
 
 
 def config_text(run: Run, name: str, default: str | None = None) -> str | None:

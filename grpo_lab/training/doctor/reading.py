@@ -28,6 +28,8 @@ from grpo_lab.training.metrics import METRICS_FILE
 
 TRL_STATE_FILE = "trainer_state.json"
 CONFIG_FILE = "config.json"
+# peft's adapter file: a TRL run with peft_config saves it in each checkpoint.
+ADAPTER_CONFIG_FILE = "adapter_config.json"
 # A line longer than this is named and skipped, not parsed (no metrics line of
 # grpo_lab, TRL or verl comes near it: a step of verl's is a few kB).
 MAX_LINE_CHARS = 1_000_000
@@ -179,9 +181,14 @@ def _finish(path: Path, kind: str, read: tuple[list, list[str]]) -> Run:
     if not history:
         raise ValueError(
             f"RUN_DIR must hold at least one GRPO step, and {str(path)!r} has none"
-            + (f" ({len(unreadable)} unreadable lines)" if unreadable else "")
+            + (
+                f" ({len(unreadable)} unreadable lines; the first: {unreadable[0]})"
+                if unreadable
+                else ""
+            )
         )
-    return Run(path, kind, history, unreadable=unreadable)
+    logged = [record["step"] for _, record in records if record["step"] != 0]
+    return Run(path, kind, history, unreadable=unreadable, logged_steps=logged)
 
 
 # --- lines ------------------------------------------------------------------
@@ -300,17 +307,18 @@ def _brief(value: Any) -> str:
 
 
 def read_config(path: Path, unreadable: list[str]) -> dict[str, Any] | None:
-    """config.json as a dict, or None (the reason added to ``unreadable``)."""
+    """config.json (or peft's adapter_config.json) as a dict, or None (the
+    reason added to ``unreadable``)."""
     if not path.is_file():
         return None
     try:
         config = parse_json_line(path.read_bytes().decode("utf-8", errors="replace"))
     except Unreadable as why:
-        unreadable.append(f"{CONFIG_FILE}: {why}; the config checks are skipped")
+        unreadable.append(f"{path.name}: {why}; the config checks are skipped")
         return None
     if not isinstance(config, dict):
         unreadable.append(
-            f"{CONFIG_FILE}: a JSON {_json_type(config)}, not an object; the "
+            f"{path.name}: a JSON {_json_type(config)}, not an object; the "
             "config checks are skipped"
         )
         return None
@@ -346,7 +354,14 @@ def _load_trl(state_path: Path) -> Run:
             continue
         if record is not None:
             records.append((place, record))
-    return _finish(state_path, "trl", (records, unreadable))
+    run = _finish(state_path, "trl", (records, unreadable))
+    for folder in (state_path.parent, state_path.parent.parent):
+        if (folder / ADAPTER_CONFIG_FILE).is_file():
+            run.adapter_config = read_config(
+                folder / ADAPTER_CONFIG_FILE, run.unreadable
+            )
+            break
+    return run
 
 
 def trl_record(entry: Any, strict: bool = False) -> dict[str, Any] | None:
@@ -370,9 +385,12 @@ def trl_record(entry: Any, strict: bool = False) -> dict[str, Any] | None:
 
 
 def _is_verl_record(value: Any) -> bool:
+    """A verl line: the file logger's ``{"step": N, "data": ...}`` (whatever
+    ``data`` holds: a line of another shape is named, not read as grpo_lab's),
+    or verl's keys at the top."""
     if not isinstance(value, dict):
         return False
-    if isinstance(value.get("data"), dict) and "step" in value:
+    if "data" in value and "step" in value:
         return True
     return VERL_STEP_KEY in value or any(key in VERL_KEYS for key in value)
 

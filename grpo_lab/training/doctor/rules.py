@@ -17,6 +17,7 @@ from grpo_lab.training.doctor.findings import (
     REWARD_FLAT_CHANGE,
     Finding,
     Run,
+    adapter_rank,
     config_number,
     config_text,
     median,
@@ -69,6 +70,13 @@ MIN_TREND_STEPS = 4
 LEARNING_RATE_HIGH_TINY = 1e-3
 LEARNING_RATE_HIGH_PRETRAINED = 1e-4
 LEARNING_RATE_LOW = 1e-8
+# LoRA's best learning rate is about ten times full fine-tuning's, at every rank
+# and in RL as in supervised training (J. Schulman and Thinking Machines Lab,
+# "LoRA Without Regret", 2025), so a run with adapters has its band ten times
+# higher. Its low end is ten times full fine-tuning's usual RL floor (1e-7):
+# below 1e-6 the adapters, whose B starts at 0, barely leave the base model.
+LORA_RATE_FACTOR = 10.0
+LORA_LEARNING_RATE_LOW = 1e-6
 # A gradient norm ten times the run's median is an outlier (a bad batch, or the
 # start of a divergence), not noise ...
 GRADIENT_NORM_SPIKE = 10.0
@@ -324,8 +332,10 @@ def _is_tiny_model(model: str | None) -> bool:
 
 
 def rule_learning_rate(run: Run) -> Finding | str | None:
+    rank = adapter_rank(run)
+    rate_name = "lora_lr" if rank and "lora_lr" in (run.config or {}) else "lr"
     points = series(run, "train/learning_rate")
-    configured = config_number(run, "lr")
+    configured = config_number(run, rate_name)
     if not points and configured is not None:
         points = [(run.history[-1]["step"], configured)]
     if not points:
@@ -333,24 +343,37 @@ def rule_learning_rate(run: Run) -> Finding | str | None:
     peak = max(_values(points))
     tiny = _is_tiny_model(config_text(run, "model"))
     high = LEARNING_RATE_HIGH_TINY if tiny else LEARNING_RATE_HIGH_PRETRAINED
-    if LEARNING_RATE_LOW <= peak < high:
+    low = LEARNING_RATE_LOW
+    if rank:
+        high, low = high * LORA_RATE_FACTOR, LORA_LEARNING_RATE_LOW
+    if low <= peak < high:
         return None
     too_high = peak >= high
+    model = "the tiny model" if tiny else "a pretrained model"
     return Finding(
         "learning-rate-out-of-range",
         "error" if too_high else "warning",
-        "lr" if configured is not None else "train/learning_rate",
+        rate_name if configured is not None else "train/learning_rate",
         _evidence([p for p in points if p[1] == peak]),
         f"the peak learning rate {peak:g} is "
-        + (f"at or above {high:g}" if too_high else f"below {LEARNING_RATE_LOW:g}")
-        + (" for the tiny model" if tiny else " for a pretrained model"),
+        + (f"at or above {high:g}" if too_high else f"below {low:g}")
+        + (f" for LoRA (rank {rank}) on {model}" if rank else f" for {model}"),
         "a learning rate this "
         + (
             "high moves the policy off everything it knew in a few steps"
             if too_high
             else "low leaves the weights where they were"
+        )
+        + (
+            "; LoRA's good rate is about 10x full fine-tuning's (Schulman et al., "
+            "'LoRA Without Regret', Thinking Machines Lab, 2025)"
+            if rank
+            else ""
         ),
-        "try lr 3e-4 for the tiny model, 1e-6 for a 1.5B model, with lr_warmup_steps",
+        "try lora_lr 2e-3 for the tiny model, 1e-5 to 1e-4 for a pretrained one"
+        if rank
+        else "try lr 3e-4 for the tiny model, 1e-6 for a 1.5B model, with "
+        "lr_warmup_steps",
     )
 
 
