@@ -184,22 +184,30 @@ class RolloutWorker:
     def _receive(self) -> TaggedGroup:
         while not self.receiver.poll(POLL_SECONDS):
             if not self.process.is_alive():
-                raise RolloutWorkerDied(
-                    f"the rollout worker (pid {self.process.pid}) exited with code "
-                    f"{self.process.exitcode} while the trainer waited for groups; "
-                    "the run stops here (resume it to continue)"
-                )
+                raise self._died()
         try:
             item = self.receiver.recv()
-        except (EOFError, OSError) as error:
-            raise RolloutWorkerDied(
-                f"the rollout worker (pid {self.process.pid}) closed its pipe "
-                f"mid-group ({error!r}); the run stops here (resume it to continue)"
-            ) from error
+        except (EOFError, OSError) as error:  # its end closed: it is exiting
+            raise self._died() from error
         self.free_slots.release()
         if isinstance(item, _WorkerFailure):
             raise RuntimeError(f"the rollout worker failed:\n{item.text}")
         return item
+
+    def _died(self) -> RolloutWorkerDied:
+        self.process.join(STOP_SECONDS)
+        hint = ""
+        if self.process.exitcode == 1:  # what a spawned child's failed start gives
+            hint = (
+                ". A script that trains asynchronously must guard its entry with "
+                "if __name__ == '__main__': the worker is a spawned process that "
+                "imports the script"
+            )
+        return RolloutWorkerDied(
+            f"the rollout worker (pid {self.process.pid}) exited with code "
+            f"{self.process.exitcode} while the trainer waited for groups; the run "
+            f"stops here (resume it to continue){hint}"
+        )
 
     def close(self) -> None:
         """Stop the worker: ask, drain its pipe while it finishes, then kill."""
