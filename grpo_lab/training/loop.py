@@ -45,6 +45,12 @@ How this departs from textbook GRPO (DeepSeekMath), and why:
    (:mod:`grpo_lab.training.dynamic_sampling`), responses cut at
    ``max_new_tokens`` masked out of the loss or their reward shaped
    (:mod:`grpo_lab.training.overlong`). Each response is still graded once.
+10. Synchronous by default. With ``max_staleness > 0`` a rollout worker
+   process samples and grades while the trainer trains, and a step may train
+   on groups sampled by weights up to that many steps old
+   (:mod:`grpo_lab.training.rollout_worker`, ``docs/asynchronous.md``).
+   Which weights sample which batch then depends on timing, so such a run
+   is not repeated exactly.
 
 Every random draw (prompts, samples, evaluation samples) is seeded from
 ``(config.seed, purpose, step)``, so a resumed run repeats an uninterrupted
