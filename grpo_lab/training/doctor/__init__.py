@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from grpo_lab.training.doctor import config_lint, dynamics, rules, turns
+from grpo_lab.training.doctor import asynchrony, config_lint, dynamics, rules, turns
 from grpo_lab.training.doctor.findings import (
     SEVERITIES,
     Diagnosis,
@@ -80,6 +80,10 @@ RULES: dict[str, Rule] = {
     "length-collapse": dynamics.rule_length_collapse,
     "tool-output-trained": turns.rule_tool_output_trained,
     "turn-budget-truncates": turns.rule_turn_budget_truncates,
+    "staleness-at-bound": asynchrony.rule_staleness_at_bound,
+    "many-dropped-groups": asynchrony.rule_many_dropped_groups,
+    "dropped-groups-long": asynchrony.rule_dropped_groups_long,
+    "correction-mostly-clipped": asynchrony.rule_correction_mostly_clipped,
     "config-lint": config_lint.rule_config_lint,
 }
 
