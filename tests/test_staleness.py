@@ -7,6 +7,9 @@ import math
 import pytest
 import torch
 
+from grpo_lab.errors import UserError
+from grpo_lab.integrations.trl.translation import to_trl_config
+from grpo_lab.integrations.verl.settings import EXPORTS
 from grpo_lab.rollouts.base import Rollouts
 from grpo_lab.tasks.base import Example
 from grpo_lab.training.config import TrainConfig, inert_settings
@@ -139,3 +142,14 @@ def test_gap_by_staleness_by_hand():
     assert gaps == pytest.approx(
         {"async/sampler_gap_staleness_0": 0.75, "async/sampler_gap_staleness_2": 4 / 3}
     )
+
+
+def test_trl_and_verl_exports_refuse_an_asynchronous_run_by_name():
+    config = TrainConfig.for_profile("smoke", max_staleness=1, sft_max_steps=0)
+    with pytest.raises(UserError, match="max_staleness 1 cannot run on TRL") as error:
+        to_trl_config(config)
+    assert "trl.experimental.async_grpo" in str(error.value)
+    with pytest.raises(ValueError, match=r"^max_staleness must be 0 .*one_step_off"):
+        EXPORTS["max_staleness"].convert(config, None)
+    synchronous = TrainConfig.for_profile("smoke", sft_max_steps=0)
+    assert EXPORTS["max_staleness"].convert(synchronous, None) == {}
