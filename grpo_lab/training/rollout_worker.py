@@ -262,6 +262,8 @@ def worker_main(
 ) -> None:
     """The worker process: sample, grade and send groups until told to stop."""
     die_with_parent(parent_pid)
+    # Ctrl-C reaches the trainer, which saves its checkpoint, then stops us.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
     try:
         sampler = RolloutSampler(config, weights_path)
