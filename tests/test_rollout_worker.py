@@ -188,9 +188,20 @@ def test_pace_keeps_the_bound_without_dropping(tmp_path, monkeypatch):
         async_admission="pace",
         weight_sync_every=2,
         async_queue_size=3,
+        sampler_correction="token_truncate",
     )
     lines = step_lines(loop.train(config, progress=False).run_dir)
     assert [line["step"] for line in lines] == [1, 2, 3, 4, 5]
+    # The correction reweights by pi_trainer / pi_sampler, the sampler a step old:
+    # the ratios move off 1 once the weights have moved.
+    assert all("rollout/is_token_corrected_fraction" in line for line in lines)
+    stale = [
+        line["async/sampler_gap_staleness_1"]
+        for line in lines[1:]
+        if "async/sampler_gap_staleness_1" in line
+    ]
+    assert stale and max(stale) > 0
+    assert lines[0]["async/sampler_gap_staleness_0"] < 1e-4  # the same weights
     assert all(line["async/dropped_groups_stale"] == 0 for line in lines)
     assert all(line["async/staleness_max"] <= 1 for line in lines)
     assert max(line["async/staleness_max"] for line in lines) == 1
