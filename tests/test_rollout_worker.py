@@ -286,3 +286,12 @@ def test_a_killed_trainer_takes_its_worker_with_it_and_the_run_resumes(tmp_path)
     )
     lines = step_lines(loop.train(resumed, progress=False).run_dir)
     assert [line["step"] for line in lines] == list(range(1, finished + 2))
+
+
+def test_an_asynchronous_run_leaves_one_thread_to_its_worker(monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
+    model = {"model": "org/model"}  # a real model: torch's thread count
+    assert loop.thread_count(TrainConfig.for_profile("smoke", **model)) == 4
+    asynchronous = TrainConfig.for_profile("smoke", max_staleness=1, **model)
+    assert loop.thread_count(asynchronous) == 3
+    assert loop.thread_count(TrainConfig.for_profile("smoke", max_staleness=1)) == 1

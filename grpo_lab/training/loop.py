@@ -239,11 +239,15 @@ def thread_count(config: TrainConfig) -> int:
 
     The tiny model's matrices are too small to split: extra threads only spin,
     and beside any other busy process (a browser, a Jupyter server) they slow a
-    run several-fold. Real models keep torch's default.
+    run several-fold. Real models keep torch's default, less the one thread of
+    an asynchronous run's rollout worker.
     """
     if config.num_threads is not None:
         return config.num_threads
-    return 1 if config.model == "tiny" else torch.get_num_threads()
+    if config.model == "tiny":
+        return 1
+    cores = torch.get_num_threads()
+    return max(1, cores - 1) if config.max_staleness > 0 else cores
 
 
 @contextlib.contextmanager
