@@ -32,7 +32,7 @@ Choices, and why:
   flight when a run stops are lost, and a resumed run's worker starts from
   the checkpoint's weights (version = its step) at batch step + 1.
 
-Taught in ``notebooks/16_asynchronous_grpo.ipynb``.
+Described in ``docs/asynchronous.md``.
 """
 
 from __future__ import annotations

@@ -24,8 +24,8 @@ k <= max_staleness + 1, and the config refuses a larger k.
 
 What staleness does to the gradient is notebook 11's sampler mismatch with the
 sampler an older policy: a sampler correction (``sampler_correction``: TIS or
-MIS weights against the sampler's own log-probs) reweights it. Taught in
-``notebooks/16_asynchronous_grpo.ipynb``.
+MIS weights against the sampler's own log-probs) reweights it. Described in
+``docs/asynchronous.md``.
 """
 
 from __future__ import annotations
