@@ -509,6 +509,26 @@ def test_mismatch_bias_quick_measures_every_perturbation(tmp_path):
         assert row["noise_floor"] > 0 and row["bias_none"] > 0
 
 
+@pytest.mark.slow
+def test_async_grpo_quick_runs_the_synchronous_loop_and_the_worker(tmp_path):
+    import async_grpo
+
+    out = tmp_path / "async_grpo.json"
+    flags = ["--quick", "--out", str(out)]
+    async_grpo.main(flags)
+    result = read(out)
+    assert_records_its_run(result, "async_grpo", flags)
+    synchronous, paced = result["tables"][0]["rows"]
+    assert synchronous["staleness"] == 0 and synchronous["flags"].startswith(
+        "--rollout"
+    )
+    assert "--max-staleness 1 --async-admission pace" in paced["flags"]
+    assert paced["dropped_share"] == 0  # pacing drops nothing
+    assert 0 <= paced["staleness_mean"] <= 1
+    cases = async_grpo.cases(harness.arguments_of(async_grpo, []))
+    assert cases[0] == (0, "-", "none") and len(cases) == 13
+
+
 def test_mismatch_learning_quick_trains_through_the_perturbed_sampler(tmp_path):
     import mismatch_learning
 

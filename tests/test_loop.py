@@ -12,7 +12,7 @@ from grpo_lab.logprobs import get_response_log_probs
 from grpo_lab.models import build_char_tokenizer
 from grpo_lab.rollouts.base import Rollouts
 from grpo_lab.tasks import get_task
-from grpo_lab.training import loop
+from grpo_lab.training import loop, run_parts
 from grpo_lab.training.config import TrainConfig
 from grpo_lab.training.metrics import read_metrics, step_records
 
@@ -188,7 +188,7 @@ def test_train_writes_the_run_folder_and_refuses_to_overwrite(tmp_path):
 def test_off_policy_run_logs_clip_fraction(tmp_path, monkeypatch, even_digit_task):
     # A reward a random model earns about half the time, so groups disagree.
     monkeypatch.setattr(
-        loop,
+        run_parts,  # build_task's home
         "get_task",
         lambda name, **options: even_digit_task(
             prompts_of=get_task("reverse", **options)
@@ -212,7 +212,7 @@ def test_a_kl_run_keeps_a_frozen_step_0_reference_and_logs_its_kl(
     tmp_path, monkeypatch, even_digit_task
 ):
     monkeypatch.setattr(
-        loop,
+        run_parts,  # build_task's home
         "get_task",
         lambda name, **options: even_digit_task(
             prompts_of=get_task("reverse", **options)

@@ -37,6 +37,7 @@ REFUSED_VALUES = {
     "mismatch": "logit_noise",
     "sampler_correction": "token_truncate",
     "dynamic_sampling": True,
+    "max_staleness": 1,
     "mask_truncated_completions": True,
     "overlong_buffer": 16,
     "lora_dropout": 0.05,

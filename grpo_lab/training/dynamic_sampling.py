@@ -116,7 +116,7 @@ def collect_groups_with_signal(
     if gave_up:
         _warn_gave_up(max_rounds)
     chosen = (kept + dropped)[:wanted]
-    graded, examples = _assemble(chosen, group_size)
+    graded, examples = assemble_groups(chosen, group_size)
     graded.sampling_metrics = {
         "rollout/dynamic_sampling_rounds": float(rounds),
         "rollout/kept_group_fraction": len(kept) / sampled,
@@ -144,7 +144,7 @@ def _check_round(examples: list[Any], results: object, group_size: int) -> None:
             )
 
 
-def _assemble(
+def assemble_groups(
     chosen: Sequence[tuple[Rollouts, list[dict[str, float]], Any, int]],
     group_size: int,
 ) -> tuple[GradedRollouts, list[Any]]:

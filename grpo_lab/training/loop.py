@@ -50,6 +50,12 @@ How this departs from textbook GRPO (DeepSeekMath), and why:
    reference is scored, and its per-token KL joins the loss as a loss or as a
    per-token reward, with or without the task objective
    (:mod:`grpo_lab.distillation`).
+11. Synchronous by default. With ``max_staleness > 0`` a rollout worker
+   process samples and grades while the trainer trains, and a step may train
+   on groups sampled by weights up to that many steps old
+   (:mod:`grpo_lab.training.rollout_worker`, ``docs/asynchronous.md``).
+   Which weights sample which batch then depends on timing, so such a run
+   is not repeated exactly.
 
 Every random draw (prompts, samples, evaluation samples) is seeded from
 ``(config.seed, purpose, step)``, so a resumed run repeats an uninterrupted
@@ -61,7 +67,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import random
 import time
 import warnings
 from collections.abc import Iterator
@@ -71,16 +76,15 @@ from typing import Any
 
 import torch
 from tqdm.auto import tqdm
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel
 from transformers.utils import logging as transformers_logging
 
 from grpo_lab import lora
-from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2, load_pretrained
+from grpo_lab.models import load_pretrained
 from grpo_lab.rollouts import build_backend
 from grpo_lab.rollouts.base import (
     RolloutBackend,
     Rollouts,
-    SamplingSettings,
     load_current_weights,
 )
 from grpo_lab.rollouts.multiturn import (
@@ -90,7 +94,7 @@ from grpo_lab.rollouts.multiturn import (
 from grpo_lab.sampler_correction import GAP_KEYS
 from grpo_lab.tasks import get_task, uses_tools
 from grpo_lab.tasks.base import Example, Task
-from grpo_lab.tasks.chat import ChatPromptTask, unclosed_reasoning_metrics
+from grpo_lab.tasks.chat import unclosed_reasoning_metrics
 from grpo_lab.train_step import (
     UpdateSettings,
     policy_gradient_update,
@@ -133,7 +137,21 @@ from grpo_lab.training.rollout_batch import (
     train_batch_rows,
     truncated_responses,
 )
+from grpo_lab.training.rollout_worker import (
+    RolloutWorker,
+    RolloutWorkerDied,
+    TaggedRollouts,
+    rollout_worker,
+)
+from grpo_lab.training.run_parts import (
+    autocast,
+    build_task,
+    derived_seed,
+    sampling_settings,
+    tiny_model,
+)
 from grpo_lab.training.sft import WarmUpSettings, warm_up
+from grpo_lab.training.staleness import gap_by_staleness
 from grpo_lab.training.teacher import FINAL_MODEL_DIR, load_teacher
 from grpo_lab.training.trackers import open_trackers
 
@@ -188,25 +206,27 @@ def _train_in(config: TrainConfig, progress: bool) -> RunResult:
         total=config.steps, initial=start_step, desc="GRPO", disable=not progress
     )
     try:
-        for step in steps:
-            started = time.perf_counter()
-            set_learning_rate(policy.optimizer, learning_rate_at(config, step))
-            rollouts, examples = sample_rollout_batch(config, task, policy, step)
-            weights_match_completed_step = False
-            record = grpo_update(config, task, policy, rollouts, examples)
-            record["time/step_seconds"] = time.perf_counter() - started
-            if _evaluation_due(config, step):
-                record.update(
-                    evaluate(config, task, policy, eval_examples, step, progress)
-                )
-            append_metrics(run_dir, {"step": step, **record})
-            trackers.sync()
-            completed_step, weights_match_completed_step = step, True
-            if config.checkpoint_every and step % config.checkpoint_every == 0:
-                save_checkpoint(config, run_dir, policy, step)
-            bar.update(1)
-            bar.set_postfix(_progress_summary(record), refresh=False)
-    except KeyboardInterrupt:
+        with rollout_source(config, run_dir, task, policy, start_step) as source:
+            for step in steps:
+                started = time.perf_counter()
+                set_learning_rate(policy.optimizer, learning_rate_at(config, step))
+                rollouts, examples = source.take(step)
+                weights_match_completed_step = False
+                record = grpo_update(config, task, policy, rollouts, examples)
+                source.updated(step)
+                record["time/step_seconds"] = time.perf_counter() - started
+                if _evaluation_due(config, step):
+                    record.update(
+                        evaluate(config, task, policy, eval_examples, step, progress)
+                    )
+                append_metrics(run_dir, {"step": step, **record})
+                trackers.sync()
+                completed_step, weights_match_completed_step = step, True
+                if config.checkpoint_every and step % config.checkpoint_every == 0:
+                    save_checkpoint(config, run_dir, policy, step)
+                bar.update(1)
+                bar.set_postfix(_progress_summary(record), refresh=False)
+    except (KeyboardInterrupt, RolloutWorkerDied):
         if weights_match_completed_step:
             save_checkpoint(config, run_dir, policy, completed_step)
         raise
@@ -227,11 +247,15 @@ def thread_count(config: TrainConfig) -> int:
 
     The tiny model's matrices are too small to split: extra threads only spin,
     and beside any other busy process (a browser, a Jupyter server) they slow a
-    run several-fold. Real models keep torch's default.
+    run several-fold. Real models keep torch's default, less the one thread of
+    an asynchronous run's rollout worker.
     """
     if config.num_threads is not None:
         return config.num_threads
-    return 1 if config.model == "tiny" else torch.get_num_threads()
+    if config.model == "tiny":
+        return 1
+    cores = torch.get_num_threads()
+    return max(1, cores - 1) if config.max_staleness > 0 else cores
 
 
 @contextlib.contextmanager
@@ -258,27 +282,6 @@ def prepare_run_dir(config: TrainConfig) -> Path:
     may change only the fields that do not change what a step computes.
     """
     return run_dirs.open_run_dir(config)
-
-
-def build_task(config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> Task:
-    """The task, its prompts in the tokenizer's chat template when asked."""
-    task = get_task(config.task, **config.task_options)
-    return ChatPromptTask(task, tokenizer) if config.chat_template else task
-
-
-def tiny_model(
-    config: TrainConfig,
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The "tiny" model of ``config``'s sizes and seed, and its character tokenizer."""
-    tokenizer = build_char_tokenizer()
-    model = build_tiny_qwen2(
-        tokenizer,
-        hidden_size=config.tiny_hidden_size,
-        num_layers=config.tiny_num_layers,
-        intermediate_size=config.tiny_intermediate_size,
-        seed=config.seed,
-    )
-    return model, tokenizer
 
 
 def build_policy(config: TrainConfig) -> Policy:
@@ -469,25 +472,35 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
-def derived_seed(config: TrainConfig, purpose: str, step: int) -> int:
-    """A seed for one purpose at one step, fixed by ``config.seed`` alone."""
-    return random.Random(f"{config.seed}/{purpose}/{step}").randrange(2**31)
-
-
-def sampling_settings(
-    config: TrainConfig, task: Task, seed: int | None, temperature: float | None = None
-) -> SamplingSettings:
-    """Rollout sampling: config temperature/top-p, the task's stop strings."""
-    return SamplingSettings(
-        temperature=config.temperature if temperature is None else temperature,
-        top_p=config.top_p,
-        max_new_tokens=config.max_new_tokens or task.max_new_tokens,
-        stop_strings=tuple(task.stop_strings),
-        seed=seed,
-    )
-
-
 # --- one GRPO step ------------------------------------------------------------
+
+
+class SynchronousRollouts:
+    """The synchronous loop's rollouts: each step samples its own batch with the
+    policy as it is (max_staleness 0: no worker, no queue)."""
+
+    def __init__(self, config: TrainConfig, task: Task, policy: Policy) -> None:
+        self.config, self.task, self.policy = config, task, policy
+
+    def take(self, step: int) -> tuple[Rollouts, list[Example]]:
+        return sample_rollout_batch(self.config, self.task, self.policy, step)
+
+    def updated(self, step: int) -> None:
+        """Nothing to send: the next step samples with the updated policy."""
+
+
+@contextlib.contextmanager
+def rollout_source(
+    config: TrainConfig, run_dir: Path, task: Task, policy: Policy, start_step: int
+) -> Iterator[SynchronousRollouts | RolloutWorker]:
+    """Where each step's rollouts come from: the step itself (max_staleness 0,
+    the synchronous loop), or the asynchronous rollout worker
+    (:mod:`grpo_lab.training.rollout_worker`), started here and stopped on exit."""
+    if config.max_staleness == 0:
+        yield SynchronousRollouts(config, task, policy)
+        return
+    with rollout_worker(config, run_dir, policy.model, start_step) as worker:
+        yield worker
 
 
 def sample_rollout_batch(
@@ -572,6 +585,9 @@ def grpo_update(
             config, policy.teacher_model, batch, settings
         )
     sampler_log_probs = sampler_log_prob_batch(rollouts, batch["response_mask"])
+    staleness_gaps = staleness_gap_metrics(
+        config, policy, rollouts, batch, old_log_probs, sampler_log_probs, settings
+    )
     lengths = response_token_lengths(rollouts, policy.tokenizer)
     truncated = truncated_responses(config, task, policy, rollouts, lengths)  # (B·G,)
     if config.mask_truncated_completions:  # out of the loss, still in the divisor
@@ -620,6 +636,7 @@ def grpo_update(
         **unclosed_reasoning_metrics(task, rollouts.responses),
         **length_shaping_metrics(config, task, lengths),
         **getattr(rollouts, "sampling_metrics", {}),
+        **staleness_gaps,
         **trained_tool_token_metrics(rollouts, batch["response_mask"]),
     }
 
@@ -640,6 +657,30 @@ def unchanged_policy_log_probs(
     if any(GAP_KEYS[0] in record for record in update_records):
         return None
     return score_old_log_probs(config, policy.model, batch, config.update_settings())
+
+
+def staleness_gap_metrics(
+    config: TrainConfig,
+    policy: Policy,
+    rollouts: Rollouts,
+    batch: dict[str, torch.Tensor],
+    old_log_probs: torch.Tensor | None,
+    sampler_log_probs: torch.Tensor | None,
+    settings: UpdateSettings,
+) -> dict[str, float]:
+    """An asynchronous batch's sampler/trainer log-prob gap per staleness, the
+    trainer's log-probs taken before the update (scored once more on-policy)."""
+    if not isinstance(rollouts, TaggedRollouts) or sampler_log_probs is None:
+        return {}
+    trainer = old_log_probs
+    if trainer is None:
+        trainer = score_old_log_probs(config, policy.model, batch, settings)
+    return gap_by_staleness(
+        trainer.cpu(),
+        sampler_log_probs,
+        batch["response_mask"].cpu(),
+        torch.tensor(rollouts.row_staleness),
+    )
 
 
 def score_old_log_probs(
@@ -807,17 +848,6 @@ def save_base_model(policy: Policy, folder: Path) -> None:
     base.load_state_dict(lora.base_state_dict(policy.model), assign=True)
     base.save_pretrained(folder)
     policy.tokenizer.save_pretrained(folder)
-
-
-@contextlib.contextmanager
-def autocast(config: TrainConfig) -> Iterator[None]:
-    """``torch.autocast`` to ``config.autocast_dtype``, or nothing when unset."""
-    if config.autocast_dtype is None:
-        yield
-        return
-    device_type = torch.device(config.device).type
-    with torch.autocast(device_type, dtype=getattr(torch, config.autocast_dtype)):
-        yield
 
 
 def _evaluation_due(config: TrainConfig, step: int) -> bool:

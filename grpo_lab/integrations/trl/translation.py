@@ -348,6 +348,19 @@ def _dynamic_sampling(config: TrainConfig, num_processes: int) -> dict[str, Any]
     return {}
 
 
+def _max_staleness(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    if config.max_staleness:
+        raise _refuse(
+            "max_staleness",
+            config.max_staleness,
+            "GRPOTrainer is synchronous; TRL's asynchronous trainer "
+            "(trl.experimental.async_grpo: max_staleness, weight_sync_steps) is "
+            "another trainer, fed by a vLLM server, that this export does not "
+            "write; use 0",
+        )
+    return {}
+
+
 def _mask_truncated(config: TrainConfig, num_processes: int) -> dict[str, Any]:
     """TRL masks every completion whose last id is not EOS (or pad); grpo_lab
     masks those cut at max_new_tokens. They agree unless the task stops at a
@@ -608,6 +621,12 @@ TRANSLATIONS: dict[str, Translation] = {
     "sampler_correction_cap": T((), lambda c, n: {}, "truncate: clip_max"),
     "sampler_correction_low": T((), lambda c, n: {}, "mask: clip_min (0 -> None)"),
     "sampler_correction_high": T((), lambda c, n: {}, "mask: clip_max"),
+    "max_staleness": T(
+        (), _max_staleness, "0 only: the async trainer is another trainer"
+    ),
+    "async_admission": T((), lambda c, n: {}, "read only with max_staleness > 0"),
+    "weight_sync_every": T((), lambda c, n: {}, "read only with max_staleness > 0"),
+    "async_queue_size": T((), lambda c, n: {}, "read only with max_staleness > 0"),
     "dynamic_sampling": T((), _dynamic_sampling, "False only: TRL has none"),
     "dynamic_sampling_max_rounds": T(
         (), lambda c, n: {}, "read only with dynamic_sampling"

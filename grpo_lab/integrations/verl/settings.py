@@ -455,6 +455,16 @@ EXPORTS: dict[str, Export] = {
         ),
         "refused unless 'none'",
     ),
+    "max_staleness": E(
+        _refused_unless(
+            "max_staleness",
+            lambda c: c.max_staleness == 0,
+            "0 (verl's one_step_off_policy and fully_async_policy trainers are "
+            "separate entry points with their own launch; this export writes "
+            "the synchronous main_ppo)",
+        ),
+        "refused unless 0",
+    ),
     "dynamic_sampling": E(
         _refused_unless(
             "dynamic_sampling",
@@ -697,6 +707,9 @@ NOT_TRAINING_SETTINGS = {
     "mismatch_scale": "read only by grpo_lab's mismatch backend (mismatch must "
     "be none)",
     "mismatch_sync_every": "read only by the mismatch backend (see mismatch_scale)",
+    "async_admission": "read only with max_staleness > 0, which must be 0 to export",
+    "weight_sync_every": "see async_admission",
+    "async_queue_size": "see async_admission",
     "sampler_correction_cap": "read only with sampler_correction, which must be "
     "none to export",
     "sampler_correction_low": "see sampler_correction_cap",

@@ -31,6 +31,7 @@ from grpo_lab.sampler_correction import (
     DEFAULT_HIGH,
     DEFAULT_LOW,
 )
+from grpo_lab.training.staleness import ADMISSION_POLICIES
 
 PROFILES = ("cpu", "gpu", "small-gpu", "smoke")
 PROFILE_VARIABLE = "GRPO_LAB_PROFILE"
@@ -46,6 +47,7 @@ SECTIONS = (
     "advantages and loss",
     "sampling",
     "sampler mismatch",
+    "asynchronous rollouts",
     "evaluation and checkpoints",
     "warm-up",
     "device and memory",
@@ -417,6 +419,35 @@ class TrainFields:
         "sampler mismatch",
         "Mask modes: ratios above this get weight 0, > low "
         "(TRL's vllm_importance_sampling_clip_max).",
+    )
+    # --- asynchronous rollouts ----------------------------------------------------
+    max_staleness: int = setting(
+        0,
+        "asynchronous rollouts",
+        "Asynchronous GRPO: a rollout worker process samples with its own copy of "
+        "the policy while the trainer trains; a group may be trained on at most "
+        "this many optimizer steps after the weights that sampled it (TRL's "
+        "max_staleness; 0: the synchronous loop, no worker).",
+    )
+    async_admission: str = setting(
+        "drop",
+        "asynchronous rollouts",
+        "A group older than max_staleness: drop it (it is never trained on) or "
+        "pace the worker so that it never samples one (it waits for newer "
+        "weights instead).",
+        ADMISSION_POLICIES,
+    )
+    weight_sync_every: int = setting(
+        1,
+        "asynchronous rollouts",
+        "The trainer sends its weights to the rollout worker every this many "
+        "optimizer steps (TRL's weight_sync_steps); at most max_staleness + 1.",
+    )
+    async_queue_size: int = setting(
+        2,
+        "asynchronous rollouts",
+        "Rollout batches of scored groups the queue between worker and trainer "
+        "holds; a worker with a full queue waits.",
     )
     # --- evaluation and checkpoints ---------------------------------------------
     eval_every: int = setting(

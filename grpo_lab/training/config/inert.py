@@ -32,7 +32,21 @@ def inert_settings(config: TrainFields) -> dict[str, str]:
     if sharing:
         notes["share_prompt_prefix"] = sharing
     notes.update(_inert_length_settings(config))
+    notes.update(_inert_async_settings(config))
     return notes
+
+
+def _inert_async_settings(config: TrainFields) -> dict[str, str]:
+    """The worker's settings a synchronous run (max_staleness 0) does not read."""
+    if config.max_staleness > 0:
+        return {}
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainFields)}
+    names = ("async_admission", "weight_sync_every", "async_queue_size")
+    return {
+        name: "max_staleness is 0: the synchronous loop, no rollout worker"
+        for name in names
+        if getattr(config, name) != defaults[name]
+    }
 
 
 def _inert_backend_settings(config: TrainFields) -> dict[str, str]:

@@ -42,6 +42,7 @@ from grpo_lab.training.config.fields import TrainFields
 from grpo_lab.training.dynamic_sampling import check_dynamic_sampling_settings
 from grpo_lab.training.overlong import check_overlong_settings
 from grpo_lab.training.parsers import check_report_to, parse_device
+from grpo_lab.training.staleness import check_async_settings
 from grpo_lab.training.teacher import check_teacher
 
 
@@ -73,6 +74,7 @@ def validate_config(config: TrainFields) -> None:
     check_report_to(config.report_to)
     _check_dynamic_sampling_and_length(config)
     check_teacher(config)
+    _check_asynchronous(config)
 
 
 def _check_choices(config: TrainFields) -> None:
@@ -306,6 +308,30 @@ def _check_sampler_correction(config: TrainFields) -> None:
             f"log-probs, but backend {config.backend!r} returns none; use a backend "
             f"in {reporting} or sampler_correction 'none'"
         )
+
+
+def _check_asynchronous(config: TrainFields) -> None:
+    """The async settings, and what the rollout worker cannot run (yet)."""
+    check_async_settings(
+        config.max_staleness,
+        config.async_admission,
+        config.weight_sync_every,
+        config.async_queue_size,
+    )
+    if config.max_staleness == 0:
+        return
+    refused = {
+        "device": (config.device != "cpu", "'cpu' (the worker samples on the CPU)"),
+        "lora_rank": (config.lora_rank > 0, "0 (the worker loads full weights)"),
+        "dynamic_sampling": (config.dynamic_sampling, "False"),
+        "task": (uses_tools(config.task), "a single-turn task"),
+    }
+    for name, (wrong, expected) in refused.items():
+        if wrong:
+            raise ValueError(
+                f"{name} must be {expected} with max_staleness > 0 (the "
+                f"asynchronous rollout worker), got {getattr(config, name)!r}"
+            )
 
 
 def _backends_where(fact: str) -> tuple[str, ...]:

@@ -21,7 +21,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from grpo_lab.training.doctor import config_lint, distillation, dynamics, rules, turns
+from grpo_lab.training.doctor import (
+    asynchrony,
+    config_lint,
+    distillation,
+    dynamics,
+    rules,
+    turns,
+)
 from grpo_lab.training.doctor.findings import (
     SEVERITIES,
     Diagnosis,
@@ -82,6 +89,10 @@ RULES: dict[str, Rule] = {
     "steps-out-of-order": dynamics.rule_steps_out_of_order,
     "tool-output-trained": turns.rule_tool_output_trained,
     "turn-budget-truncates": turns.rule_turn_budget_truncates,
+    "staleness-at-bound": asynchrony.rule_staleness_at_bound,
+    "many-dropped-groups": asynchrony.rule_many_dropped_groups,
+    "dropped-groups-long": asynchrony.rule_dropped_groups_long,
+    "correction-mostly-clipped": asynchrony.rule_correction_mostly_clipped,
     "config-lint": config_lint.rule_config_lint,
     "teacher-off-distribution": distillation.rule_teacher_off_distribution,
     "kl-falls-reward-flat": distillation.rule_kl_falls_reward_flat,

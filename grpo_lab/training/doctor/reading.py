@@ -34,7 +34,7 @@ ADAPTER_CONFIG_FILE = "adapter_config.json"
 # grpo_lab, TRL or verl comes near it: a step of verl's is a few kB).
 MAX_LINE_CHARS = 1_000_000
 # The namespaces whose values are numbers (or null for a non-finite one).
-NUMERIC_PREFIXES = ("train/", "loss/", "rollout/", "eval/")
+NUMERIC_PREFIXES = ("train/", "loss/", "rollout/", "eval/", "async/")
 
 # TRL 1.16's GRPOTrainer log keys (trl/trainer/grpo_trainer.py) -> ours.
 TRL_KEYS = {
@@ -55,6 +55,12 @@ TRL_KEYS = {
     "sampling/importance_sampling_ratio/min": "rollout/is_ratio_min",
     "sampling/importance_sampling_ratio/mean": "rollout/is_ratio_mean",
     "sampling/importance_sampling_ratio/max": "rollout/is_ratio_max",
+    # trl/experimental/async_grpo/async_grpo_trainer.py (the async trainer).
+    "sample/staleness_mean": "async/staleness_mean",
+    "sample/staleness_max": "async/staleness_max",
+    "sample/dropped_stale_total": "async/dropped_groups_stale",
+    "sample/rollout_queue_size": "async/queue_depth",
+    "perf/rollout_wait_s": "async/trainer_wait_seconds",
 }
 
 # verl's metric keys -> ours. critic/score is the task's score before any KL
@@ -78,6 +84,8 @@ VERL_KEYS = {
     "rollout_corr/rollout_is_min": "rollout/is_ratio_min",
     "rollout_corr/rollout_is_max": "rollout/is_ratio_max",
     "rollout_corr/kl": "rollout/sampler_kl",
+    # verl/trainer/ppo/v1/replay_buffer.py: prompt groups evicted as too stale.
+    "training/off_policy/evicted_samples": "async/dropped_groups_stale",
 }
 # verl names the step twice: the console's "step:N" and training/global_step.
 VERL_STEP_KEY = "training/global_step"
