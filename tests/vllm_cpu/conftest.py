@@ -1,4 +1,4 @@
-"""tests/vllm runs vLLM's real engine (its CPU build) in .venv-vllm only.
+"""tests/vllm_cpu runs vLLM's real engine (its CPU build) in .venv-vllm only.
 
 The main environment has no vLLM, so the main run collects nothing here;
 ``make test`` runs this folder a second time with ``.venv-vllm/bin/python``,
@@ -17,7 +17,7 @@ if not os.environ.get("GRPO_LAB_VLLM_TESTS"):
     collect_ignore_glob = ["test_*.py"]
 elif importlib.util.find_spec("vllm") is None:
     raise RuntimeError(
-        "GRPO_LAB_VLLM_TESTS is set but vllm is not importable: run tests/vllm "
+        "GRPO_LAB_VLLM_TESTS is set but vllm is not importable: run tests/vllm_cpu "
         "with .venv-vllm/bin/python (make test-vllm)"
     )
 else:
