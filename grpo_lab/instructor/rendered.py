@@ -22,6 +22,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from grpo_lab.instructor.student import notebook_text, student_copy
 
@@ -61,10 +62,32 @@ def render(source: Path, out_dir: Path = RENDERED_DIR) -> Path:
                     os.environ.pop(name, None)
                 else:
                     os.environ[name] = value
+        without_local_paths(copy, (work,))
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / source.name
     nbformat.write(copy, target)
     return target
+
+
+def without_local_paths(notebook: Any, folders: tuple[str, ...] = ()) -> None:
+    """Drop this machine's folders (the checkout, the run's temporary folder)
+    from the text outputs of ``notebook``, in place: a reader sees
+    ``grpo_lab/teaching/explorer.py``, not where it was rendered."""
+    prefixes = [os.path.join(str(folder), "") for folder in (ROOT, *folders)]
+
+    def relative(text: str) -> str:
+        for prefix in prefixes:
+            text = text.replace(prefix, "")
+        return text
+
+    for cell in notebook.cells:
+        for output in cell.get("outputs", []):
+            if "text" in output:
+                output["text"] = relative(output["text"])
+            if "text/plain" in output.get("data", {}):
+                output["data"]["text/plain"] = relative(output["data"]["text/plain"])
+            if "traceback" in output:
+                output["traceback"] = [relative(line) for line in output["traceback"]]
 
 
 def main(argv: list[str] | None = None) -> int:
