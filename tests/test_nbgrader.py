@@ -137,7 +137,7 @@ def test_nbgrader_and_grpo_lab_grade_give_four_students_the_same_points(tmp_path
     assert "walk-through" not in text and "the package version" not in text
     assert "HIDDEN TESTS" not in text and HIDDEN_CASE not in text
     assert HIDDEN_CASE in source.read_text()  # the source keeps its hidden test
-    check = "check_group_normalized_advantages(group_normalized_advantages)\\n"
+    check = "check_group_normalized_advantages(group_normalized_advantages);\\n"
     students = {"alice": 3, "carol": 0, "dave": 0, "erin": 3}
     for student in students:
         (root / "submitted" / student / ASSIGNMENT).mkdir(parents=True)

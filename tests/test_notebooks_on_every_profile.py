@@ -54,12 +54,13 @@ REASONS = {
     r"couldn't connect to 'https://huggingface.co'",
 }
 # profile -> {notebook: (id of the cell that stops, reason)}; the rest run to the end.
-# 08 loads the profile's Hub model; 09's explorer and 13's comparison train the
-# tiny model on the profile's device.
+# 08 loads the profile's Hub model; 09's explorer, 13's comparison and 15's
+# teacher train the tiny model on the profile's device.
 GPU_STOPS = {
     "08_training_loop.ipynb": ("cell-12", "hub"),
     "09_hyperparameter_explorer.ipynb": ("cell-02", "cuda"),
     "13_lora_for_rl.ipynb": ("13-15", "cuda"),
+    "15_on_policy_distillation.ipynb": ("opd-16", "cuda"),
 }
 STOPS: dict[str, dict[str, tuple[str, str]]] = {
     "smoke": {},

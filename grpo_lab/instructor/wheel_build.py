@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -28,6 +29,7 @@ STUDENT_MODULE = Path(__file__).with_name("student.py")
 def _student_module() -> ModuleType:
     spec = importlib.util.spec_from_file_location("_grpo_lab_student", STUDENT_MODULE)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # a dataclass looks its module up there
     spec.loader.exec_module(module)
     return module
 
