@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import inspect
 import io
 import json.encoder
 import os
@@ -67,7 +66,7 @@ import re
 import sys
 import threading
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -81,6 +80,7 @@ from grpo_lab.instructor.grading_child import (
     warm_up,
 )
 from grpo_lab.instructor.tampering import Tampered
+from grpo_lab.teaching.checks import reach
 
 RESULT_FD_VARIABLE = "GRPO_LAB_RESULT_FD"
 TAMPERED_PREFIX = "the solution changed the grader's world: "
@@ -236,76 +236,19 @@ def check_world(where: str) -> None:
 
 
 def counterpart_functions(check_name: str) -> list[types.FunctionType]:
-    """The package counterparts of a check and the functions of their own module
-    that they reach (directly, or through a dict or record they read)."""
+    """The functions hidden while ``check_name`` grades: the check cell's own
+    reach (:func:`grpo_lab.teaching.checks.reach.reach_of`) of its row of
+    ``PACKAGE_COUNTERPARTS``, so both hide the same functions."""
     from grpo_lab.teaching.checks.exercises import PACKAGE_COUNTERPARTS
     from grpo_lab.teaching.checks.framework import resolve
 
-    found: dict[int, types.FunctionType] = {}
-    for path in PACKAGE_COUNTERPARTS.get(check_name, ()):
-        target = resolve(path)
-        target = getattr(target, "fget", target)
-        if isinstance(target, types.FunctionType):
-            _reach(target, found)
-    return list(found.values())
+    paths = PACKAGE_COUNTERPARTS.get(check_name, ())
+    return reach.reach_of([resolve(path) for path in paths])
 
 
-def _reach(function: types.FunctionType, found: dict[int, types.FunctionType]) -> None:
-    if id(function) in found:
-        return
-    found[id(function)] = function
-    if not function.__module__.startswith(GUARDED_PREFIXES):
-        return  # another library's function: itself only
-    for value in _referenced(function):
-        if (
-            isinstance(value, types.FunctionType)
-            and value.__module__ == function.__module__
-        ):
-            _reach(value, found)
-
-
-def _referenced(function: types.FunctionType) -> Iterator[Any]:
-    names = set()
-    stack = [function.__code__]
-    while stack:
-        code = stack.pop()
-        names |= set(code.co_names)
-        stack += [c for c in code.co_consts if inspect.iscode(c)]
-    for name in names:
-        value = function.__globals__.get(name)
-        yield value
-        members = []
-        if isinstance(value, dict):
-            members = list(value.values())
-        elif isinstance(value, (list, tuple)):
-            members = list(value)
-        for member in members:
-            yield member
-            yield from vars(member).values() if hasattr(member, "__dict__") else ()
-
-
-def _stub_code(path: str) -> types.CodeType:
-    namespace: dict[str, Any] = {}
-    message = f"{path} {UNAVAILABLE_TEXT}"
-    exec(f"def stub(*args, **kwargs):\n    raise RuntimeError({message!r})", namespace)
-    return namespace["stub"].__code__
-
-
-@contextlib.contextmanager
-def hidden(functions: list[types.FunctionType]) -> Iterator[None]:
-    """Swap each function's code for a stub that raises, then put it back."""
-    swapped = []
-    for function in dict.fromkeys(functions):  # each once, in order
-        if function.__code__.co_freevars:
-            continue  # a closure's code cannot take a stub's place
-        path = f"{function.__module__}.{function.__qualname__}"
-        swapped.append((function, function.__code__))
-        function.__code__ = _stub_code(path)
-    try:
-        yield
-    finally:
-        for function, code in reversed(swapped):
-            function.__code__ = code
+def hidden(functions: list[types.FunctionType]) -> contextlib.AbstractContextManager:
+    """:func:`grpo_lab.teaching.checks.reach.hidden`, saying "graded"."""
+    return reach.hidden(functions, UNAVAILABLE_TEXT)
 
 
 # --- results the student built ---------------------------------------------------

@@ -82,25 +82,28 @@ def _referenced(function: types.FunctionType) -> Iterator[Any]:
             yield from vars(member).values() if hasattr(member, "__dict__") else ()
 
 
-def _stub_code(path: str) -> types.CodeType:
+def _stub_code(path: str, unavailable: str) -> types.CodeType:
     namespace: dict[str, Any] = {}
-    message = f"{path} {UNAVAILABLE_TEXT}: write it yourself"
+    message = f"{path} {unavailable}: write it yourself"
     exec(f"def stub(*args, **kwargs):\n    raise RuntimeError({message!r})", namespace)
     return namespace["stub"].__code__
 
 
 @contextlib.contextmanager
-def hidden(functions: list[types.FunctionType]) -> Iterator[None]:
-    """Swap each function's code for a stub that raises, then put it back.
-    A closure keeps its code (a stub cannot take its place); what it wraps is
-    hidden instead (see :func:`_layers`)."""
+def hidden(
+    functions: list[types.FunctionType], unavailable: str = UNAVAILABLE_TEXT
+) -> Iterator[None]:
+    """Swap each function's code for a stub that raises (its message says the
+    function ``unavailable``), then put it back. A closure keeps its code (a
+    stub cannot take its place); what it wraps is hidden instead (see
+    :func:`_layers`). The grading kernel hides the same way."""
     swapped = []
     for function in dict.fromkeys(functions):  # each once, in order
         if function.__code__.co_freevars:
             continue
         path = f"{function.__module__}.{function.__qualname__}"
         swapped.append((function, function.__code__))
-        function.__code__ = _stub_code(path)
+        function.__code__ = _stub_code(path, unavailable)
     try:
         yield
     finally:
