@@ -127,23 +127,30 @@ test-vllm: $(VLLM_STAMP)
 
 # verl's and vLLM's environments (mostly downloads) build while the main tests
 # run, one after the other in one background job so that the two pip runs do not
-# compete; a failed build's log is printed.
+# compete; a failed build's log is printed. The tests marked `index` (they wait
+# on the package index, with little CPU) run beside them, in a job of their own. Each phase prints its wall time
+# ("==> phase NAME: N s"), so a CI log shows where the minutes go.
+PHASE = phase() { name=$$1; shift; start=$$(date +%s); "$$@"; status=$$?; \
+  echo "==> phase $$name: $$(( $$(date +%s) - start )) s (exit $$status)"; return $$status; }; phase
 test: $(INSTRUCTOR_STAMP)
-	$(VENV)/bin/ruff check grpo_lab tests benchmarks notebooks
+	@$(PHASE) ruff $(VENV)/bin/ruff check grpo_lab tests benchmarks notebooks
 	@echo "==> building $(VERL_VENV) then $(VLLM_VENV) in the background (logs: $(VERL_VENV).log, $(VLLM_VENV).log)"
-	@{ $(MAKE) --no-print-directory $(VERL_STAMP) > $(VERL_VENV).log 2>&1 \
-	  || { cat $(VERL_VENV).log; echo "==> $(VERL_VENV) failed to build"; exit 1; }; \
-	  $(MAKE) --no-print-directory $(VLLM_STAMP) > $(VLLM_VENV).log 2>&1 \
-	  || { cat $(VLLM_VENV).log; echo "==> $(VLLM_VENV) failed to build"; exit 1; }; } & envs=$$!; \
-	$(PY) -m pytest -n $(JOBS) --dist worksteal --durations=15 tests; status=$$?; \
-	wait $$envs || exit 1; \
+	@build() { $(MAKE) --no-print-directory $$2 > $$1 2>&1 \
+	  || { cat $$1; echo "==> $$1: the build failed"; return 1; }; }; \
+	{ $(PHASE) verl-environment build $(VERL_VENV).log $(VERL_STAMP) \
+	  && $(PHASE) vllm-environment build $(VLLM_VENV).log $(VLLM_STAMP); } & envs=$$!; \
+	{ $(PHASE) index-tests $(PY) -m pytest -p no:cacheprovider -q -m index tests > .test-index.log 2>&1 \
+	  && tail -2 .test-index.log || { cat .test-index.log; false; }; } & index=$$!; \
+	$(PHASE) tests $(PY) -m pytest -n $(JOBS) --dist worksteal --durations=15 -m "not index" tests; status=$$?; \
+	$(PHASE) waiting-for-environments wait $$envs || exit 1; \
+	wait $$index || exit 1; \
 	exit $$status
-	GRPO_LAB_VERL_TESTS=1 $(VERL_PY) -m pytest -p no:cacheprovider --durations=5 tests/verl
-	$(VLLM_TEST)
-	$(PY) -m pytest -n $(JOBS) --dist loadfile --durations=0 --nbval-lax notebooks
+	@$(PHASE) verl-tests env GRPO_LAB_VERL_TESTS=1 $(VERL_PY) -m pytest -p no:cacheprovider --durations=5 tests/verl
+	@$(PHASE) vllm-tests env $(VLLM_TEST)
+	@$(PHASE) notebooks $(PY) -m pytest -n $(JOBS) --dist loadfile --durations=0 --nbval-lax notebooks
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -n $(JOBS) --dist loadfile -m "not slow" tests
+	$(PY) -m pytest -n $(JOBS) --dist loadfile -m "not slow and not index" tests
 
 notebooks: $(STAMP)
 	$(PY) -m pytest -n $(JOBS) --dist loadfile --durations=0 --nbval-lax notebooks

@@ -265,3 +265,23 @@ def test_a_route_that_needs_an_adapter_is_hidden(route, monkeypatch):
 
     monkeypatch.setattr(framework, "hide_while_running", lambda fn, name: fn)
     assert _passes(check_name, answer), route
+
+
+def test_the_reach_module_loads_alone_in_a_fresh_process():
+    # A check's fresh process (09's cache key) loads reach.py from its file and
+    # hides by place: nothing of the package or of torch comes with it.
+    import subprocess
+    import sys
+
+    from grpo_lab.teaching.checks import reach
+
+    script = (
+        "import sys, importlib.util; "
+        "spec = importlib.util.spec_from_file_location('r', sys.argv[1]); "
+        "module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module); "
+        "module.hide_in_this_process(['grpo_lab.teaching.explorer:config_cache_key']); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('grpo_lab', 'torch')))"
+    )
+    command = [sys.executable, "-c", script, reach.__file__]
+    printed = subprocess.run(command, capture_output=True, text=True, check=True)
+    assert printed.stdout.strip() == "[]"

@@ -723,6 +723,20 @@ def python_hash(config):
 
 def python_hash_int(config):
     return hash(json.dumps(_kept(config), sort_keys=True))
+
+
+def package_key_in_the_fresh_process(config):
+    # Its own key here; the package's key in the check's fresh process.
+    import os
+
+    if os.environ.get("PYTHONHASHSEED") not in ("1", "2"):
+        return reference_key(config)
+    import importlib
+
+    from grpo_lab.training.config import TrainConfig
+
+    explorer = importlib.import_module("grpo_lab.teaching.explorer")
+    return explorer.config_cache_key(TrainConfig.from_dict(dict(config)))
 """
 )
 
@@ -762,6 +776,13 @@ def test_cache_key_rejects_plausible_mistakes(wrong, message):
     with pytest.raises(ExerciseFailed, match=message) as failure:
         check_cache_key(KEYS[wrong])
     assert failure.value.cases_run == 10
+
+
+def test_the_fresh_process_hides_the_package_key_too():
+    # The fresh process imports the package's key only when the student's
+    # function does, and then meets the stub.
+    with pytest.raises(ExerciseFailed, match="config_cache_key is not available"):
+        check_cache_key(KEYS["package_key_in_the_fresh_process"])
 
 
 def test_the_built_in_hash_passes_every_case_but_the_fresh_process():

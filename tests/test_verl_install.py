@@ -4,8 +4,10 @@
 environment of this Python against the package index (pip reads each wheel's
 metadata, downloads no wheel), with this checkout in the place of
 PATH/TO/grpo-lab. It runs in the main environment (the export needs no verl),
-beside the other tests: it waits on the index for minutes on a busy machine
-but uses little CPU, so it is marked slow (CI runs it).
+but not beside the other tests: it waits on the index for minutes on a busy
+machine and uses little CPU, so it is marked ``index``, and ``make test`` runs it
+in the background beside the environment builds (``-m index``) while the main
+run leaves it out (``-m "not index"``).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def test_the_readmes_print_the_one_install_line(tmp_path):
     assert "verl[vllm]" not in install_line()
 
 
-@pytest.mark.slow
+@pytest.mark.index
 def test_the_install_line_resolves_under_pip(tmp_path):
     words = shlex.split(install_line().replace(GRPO_LAB_SOURCE, str(ROOT)))
     assert words[:2] == ["pip", "install"]

@@ -19,6 +19,7 @@ import functools
 import importlib
 import inspect
 import sys
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -219,6 +220,33 @@ def refuse_package_function(student_fn: Callable[..., Any], check_name: str) -> 
             )
 
 
+# hide_while_running's wrapper -> the student's function it wraps.
+_AS_WRITTEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def as_written(student_fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The student's function without :func:`hide_while_running`'s wrapper: what
+    a check sends to a fresh process, which hides by :func:`hidden_places`."""
+    return _AS_WRITTEN.get(student_fn, student_fn)
+
+
+def hidden_places(check_name: str) -> list[str]:
+    """Each counterpart of the check as ``"module:attribute.path"``, for
+    :func:`grpo_lab.teaching.checks.reach.hide_in_this_process`."""
+    places = []
+    for path in PACKAGE_COUNTERPARTS[check_name]:
+        parts = path.split(".")
+        for split in range(len(parts) - 1, 0, -1):
+            module_name = ".".join(parts[:split])
+            try:
+                importlib.import_module(module_name)
+            except ImportError:
+                continue
+            places.append(f"{module_name}:{'.'.join(parts[split:])}")
+            break
+    return places
+
+
 def hide_while_running(
     student_fn: Callable[..., Any], check_name: str
 ) -> Callable[..., Any]:
@@ -241,6 +269,7 @@ def hide_while_running(
                 raise
             raise ExerciseFailed(str(error)) from None
 
+    _AS_WRITTEN[call] = student_fn
     return call
 
 

@@ -22,7 +22,7 @@ import torch
 
 from grpo_lab.aggregation import aggregate_loss_across_microbatch
 from grpo_lab.losses import compute_policy_gradient_loss
-from grpo_lab.teaching.checks import framework
+from grpo_lab.teaching.checks import framework, reach
 from grpo_lab.teaching.checks.framework import (
     CaseCount,
     ExerciseFailed,
@@ -395,10 +395,16 @@ def _check_key_order_is_ignored(
         )
 
 
-# Reads a pickled (function, config) from stdin and prints the key's repr.
+# Loads the reach module from its file (argv[1]) alone, hides the check's
+# counterparts (argv[2:]) in this process, then reads a pickled (function,
+# config) from stdin and prints the key's repr. It imports nothing of the
+# package that the student's function does not import.
 _KEY_IN_A_FRESH_PROCESS = (
-    "import sys, dill; fn, config = dill.loads(sys.stdin.buffer.read()); "
-    "print(repr(fn(config)))"
+    "import sys, dill, importlib.util; "
+    "spec = importlib.util.spec_from_file_location('grpo_lab_reach', sys.argv[1]); "
+    "reach = importlib.util.module_from_spec(spec); spec.loader.exec_module(reach); "
+    "reach.hide_in_this_process(sys.argv[2:]); "
+    "fn, config = dill.loads(sys.stdin.buffer.read()); print(repr(fn(config)))"
 )
 
 
@@ -426,7 +432,9 @@ def _key_in_a_fresh_process(
     import dill
 
     try:
-        payload = dill.dumps((student_fn, dict(config)), recurse=True)
+        payload = dill.dumps(
+            (framework.as_written(student_fn), dict(config)), recurse=True
+        )
     except Exception as error:
         raise ExerciseFailed(
             f"the key function could not be sent to a fresh process to compute "
@@ -439,7 +447,11 @@ def _key_in_a_fresh_process(
         "PYTHONPATH": os.pathsep.join(path for path in sys.path if path),
     }
     finished = subprocess.run(
-        [*framework.fresh_python(), "-c", _KEY_IN_A_FRESH_PROCESS],
+        [
+            *framework.fresh_python(),
+            *["-c", _KEY_IN_A_FRESH_PROCESS, reach.__file__],
+            *framework.hidden_places("check_cache_key"),
+        ],
         input=payload,
         capture_output=True,
         env=environment,
