@@ -20,6 +20,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+import torch
 from jupyter_client.manager import start_new_kernel
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
@@ -69,6 +70,34 @@ STOPS: dict[str, dict[str, tuple[str, str]]] = {
 }
 
 
+# The small-gpu case runs the notebooks that size or choose anything by it: those
+# that name small-gpu sizes or a size table of grpo_lab/teaching/profile.py, or
+# read the machine (with $GRPO_LAB_PROFILE set, the package reads it nowhere
+# else: grpo_lab.training.config.memory chooses a profile only without it). Every other notebook's small-gpu sizes are its gpu sizes
+# (sizes_for_profile's default) on the same faked code paths, so its gpu case
+# covers both; test_a_skipped_small_gpu_case_has_the_gpu_sizes holds that true.
+SIZED_BY_SMALL_GPU_WORDS = ("small-gpu", "small_gpu", "_SIZES")
+MACHINE_READING_WORDS = (
+    "chosen_profile", "get_device_properties", "get_device_name", "mem_get_info",
+    "get_device_capability", "is_bf16_supported", "device_count",
+    'sizes["profile"])', "training.config.memory",
+)  # fmt: skip
+
+
+def small_gpu_runs_as_gpu(name: str) -> bool:
+    source = (NOTEBOOK_DIR / name).read_text().replace('\\"', '"')
+    words = SIZED_BY_SMALL_GPU_WORDS + MACHINE_READING_WORDS
+    return not any(word in source for word in words)
+
+
+CASES = [
+    (name, profile)
+    for name in NOTEBOOKS
+    for profile in MACHINES
+    if not (profile == "small-gpu" and small_gpu_runs_as_gpu(name))
+]
+
+
 def run_until_stopped(path: Path, profile: str, cell_timeout: float = 600.0):
     """Run ``path``'s code cells in a fresh kernel under ``profile`` on its faked
     machine; None when every cell ran, else (cell id, error name, error text) of
@@ -102,8 +131,7 @@ def run_until_stopped(path: Path, profile: str, cell_timeout: float = 600.0):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("profile", list(MACHINES))
-@pytest.mark.parametrize("name", NOTEBOOKS)
+@pytest.mark.parametrize(("name", "profile"), CASES)
 def test_every_notebook_runs_under_every_profile(name, profile, tmp_path):
     # The notebooks write their runs beside themselves: a copy in tmp_path.
     path = tmp_path / name
@@ -117,3 +145,33 @@ def test_every_notebook_runs_under_every_profile(name, profile, tmp_path):
     assert stopped is not None, f"{name} on {profile} ran to the end"
     assert stopped[0] == cell_id, f"{name} on {profile} stopped at {stopped}"
     assert re.search(REASONS[reason], f"{stopped[1]}: {stopped[2]}"), stopped
+
+
+def sizes_under(name: str, profile: str, monkeypatch) -> dict:
+    """``sizes`` as the notebook's first cell that calls sizes_for_profile
+    leaves it, under ``profile`` (line magics left out)."""
+    notebook = nbformat.read(NOTEBOOK_DIR / name, as_version=4)
+    (cell, *_) = [c for c in notebook.cells if "sizes_for_profile(" in c.source]
+    source = "\n".join(
+        line for line in cell.source.splitlines() if not line.startswith("%")
+    )
+    monkeypatch.setenv("GRPO_LAB_PROFILE", profile)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as faked
+    namespace: dict = {}
+    exec(compile(source, name, "exec"), namespace)
+    return {key: value for key, value in namespace["sizes"].items() if key != "profile"}
+
+
+@pytest.mark.parametrize(
+    "name", [name for name in NOTEBOOKS if small_gpu_runs_as_gpu(name)]
+)
+def test_a_skipped_small_gpu_case_has_the_gpu_sizes(name, monkeypatch, capsys):
+    assert sizes_under(name, "small-gpu", monkeypatch) == sizes_under(
+        name, "gpu", monkeypatch
+    )
+
+
+def test_the_small_gpu_case_runs_where_sizes_differ():
+    # 08, 09, 13 and 15 size their runs by profile tables; 00 names the profiles.
+    running = {name[:2] for name, profile in CASES if profile == "small-gpu"}
+    assert {"00", "08", "09", "13", "15"} <= running
