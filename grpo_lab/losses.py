@@ -707,10 +707,9 @@ def off_policy_sequence_mask(
     gradient; a NaN token counts 0, as in TRL) is at most ``threshold``.
     """
     kl = torch.nan_to_num(old_log_probs - policy_log_probs.detach(), nan=0.0)
-    weights = token_mask.to(kl.dtype)  # (B, T)
-    mean_kl = (kl * weights).sum(dim=1, keepdim=True) / weights.sum(
-        dim=1, keepdim=True
-    ).clamp(min=1.0)  # (B, 1)
+    kl = torch.where(token_mask, kl, 0.0)  # (B, T): padding never counts
+    lengths = token_mask.sum(dim=1, keepdim=True).to(kl.dtype)  # (B, 1)
+    mean_kl = kl.sum(dim=1, keepdim=True) / lengths.clamp(min=1.0)  # (B, 1)
     return (advantages >= 0) | (mean_kl <= threshold)  # (B, 1)
 
 
@@ -719,19 +718,23 @@ def mask_off_policy_sequences(
     diagnostics: dict[str, torch.Tensor],
     inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor],
     options: ObjectiveOptions,
+    sampler_log_probs: torch.Tensor | None = None,
 ) -> LossAndDiagnostics:
     """The record's loss with :func:`off_policy_sequence_mask` applied when
     ``off_policy_mask_threshold`` is set; ``off_policy_kept_mean`` reports the
-    fraction of tokens kept. Without old log-probs (``none``) pi_old = pi:
-    every response is kept, as TRL keeps them."""
+    fraction of tokens kept. The mask measures the policy against the
+    sampler's log-probs when given (both drifts, the update's and the
+    sampler's, as DeepSeek-V3.2 and TRL do), else against pi_old; without old
+    log-probs (``none``) pi_old = pi, and every response is kept, as in TRL."""
     threshold = options.off_policy_mask_threshold
     if threshold is None:
         return per_token_loss, diagnostics
     advantages, policy_log_probs, old_log_probs, token_mask = inputs
-    if old_log_probs is None:
-        old_log_probs = policy_log_probs.detach()
+    behaviour = sampler_log_probs if sampler_log_probs is not None else old_log_probs
+    if behaviour is None:
+        behaviour = policy_log_probs.detach()
     kept = off_policy_sequence_mask(
-        advantages, policy_log_probs, old_log_probs, token_mask, threshold
+        advantages, policy_log_probs, behaviour, token_mask, threshold
     )  # (B, 1)
     diagnostics = {
         **diagnostics,

@@ -557,7 +557,11 @@ def microbatch_loss(
         # from settings, unchecked; then the off-policy sequence mask, if set
         per_token_loss, diagnostics = settings.record.loss(*inputs, settings)
         per_token_loss, diagnostics = mask_off_policy_sequences(
-            per_token_loss, diagnostics, inputs, settings
+            per_token_loss,
+            diagnostics,
+            inputs,
+            settings,
+            sampler_log_probs=microbatch.get("sampler_log_probs"),
         )
     if settings.top_entropy_quantile < 1.0:
         kept = top_entropy_mask(token_entropy, mask, settings.top_entropy_quantile)

@@ -465,7 +465,10 @@ def test_help_prints_every_field_with_its_whole_text_and_choices():
     # Two-line help texts are printed whole (a reader once kept only the last line).
     assert "Adam's first updates move every weight" in text
     assert "a bfloat16 weight cannot register an update" in text
-    assert "{none,noclip,grpo,gspo,cispo,sapo,gmpo}" in text
+    assert (
+        "{none,noclip,grpo,gspo,cispo,sapo,gmpo,luspo,vespo,dppo_tv,dppo_kl,"
+        "clip_cov,kl_cov}" in text
+    )
     for section in SECTIONS:
         assert f"{section}:" in text
 

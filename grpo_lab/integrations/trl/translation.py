@@ -218,16 +218,7 @@ def _sapo_neg(config: TrainConfig, num_processes: int) -> dict[str, Any]:
 
 
 def _off_policy_mask(config: TrainConfig, num_processes: int) -> dict[str, Any]:
-    threshold = config.off_policy_mask_threshold
-    if threshold is not None and config.sampler_correction != "none":
-        raise _refuse(
-            "off_policy_mask_threshold",
-            threshold,
-            "with a sampler correction TRL measures the mask's KL against the "
-            "sampler's log-probs, grpo_lab against pi_old; use sampler_correction "
-            "none",
-        )
-    return {"off_policy_mask_threshold": threshold}
+    return {"off_policy_mask_threshold": config.off_policy_mask_threshold}
 
 
 def _vespo_option(name: str) -> Callable[[TrainConfig, int], dict[str, Any]]:
@@ -602,8 +593,8 @@ TRANSLATIONS: dict[str, Translation] = {
     "off_policy_mask_threshold": T(
         ("off_policy_mask_threshold",),
         _off_policy_mask,
-        "exact; refused with a sampler correction (TRL then measures against "
-        "the sampler)",
+        "exact; both measure against the sampler's log-probs where it reports "
+        "them (vLLM), else against pi_old",
     ),
     **{
         name: T((name,), _vespo_option(name), "exact (values float32 holds)")
