@@ -21,7 +21,7 @@ import pytest
 import torch
 
 try:
-    import verl  # noqa: F401  (loads the entry points of "verl.plugins")
+    import verl
 except ImportError:
     if os.environ.get("CI") == "true":
         raise
@@ -316,3 +316,87 @@ def test_each_mutant_fails_the_parity_check(monkeypatch, method, mutant):
     monkeypatch.setitem(losses.OBJECTIVE_RECORDS, method, perturbed)
     value, gradient = core_deltas(method)
     assert max(value, gradient) > 1e-6, (method, mutant, value, gradient)
+
+
+# --- the export --------------------------------------------------------------------
+
+
+def gpu_config(**changes):
+    from grpo_lab.training.config import TrainConfig
+
+    values = {
+        "model": "Qwen/Qwen2.5-0.5B-Instruct",
+        "task": "reverse",
+        "task_options": {"n_digits": 5},
+        "steps": 3,
+        "eval_size": 8,
+        "sft_max_steps": 0,
+        "train_batch_size": 128,
+        "gradient_accumulation_steps": 16,
+        **changes,
+    }
+    return TrainConfig.for_profile("gpu", **values)
+
+
+def composed_actor(folder):
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+    from verl.utils.config import omega_conf_to_dataclass
+
+    lines = (folder / "overrides.txt").read_text().splitlines()
+    config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=lines)
+    return omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        (
+            {"importance_reweighting_method": "clip_cov", "covariance_fraction": 0.01,
+             "clip_cov_low": 0.5, "clip_cov_high": 4.0},
+            {"covariance_fraction": 0.01, "clip_cov_low": 0.5, "clip_cov_high": 4.0},
+        ),
+        (
+            {"importance_reweighting_method": "kl_cov", "cliprange": None,
+             "covariance_fraction": 0.002, "kl_cov_coef": 1.0},
+            {"covariance_fraction": 0.002, "kl_cov_coef": 1.0},
+        ),
+        (
+            {"importance_reweighting_method": "dppo_tv", "cliprange": 0.1,
+             "ratio_cap": 3.0},
+            {"cliprange": 0.1, "ratio_cap": 3.0},
+        ),
+        ({"importance_reweighting_method": "luspo", "cliprange": 3e-4}, {"cliprange": 3e-4}),
+        ({"importance_reweighting_method": "vespo", "cliprange": None}, {"vespo_k_pos": 2.0}),
+    ],
+)  # fmt: skip
+def test_the_export_writes_each_member_as_verl_reads_it(tmp_path, changes, expected):
+    from grpo_lab.integrations.verl.algorithms import objective_options
+    from grpo_lab.integrations.verl.launch import write_launch_folder
+
+    method = changes["importance_reweighting_method"]
+    write_launch_folder(gpu_config(**changes), tmp_path)
+    actor = composed_actor(tmp_path)
+    assert actor.policy_loss.loss_mode == f"grpo_lab_{method}"
+    options = objective_options(method, actor)  # what the loss reads in verl
+    for name, value in expected.items():
+        assert getattr(options, name) == value, name
+
+
+@pytest.mark.parametrize(
+    ("name", "changes"),
+    [
+        ("vespo_k_pos", {"importance_reweighting_method": "vespo", "cliprange": None,
+                         "vespo_k_pos": 1.5}),
+        ("off_policy_mask_threshold", {"importance_reweighting_method": "grpo",
+                                       "cliprange": 0.2, "off_policy_mask_threshold": 0.5}),
+    ],
+)  # fmt: skip
+def test_what_verl_cannot_carry_is_refused_by_name(tmp_path, name, changes):
+    from grpo_lab.integrations.verl.launch import write_launch_folder
+
+    with pytest.raises(ValueError, match=f"^{name} "):
+        write_launch_folder(gpu_config(**changes), tmp_path)
