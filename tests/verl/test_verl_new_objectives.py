@@ -71,7 +71,7 @@ MEMBERS = {
         {"covariance_fraction": 0.2, "kl_cov_coef": 0.5},
     ),
 }
-REPORT: dict[str, tuple[float, float]] = {}
+REPORT: dict[str, tuple[float, float]] = {}  # run with -s to print them
 
 
 def actor_config(method: str) -> FSDPActorConfig:
@@ -187,6 +187,7 @@ def test_plugin_matches_verl_built_in_in_every_mode(method, mode):
     theirs, their_grad = verl_split(method, data, mode, actor_config(method))
     value, gradient = (ours - theirs).abs().item(), (our_grad - their_grad).abs().max()
     REPORT[f"{method}, {mode}"] = (value, gradient.item())
+    print(f"\n{method} vs verl, {mode}, 2x2: |delta| {value:.1e}, grad {gradient:.1e}")
     assert their_grad.abs().max() > 0  # something to compare
     if mode == "seq-mean-token-mean":
         # verl divides each response by its length + 1e-8, grpo_lab by the length.
@@ -200,6 +201,9 @@ def test_plugin_matches_verl_built_in_in_every_mode(method, mode):
 def test_core_function_matches_verl_and_the_member_binds(method):
     value, gradient = core_deltas(method)
     REPORT[f"{method}, core function, token-mean per micro-batch"] = (value, gradient)
+    print(
+        f"\n{method}, core function vs verl: |delta| {value:.1e}, grad {gradient:.1e}"
+    )
     assert value <= 1e-12 and gradient <= 1e-12, (value, gradient)
     # The member's own rule acts on these inputs: tokens dropped, truncated or
     # selected, so the parity above is not that of plain REINFORCE.
