@@ -594,7 +594,8 @@ TRANSLATIONS: dict[str, Translation] = {
         ("off_policy_mask_threshold",),
         _off_policy_mask,
         "exact; both measure against the sampler's log-probs where it reports "
-        "them (vLLM), else against pi_old",
+        "them, else pi_old (TRL has them from vLLM only; grpo_lab's hf backend's "
+        "are the policy's own, in float32)",
     ),
     **{
         name: T((name,), _vespo_option(name), "exact (values float32 holds)")
