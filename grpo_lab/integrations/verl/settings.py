@@ -563,7 +563,7 @@ EXPORTS: dict[str, Export] = {
             f"{ACTOR}.clip_ratio_c",
             lambda c: math.inf if c.ratio_cap is None else c.ratio_cap,
         ),
-        "actor.clip_ratio_c (None: inf; dppo: its weight's truncation)",
+        "actor.clip_ratio_c (None: inf), for dppo the truncation of its weight",
     ),
     "sapo_temperature_pos": E(
         _one(f"{ACTOR}.tau_pos", lambda c: c.sapo_temperature_pos), "actor.tau_pos"
