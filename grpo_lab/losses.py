@@ -1,9 +1,11 @@
 """The GRPO family, one job: every per-token objective beside its formula and record.
 
 REINFORCE, PPO/GRPO clip (with DAPO's clip-higher and a dual-clip cap), GSPO,
-CISPO, SAPO and GMPO share one signature; ``OBJECTIVE_RECORDS`` holds each one's
-loss, what it needs (the ratio, a clip range, the response mask) and the
-diagnostics it reports, and every name list derives from it.
+CISPO, SAPO, GMPO, LUSPO, VESPO, DPPO (TV and KL), Clip-Cov and KL-Cov share
+one signature, and DeepSeek-V3.2's off-policy sequence mask applies to each;
+``OBJECTIVE_RECORDS`` holds each one's loss, what it needs (the ratio, a clip
+range, the response mask) and the diagnostics it reports, and every name list
+derives from it.
 :class:`ObjectiveOptions` is checked once, when built.
 :func:`compute_policy_gradient_loss` is the entry point of direct callers; the
 train step's ``microbatch_loss`` prepares the tensors once
@@ -71,6 +73,25 @@ class ObjectiveOptions:
     # SAPO gate temperatures for tokens with A > 0 and with A <= 0.
     sapo_temperature_pos: float = 1.0
     sapo_temperature_neg: float = 1.05
+    # DeepSeek-V3.2's off-policy sequence mask (TRL's off_policy_mask_threshold):
+    # a response with A < 0 whose mean log(pi_old / pi) is above this gets no
+    # loss, whatever the objective. None: no mask.
+    off_policy_mask_threshold: float | None = None
+    # VESPO's gamma weight phi(w) = exp(lam) w^k exp(-lam w) of the sequence
+    # ratio w: (k, lam) for A >= 0 and for A < 0 (TRL's vespo_* defaults).
+    vespo_k_pos: float = 2.0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0
+    vespo_lambda_neg: float = 2.0
+    # Clip-Cov and KL-Cov: the fraction of a microbatch's tokens they select by
+    # covariance (verl's clip_cov_ratio and kl_cov_ratio).
+    covariance_fraction: float = 2e-4
+    # Clip-Cov's band: a token with clip_cov_low < cov < clip_cov_high may be
+    # drawn (verl's clip_cov_lb and clip_cov_ub).
+    clip_cov_low: float = 1.0
+    clip_cov_high: float = 5.0
+    # KL-Cov's coefficient of |log w| on its selected tokens (verl's ppo_kl_coef).
+    kl_cov_coef: float = 0.1
 
     def __post_init__(self) -> None:
         # Every option by its own name: a new option is one field and its check.
@@ -123,7 +144,21 @@ Objective = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor, ObjectiveOptions],
     LossAndDiagnostics,
 ]
-Method = Literal["none", "noclip", "grpo", "gspo", "cispo", "sapo", "gmpo"]
+Method = Literal[
+    "none",
+    "noclip",
+    "grpo",
+    "gspo",
+    "cispo",
+    "sapo",
+    "gmpo",
+    "luspo",
+    "vespo",
+    "dppo_tv",
+    "dppo_kl",
+    "clip_cov",
+    "kl_cov",
+]
 
 
 def objective_loss(
@@ -139,7 +174,8 @@ def objective_loss(
     inputs = objective_inputs(
         options, advantages, policy_log_probs, old_log_probs, response_mask
     )
-    return options.record.loss(*inputs, options)
+    per_token_loss, diagnostics = options.record.loss(*inputs, options)
+    return mask_off_policy_sequences(per_token_loss, diagnostics, inputs, options)
 
 
 def objective_inputs(
@@ -433,6 +469,282 @@ def gmpo_loss(
     }
 
 
+def luspo_loss(
+    advantages: torch.Tensor,
+    policy_log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    token_mask: torch.Tensor,
+    options: ObjectiveOptions,
+) -> LossAndDiagnostics:
+    # GSPO's clipped sequence loss times the response's length, on every token:
+    # the sequence normalization's mean over a response then leaves L * loss,
+    # the paper's sum over the response's tokens. (B, T)
+    per_token_loss, diagnostics = gspo_clip_loss(
+        advantages, policy_log_probs, old_log_probs, token_mask, options
+    )
+    lengths = token_mask.sum(dim=1, keepdim=True)  # (B, 1)
+    per_token_loss = per_token_loss * lengths  # (B, T)
+    diagnostics["off_policy_loss_mean"] = _token_mean(per_token_loss, token_mask)
+    return per_token_loss, diagnostics
+
+
+VESPO_LOG_FLOOR = math.log(1e-8)  # TRL's lower clamp of log w
+
+
+def vespo_weights(
+    advantages: torch.Tensor,
+    log_ratio: torch.Tensor,
+    token_mask: torch.Tensor,
+    options: ObjectiveOptions,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """VESPO's detached gamma weight phi(w) (B, 1) or (B, T) and log w (B, 1).
+
+    log w = clamp(sum_t clamp(log w_t, -20, 20), log 1e-8, 20): the sequence
+    ratio is the product of the token ratios, not GSPO's geometric mean.
+    log phi = lam + k log w - lam w, with (k, lam) by A's sign (A >= 0: pos);
+    phi = 1 at w = 1, its peak is at w = k / lam. A non-finite phi is 0.
+    """
+    token_log_ratio = torch.clamp(log_ratio.detach(), -20.0, 20.0)  # (B, T)
+    summed = (token_log_ratio * token_mask).sum(dim=-1, keepdim=True)  # (B, 1)
+    log_w = torch.clamp(summed, VESPO_LOG_FLOOR, 20.0)  # (B, 1)
+    nonnegative = advantages >= 0  # (B, 1) or (B, T)
+
+    def by_sign(positive: float, negative: float) -> torch.Tensor:
+        return torch.where(
+            nonnegative,
+            torch.full_like(advantages, positive),
+            torch.full_like(advantages, negative),
+        )
+
+    k = by_sign(options.vespo_k_pos, options.vespo_k_neg)
+    lam = by_sign(options.vespo_lambda_pos, options.vespo_lambda_neg)
+    log_phi = lam + k * log_w - lam * torch.exp(log_w)
+    phi = torch.exp(log_phi).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+    return phi, log_w
+
+
+def vespo_loss(
+    advantages: torch.Tensor,
+    policy_log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    token_mask: torch.Tensor,
+    options: ObjectiveOptions,
+) -> LossAndDiagnostics:
+    log_ratio = _log_ratio(policy_log_probs, old_log_probs)  # (B, T)
+    phi, log_w = vespo_weights(advantages, log_ratio, token_mask, options)
+    per_token_loss = -phi * advantages * policy_log_probs  # (B, T)
+    valid = token_mask.any(dim=1, keepdim=True)  # (B, 1)
+    count = valid.sum()
+    ratio_mean = torch.exp(log_w).masked_fill(~valid, 0.0).sum() / count.clamp_min(1)
+    return per_token_loss, {
+        "importance_ratio_mean": ratio_mean,
+        "importance_ratio_count": count.detach(),
+        "gamma_weight_mean": _token_mean(phi.expand_as(log_ratio), token_mask),
+        "off_policy_loss_mean": _token_mean(per_token_loss, token_mask),
+    }
+
+
+def _dppo_loss(
+    advantages: torch.Tensor,
+    policy_log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    token_mask: torch.Tensor,
+    options: ObjectiveOptions,
+    kept: torch.Tensor,
+) -> LossAndDiagnostics:
+    """-A * sg(min(w, ratio_cap)) * log pi on the ``kept`` tokens (B, T)."""
+    ratio = torch.exp(_log_ratio(policy_log_probs, old_log_probs))  # (B, T)
+    weight = _capped(ratio, options).detach()  # (B, T): truncated IS weight
+    kept = kept.detach()
+    per_token_loss = -advantages * weight * policy_log_probs * kept  # (B, T)
+    dropped = ~kept
+    token_count = token_mask.sum().detach()
+    low_side, high_side = dropped & (advantages <= 0), dropped & (advantages > 0)
+    return per_token_loss, {
+        **_clip_diagnostics(low_side, high_side, token_mask, token_count, True),
+        **_token_ratio_diagnostics(ratio, per_token_loss, token_mask),
+    }
+
+
+def dppo_tv_loss(
+    advantages: torch.Tensor,
+    policy_log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    token_mask: torch.Tensor,
+    options: ObjectiveOptions,
+) -> LossAndDiagnostics:
+    # The token's probability may move by at most eps_high up (A > 0) or
+    # eps_low down (A <= 0): its total variation, not its ratio, is bounded.
+    shift = torch.exp(policy_log_probs) - torch.exp(old_log_probs.detach())  # (B, T)
+    kept = torch.where(
+        advantages > 0, shift <= options.upper_cliprange, shift >= -options.cliprange
+    )  # (B, T)
+    return _dppo_loss(
+        advantages, policy_log_probs, old_log_probs, token_mask, options, kept
+    )
+
+
+def dppo_kl_loss(
+    advantages: torch.Tensor,
+    policy_log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    token_mask: torch.Tensor,
+    options: ObjectiveOptions,
+) -> LossAndDiagnostics:
+    # The binary KL between Bernoulli(p_old) and Bernoulli(p) of the sampled
+    # token, bounded by eps_high when p rises (A > 0), eps_low when it falls.
+    old = old_log_probs.detach()
+    p, p_old = torch.exp(policy_log_probs), torch.exp(old)  # (B, T)
+    binary_kl = p_old * (old - policy_log_probs) + (1 - p_old) * torch.log(
+        (1.0 - p_old + 1e-8) / (1.0 - p + 1e-8)
+    )  # (B, T); the 1e-8 is verl's
+    kept = torch.where(
+        advantages > 0,
+        (binary_kl <= options.upper_cliprange) | (p <= p_old),
+        (binary_kl <= options.cliprange) | (p >= p_old),
+    )  # (B, T)
+    return _dppo_loss(
+        advantages, policy_log_probs, old_log_probs, token_mask, options, kept
+    )
+
+
+def _token_advantages(
+    advantages: torch.Tensor, policy_log_probs: torch.Tensor
+) -> torch.Tensor:
+    """A on every token (B, T), a fresh tensor (A may come as (B, 1))."""
+    return advantages.expand_as(policy_log_probs).contiguous()
+
+
+def _masked_mean_like_verl(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """sum over masked-in values / (count + 1e-8), as verl's masked_mean."""
+    weights = mask.to(values.dtype)
+    return (torch.where(mask, values, 0.0) * weights).sum() / (weights.sum() + 1e-8)
+
+
+def clip_cov_loss(
+    advantages: torch.Tensor,
+    policy_log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    token_mask: torch.Tensor,
+    options: ObjectiveOptions,
+) -> LossAndDiagnostics:
+    low, high = options.low_bound, options.high_bound
+    ratio = torch.exp(_log_ratio(policy_log_probs, old_log_probs))  # (B, T)
+    unclipped = -advantages * ratio  # (B, T)
+    clipped = -advantages * torch.clamp(ratio, min=low, max=high)  # (B, T)
+    clipped_out = (clipped > unclipped) & token_mask  # the PPO clip binds
+    token_advantages = _token_advantages(advantages, policy_log_probs)
+    log_probs = policy_log_probs.detach()
+    covariance = (
+        token_advantages - _masked_mean_like_verl(token_advantages, token_mask)
+    ) * (log_probs - _masked_mean_like_verl(log_probs, token_mask))  # (B, T)
+    candidates = (
+        token_mask
+        & ~clipped_out
+        & (covariance > options.clip_cov_low)
+        & (covariance < options.clip_cov_high)
+    )  # (B, T)
+    positions = torch.nonzero(candidates)  # (n, 2), row-major
+    count = max(int(options.covariance_fraction * token_mask.sum().item()), 1)
+    selected = torch.zeros_like(token_mask)
+    if len(positions) > 0:
+        # torch's global generator, as verl draws: seed torch to repeat a draw.
+        drawn = positions[torch.randperm(len(positions))[:count]]
+        selected[drawn[:, 0], drawn[:, 1]] = True
+    per_token_loss = torch.maximum(unclipped, clipped) * ~selected  # (B, T)
+    token_count = token_mask.sum().detach()
+    low_side = (advantages < 0) & (ratio < low)
+    high_side = (advantages > 0) & (ratio > high)
+    return per_token_loss, {
+        **_clip_diagnostics(low_side, high_side, token_mask, token_count, True),
+        **_token_ratio_diagnostics(ratio, per_token_loss, token_mask),
+        "covariance_selected_mean": _token_mean(selected.float(), token_mask),
+    }
+
+
+def kl_cov_loss(
+    advantages: torch.Tensor,
+    policy_log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    token_mask: torch.Tensor,
+    options: ObjectiveOptions,
+) -> LossAndDiagnostics:
+    log_ratio = _log_ratio(policy_log_probs, old_log_probs)  # (B, T)
+    ratio = torch.exp(log_ratio)  # (B, T)
+    token_advantages = _token_advantages(advantages, policy_log_probs)[token_mask]
+    log_probs = policy_log_probs.detach()[token_mask]  # (n,), row-major
+    selected = torch.zeros_like(token_mask)
+    if log_probs.numel() > 0:
+        covariance = (token_advantages - token_advantages.mean()) * (
+            log_probs - log_probs.mean()
+        )  # (n,)
+        count = max(1, int(log_probs.numel() * options.covariance_fraction))
+        top = torch.topk(covariance, count, largest=True).indices  # (count,)
+        flat = torch.zeros_like(covariance, dtype=torch.bool)
+        flat[top] = True
+        selected[token_mask] = flat
+    penalty = options.kl_cov_coef * log_ratio.abs()  # (B, T)
+    per_token_loss = torch.where(
+        selected, -advantages * ratio + penalty, -advantages * ratio
+    )  # (B, T)
+    return per_token_loss, {
+        **_token_ratio_diagnostics(ratio, per_token_loss, token_mask),
+        "covariance_selected_mean": _token_mean(selected.float(), token_mask),
+    }
+
+
+def off_policy_sequence_mask(
+    advantages: torch.Tensor,
+    policy_log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    token_mask: torch.Tensor,
+    threshold: float,
+) -> torch.Tensor:
+    """DeepSeek-V3.2's off-policy sequence mask (arXiv:2512.02556, eq. 9). (B, 1)
+
+    A response is kept when A >= 0 or when the mean over its tokens of
+    log pi_old - log pi (a sampled estimate of KL(pi_old || pi), read without
+    gradient; a NaN token counts 0, as in TRL) is at most ``threshold``.
+    """
+    kl = torch.nan_to_num(old_log_probs - policy_log_probs.detach(), nan=0.0)
+    kl = torch.where(token_mask, kl, 0.0)  # (B, T): padding never counts
+    lengths = token_mask.sum(dim=1, keepdim=True).to(kl.dtype)  # (B, 1)
+    mean_kl = kl.sum(dim=1, keepdim=True) / lengths.clamp(min=1.0)  # (B, 1)
+    return (advantages >= 0) | (mean_kl <= threshold)  # (B, 1)
+
+
+def mask_off_policy_sequences(
+    per_token_loss: torch.Tensor,
+    diagnostics: dict[str, torch.Tensor],
+    inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor],
+    options: ObjectiveOptions,
+    sampler_log_probs: torch.Tensor | None = None,
+) -> LossAndDiagnostics:
+    """The record's loss with :func:`off_policy_sequence_mask` applied when
+    ``off_policy_mask_threshold`` is set; ``off_policy_kept_mean`` reports the
+    fraction of tokens kept. The mask measures the policy against the
+    sampler's log-probs when given (both drifts, the update's and the
+    sampler's, as DeepSeek-V3.2 and TRL do), else against pi_old; without old
+    log-probs (``none``) pi_old = pi, and every response is kept, as in TRL."""
+    threshold = options.off_policy_mask_threshold
+    if threshold is None:
+        return per_token_loss, diagnostics
+    advantages, policy_log_probs, old_log_probs, token_mask = inputs
+    behaviour = sampler_log_probs if sampler_log_probs is not None else old_log_probs
+    if behaviour is None:
+        behaviour = policy_log_probs.detach()
+    kept = off_policy_sequence_mask(
+        advantages, policy_log_probs, behaviour, token_mask, threshold
+    )  # (B, 1)
+    diagnostics = {
+        **diagnostics,
+        "off_policy_kept_mean": _token_mean(
+            kept.expand_as(token_mask).float(), token_mask
+        ),
+    }
+    return per_token_loss * kept, diagnostics
+
+
 RATIO_KEYS = frozenset(
     {"importance_ratio_mean", "importance_ratio_count", "off_policy_loss_mean"}
 )
@@ -463,19 +775,42 @@ class ObjectiveRecord:
     # Reports clip_low_* and clip_high_* always; else (if it clips) only once
     # cliprange_high or ratio_cap is set.
     always_splits_clip_sides: bool = False
+    # Its detached weight is truncated at ratio_cap (a cap above 1, not a dual
+    # clip above 1 + eps_high).
+    truncates: bool = False
+    # A token's loss depends on the other rows of its microbatch (a covariance
+    # over them): every row is scored, zero-advantage ones too.
+    needs_every_row: bool = False
+    # The ObjectiveOptions fields only this objective (and its kin) reads.
+    own_options: tuple[str, ...] = ()
 
     def diagnostic_keys(self, options: ObjectiveOptions) -> frozenset[str]:
         """The keys its loss returns under ``options``."""
+        keys = self.keys
         if self.clips and (self.always_splits_clip_sides or options.splits_clip_sides):
-            return self.keys | frozenset(CLIP_SIDE_KEYS)
-        return self.keys
+            keys = keys | frozenset(CLIP_SIDE_KEYS)
+        if options.off_policy_mask_threshold is not None:
+            keys = keys | {"off_policy_kept_mean"}
+        return keys
 
 
-def _record(loss: Objective, *, keys: frozenset[str], **facts: bool) -> ObjectiveRecord:
+def _record(
+    loss: Objective,
+    *,
+    keys: frozenset[str],
+    own_options: tuple[str, ...] = (),
+    **facts: bool,
+) -> ObjectiveRecord:
     defaults = {"uses_ratio": True, "clips": False, "per_sequence": False}
     return ObjectiveRecord(
-        loss=loss, keys=keys, **{"capped": False, **defaults, **facts}
+        loss=loss,
+        keys=keys,
+        own_options=own_options,
+        **{"capped": False, **defaults, **facts},
     )
+
+
+VESPO_OPTIONS = ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg")
 
 
 # Every objective, by name. The name lists below derive from these records.
@@ -500,13 +835,57 @@ OBJECTIVE_RECORDS: dict[str, ObjectiveRecord] = {
         always_splits_clip_sides=True,
         keys=RATIO_KEYS | CLIP_KEYS,
     ),
-    "sapo": _record(sapo_loss, keys=RATIO_KEYS),
+    "sapo": _record(
+        sapo_loss,
+        keys=RATIO_KEYS,
+        own_options=("sapo_temperature_pos", "sapo_temperature_neg"),
+    ),
     "gmpo": _record(
         gmpo_loss,
         clips=True,
         per_sequence=True,
         always_splits_clip_sides=True,
         keys=RATIO_KEYS | CLIP_KEYS | SEQUENCE_KEYS,
+    ),
+    "luspo": _record(
+        luspo_loss,
+        clips=True,
+        capped=True,
+        per_sequence=True,
+        keys=RATIO_KEYS | CLIP_KEYS | SEQUENCE_KEYS,
+    ),
+    "vespo": _record(
+        vespo_loss,
+        keys=RATIO_KEYS | {"gamma_weight_mean"},
+        own_options=VESPO_OPTIONS,
+    ),
+    "dppo_tv": _record(
+        dppo_tv_loss,
+        clips=True,
+        truncates=True,
+        always_splits_clip_sides=True,
+        keys=RATIO_KEYS | CLIP_KEYS,
+    ),
+    "dppo_kl": _record(
+        dppo_kl_loss,
+        clips=True,
+        truncates=True,
+        always_splits_clip_sides=True,
+        keys=RATIO_KEYS | CLIP_KEYS,
+    ),
+    "clip_cov": _record(
+        clip_cov_loss,
+        clips=True,
+        always_splits_clip_sides=True,
+        needs_every_row=True,
+        keys=RATIO_KEYS | CLIP_KEYS | {"covariance_selected_mean"},
+        own_options=("covariance_fraction", "clip_cov_low", "clip_cov_high"),
+    ),
+    "kl_cov": _record(
+        kl_cov_loss,
+        needs_every_row=True,
+        keys=RATIO_KEYS | {"covariance_selected_mean"},
+        own_options=("covariance_fraction", "kl_cov_coef"),
     ),
 }
 OBJECTIVES: dict[str, Objective] = {
@@ -529,8 +908,22 @@ SEQUENCE_METHODS = _methods_where("per_sequence")
 # Methods that always report clip_low_* and clip_high_* (grpo and gspo do once
 # cliprange_high or ratio_cap is set).
 SPLIT_CLIP_METHODS = _methods_where("always_splits_clip_sides")
-# Methods whose unclipped term the dual-clip cap bounds.
+# Methods whose unclipped term the dual-clip cap bounds, and those whose
+# detached weight ratio_cap truncates (DPPO).
 CAPPED_METHODS = _methods_where("capped")
+TRUNCATED_METHODS = _methods_where("truncates")
+# Methods whose loss reads every row of the microbatch.
+EVERY_ROW_METHODS = _methods_where("needs_every_row")
+
+
+def option_readers() -> dict[str, tuple[str, ...]]:
+    """Each objective-specific option (a record's ``own_options``) and the
+    methods that read it."""
+    readers: dict[str, list[str]] = {}
+    for name, record in OBJECTIVE_RECORDS.items():
+        for option in record.own_options:
+            readers.setdefault(option, []).append(name)
+    return {option: tuple(methods) for option, methods in readers.items()}
 
 
 def check_objective_settings(
@@ -541,13 +934,26 @@ def check_objective_settings(
     ratio_cap: float | None = None,
     sapo_temperature_pos: float = 1.0,
     sapo_temperature_neg: float = 1.05,
+    off_policy_mask_threshold: float | None = None,
+    vespo_k_pos: float = 2.0,
+    vespo_lambda_pos: float = 3.0,
+    vespo_k_neg: float = 3.0,
+    vespo_lambda_neg: float = 2.0,
+    covariance_fraction: float = 2e-4,
+    clip_cov_low: float = 1.0,
+    clip_cov_high: float = 5.0,
+    kl_cov_coef: float = 0.1,
 ) -> None:
     """The one check of an objective's name and options (config and callers).
 
     A clipped method needs cliprange > 0; cliprange_high is None or > 0;
     ratio_cap is None or above the upper clip bound 1 + eps_high (at or below
     it, the cap would remove gradients the clip keeps: another objective, not a
-    dual clip); SAPO temperatures are > 0. Options a method does not read are
+    dual clip; above 1 for DPPO's truncated weight); SAPO temperatures are > 0;
+    off_policy_mask_threshold is None or a finite number >= 0; VESPO's k are
+    finite >= 0 and its lambda finite >= 1e-4 (TRL floors lambda there);
+    covariance_fraction is in (0, 1]; clip_cov_low < clip_cov_high, both
+    finite; kl_cov_coef is finite >= 0. Options a method does not read are
     still range-checked, and named by ``TrainConfig``'s inert settings.
     """
     if method not in OBJECTIVE_RECORDS:
@@ -573,6 +979,70 @@ def check_objective_settings(
     ):
         if not is_positive_number(value):
             raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    if off_policy_mask_threshold is not None and not _is_at_least(
+        off_policy_mask_threshold, 0.0
+    ):
+        raise ValueError(
+            "off_policy_mask_threshold must be None (no mask) or a finite number "
+            f">= 0 (a mean log(pi_old / pi)), got {off_policy_mask_threshold!r}"
+        )
+    _check_vespo(vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg)
+    _check_covariance(covariance_fraction, clip_cov_low, clip_cov_high, kl_cov_coef)
+
+
+def _is_at_least(value: object, floor: float) -> bool:
+    """A finite number (not a bool) >= floor."""
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value >= floor
+    )
+
+
+def _check_vespo(
+    k_pos: float, lambda_pos: float, k_neg: float, lambda_neg: float
+) -> None:
+    for name, value in (("vespo_k_pos", k_pos), ("vespo_k_neg", k_neg)):
+        if not _is_at_least(value, 0.0):
+            raise ValueError(
+                f"{name} must be a finite number >= 0 (the gamma weight's power), "
+                f"got {value!r}"
+            )
+    for name, value in (
+        ("vespo_lambda_pos", lambda_pos),
+        ("vespo_lambda_neg", lambda_neg),
+    ):
+        if not _is_at_least(value, 1e-4):
+            raise ValueError(
+                f"{name} must be a finite number >= 1e-4 (the gamma weight's rate; "
+                f"TRL floors it at 1e-4), got {value!r}"
+            )
+
+
+def _check_covariance(
+    fraction: float, clip_cov_low: float, clip_cov_high: float, kl_cov_coef: float
+) -> None:
+    if not (is_positive_number(fraction) and fraction <= 1):
+        raise ValueError(
+            "covariance_fraction must be a number in (0, 1] (the share of a "
+            f"microbatch's tokens Clip-Cov or KL-Cov selects), got {fraction!r}"
+        )
+    for name, value in (
+        ("clip_cov_low", clip_cov_low),
+        ("clip_cov_high", clip_cov_high),
+    ):
+        if not _is_at_least(value, -math.inf):
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if clip_cov_low >= clip_cov_high:
+        raise ValueError(
+            f"clip_cov_low must be below clip_cov_high ({clip_cov_high!r}), "
+            f"got {clip_cov_low!r}"
+        )
+    if not _is_at_least(kl_cov_coef, 0.0):
+        raise ValueError(
+            f"kl_cov_coef must be a finite number >= 0, got {kl_cov_coef!r}"
+        )
 
 
 def _check_ratio_cap(
@@ -583,7 +1053,7 @@ def _check_ratio_cap(
 ) -> None:
     if ratio_cap is None:
         return
-    bound = 1.0
+    bound = 1.0  # none, a truncated weight (DPPO) or a cap that does nothing
     if method in CAPPED_METHODS:
         bound = 1 + effective_cliprange_high(cliprange, cliprange_high)
     if not is_positive_number(ratio_cap) or ratio_cap <= bound:
@@ -694,6 +1164,33 @@ def compute_policy_gradient_loss(
             sign(A) log w~_t = min(sign(A) log w_t, sign(A) clip(log w_t, -eps_low,
             eps_high))                                   (geometric mean, clipped
             per token in log space)
+    luspo:  the gspo loss times the response's length L, on every token
+            (LUSPO, arXiv:2602.05261: with the sequence normalization, the
+            mean over responses of L * the GSPO term, TRL's luspo)
+    vespo:  -sg(phi(W)) * A * log pi, W = exp(sum_t log w_t) the sequence's
+            ratio, phi(W) = exp(lam) W^k exp(-lam W), (k, lam) by A's sign
+            (VESPO, arXiv:2602.10693; TRL's clamps kept: :func:`vespo_weights`)
+    dppo_tv, dppo_kl: -A * sg(min(w, ratio_cap)) * log pi on the tokens whose
+            probability moved within the trust region, 0 elsewhere: p - p_old
+            <= eps_high for A > 0, >= -eps_low for A <= 0 (TV), or the binary
+            KL of (p_old, p) <= eps_high / eps_low on the side the token moved
+            (KL); eps are divergences, not ratio ranges (DPPO,
+            arXiv:2602.04879, verl's dppo_tv / dppo_kl)
+    clip_cov: the grpo clip (no dual clip), except that
+            max(1, floor(covariance_fraction * n)) tokens, drawn at random (torch's
+            global generator, as verl draws) among the unclipped tokens whose
+            cov = (A - mean A)(log pi - mean log pi) lies in (clip_cov_low,
+            clip_cov_high), get no loss and no gradient (Clip-Cov,
+            arXiv:2505.22617, verl's clip_cov)
+    kl_cov: -A * w, plus kl_cov_coef * |log w| on the max(1, floor(
+            covariance_fraction * n)) tokens of largest cov (KL-Cov, the same
+            paper, verl's kl_cov; no clip)
+
+    Any of them with ``off_policy_mask_threshold``: a response with A < 0 whose
+    mean log(pi_old / pi) is above it gets loss 0 (DeepSeek-V3.2,
+    :func:`off_policy_sequence_mask`). clip_cov and kl_cov select among the
+    tokens of the call: the train step calls once per microbatch, as verl
+    selects per micro-batch.
 
     A is (B,) or (B, 1); eps_low is ``cliprange``, eps_high the keyword option
     ``cliprange_high`` (None: eps_low). For gmpo the bounds apply to log w (the

@@ -36,6 +36,7 @@ from grpo_lab.losses import (
     Method,
     ObjectiveOptions,
     check_entropy_settings,
+    mask_off_policy_sequences,
     objective_inputs,
     top_entropy_mask,
 )
@@ -139,9 +140,14 @@ class UpdateSettings(ObjectiveOptions):
 
     @property
     def every_row_has_gradient(self) -> bool:
-        """A KL penalty, an entropy bonus or a teacher moves even
-        zero-advantage rows."""
-        return self.kl_coef > 0 or self.entropy_coef > 0 or self.distills
+        """A KL penalty, an entropy bonus, a teacher or an objective that reads
+        the whole microbatch (Clip-Cov, KL-Cov) moves even zero-advantage rows."""
+        return (
+            self.kl_coef > 0
+            or self.entropy_coef > 0
+            or self.distills
+            or self.record.needs_every_row
+        )
 
     @property
     def scores_every_row(self) -> bool:
@@ -517,7 +523,8 @@ def microbatch_loss(
         loss_t = objective_t * e_t * s_t + kl_coef * w_t * KL_t
                  + distillation_coef * D_t - entropy_coef * H_t
 
-    objective_t from :func:`grpo_lab.losses.compute_policy_gradient_loss`;
+    objective_t from :func:`grpo_lab.losses.compute_policy_gradient_loss`
+    (with its off-policy sequence mask when ``off_policy_mask_threshold`` is set);
     e_t = 1, or the high-entropy mask when ``top_entropy_quantile`` < 1
     (:func:`grpo_lab.losses.high_entropy_mask`); s_t = 1, or the detached
     sampler-correction weight (:func:`grpo_lab.sampler_correction.correction_weights`
@@ -547,8 +554,15 @@ def microbatch_loss(
             settings, microbatch["advantages"], log_probs, old_log_probs, mask
         )
         # (b, T): the record's loss (the clip: grpo_clip_loss) reads its options
-        # from settings, unchecked
+        # from settings, unchecked; then the off-policy sequence mask, if set
         per_token_loss, diagnostics = settings.record.loss(*inputs, settings)
+        per_token_loss, diagnostics = mask_off_policy_sequences(
+            per_token_loss,
+            diagnostics,
+            inputs,
+            settings,
+            sampler_log_probs=microbatch.get("sampler_log_probs"),
+        )
     if settings.top_entropy_quantile < 1.0:
         kept = top_entropy_mask(token_entropy, mask, settings.top_entropy_quantile)
         per_token_loss = per_token_loss * kept  # (b, T)

@@ -465,7 +465,10 @@ def test_help_prints_every_field_with_its_whole_text_and_choices():
     # Two-line help texts are printed whole (a reader once kept only the last line).
     assert "Adam's first updates move every weight" in text
     assert "a bfloat16 weight cannot register an update" in text
-    assert "{none,noclip,grpo,gspo,cispo,sapo,gmpo}" in text
+    assert (
+        "{none,noclip,grpo,gspo,cispo,sapo,gmpo,luspo,vespo,dppo_tv,dppo_kl,"
+        "clip_cov,kl_cov}" in text
+    )
     for section in SECTIONS:
         assert f"{section}:" in text
 
@@ -539,6 +542,34 @@ def test_inert_settings_are_named_with_their_reason():
         # token normalization reads no constant: inert, said once, not refused.
         "normalization_constant": "loss_normalization 'token' does not use it",
     }
+    members = inert_settings(
+        TrainConfig.for_profile(
+            "cpu",
+            vespo_lambda_pos=2.0,
+            covariance_fraction=0.01,
+            kl_cov_coef=1.0,
+            clip_cov_high=4.0,
+            off_policy_mask_threshold=0.5,
+        )
+    )
+    assert members == {
+        "vespo_lambda_pos": "importance_reweighting_method 'none' is not vespo",
+        "covariance_fraction": (
+            "importance_reweighting_method 'none' is not clip_cov or kl_cov"
+        ),
+        "kl_cov_coef": "importance_reweighting_method 'none' is not kl_cov",
+        "clip_cov_high": "importance_reweighting_method 'none' is not clip_cov",
+        "off_policy_mask_threshold": (
+            "importance_reweighting_method 'none' has no old policy: pi_old is pi, "
+            "and every response is kept"
+        ),
+    }
+    dppo = TrainConfig.for_profile(
+        "gpu", importance_reweighting_method="dppo_tv", ratio_cap=3.0
+    )
+    assert "ratio_cap" not in inert_settings(dppo)  # DPPO truncates its weight
+    with pytest.raises(ValueError, match=r"vespo_lambda_neg must be a finite number"):
+        TrainConfig.for_profile("cpu", vespo_lambda_neg=0.0)  # checked at construction
 
 
 def test_config_json_records_the_inert_settings_and_reads_back():

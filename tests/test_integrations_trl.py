@@ -50,6 +50,7 @@ from grpo_lab.integrations.trl import launch as grpo_trl_launch
 from grpo_lab.integrations.trl import parity as grpo_trl_parity
 from grpo_lab.integrations.trl import trainer as grpo_trl_trainer
 from grpo_lab.integrations.trl import translation as grpo_trl
+from grpo_lab.integrations.trl.names import from_trl_values
 from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2, load_tokenizer
 from grpo_lab.tasks import get_task
 from grpo_lab.training.config import TrainConfig
@@ -170,12 +171,57 @@ def test_the_gpu_profile_maps_to_grpo_config_arguments_that_load():
             {"importance_reweighting_method": "sapo", "loss_normalization": "token"},
             "loss_normalization 'token'",
         ),
+        ({"importance_reweighting_method": "dppo_tv"}, "importance_reweighting_method 'dppo_tv'"),
+        ({"importance_reweighting_method": "dppo_kl"}, "importance_reweighting_method 'dppo_kl'"),
+        ({"importance_reweighting_method": "clip_cov"}, "importance_reweighting_method 'clip_cov'"),
+        ({"importance_reweighting_method": "kl_cov", "cliprange": None},
+         "importance_reweighting_method 'kl_cov'"),
+        ({"importance_reweighting_method": "luspo", "kl_coef": 0.1}, "kl_coef 0.1"),
+        ({"importance_reweighting_method": "vespo", "cliprange": None},
+         "loss_normalization 'sequence'"),
+        ({"importance_reweighting_method": "vespo", "cliprange": None,
+          "loss_normalization": "token", "sampler_correction": "token_truncate"},
+         "sampler_correction 'token_truncate'"),
     ],
 )  # fmt: skip
 def test_a_setting_trl_lacks_is_refused_by_name(overrides, message):
     with pytest.raises(UserError, match=message) as error:
         grpo_trl.to_trl_config(gpu_config(**overrides))
     assert "cannot run on TRL's GRPOTrainer" in str(error.value)
+
+
+def test_the_2026_members_become_trls_loss_types():
+    luspo = grpo_trl.to_trl_config(
+        gpu_config(importance_reweighting_method="luspo", cliprange=3e-4, ratio_cap=2.0)
+    )
+    assert (luspo["loss_type"], luspo["importance_sampling_level"]) == (
+        "luspo",
+        "sequence",
+    )
+    assert (luspo["epsilon"], luspo["delta"]) == (3e-4, 2.0)
+    vespo = grpo_trl.to_trl_config(
+        gpu_config(
+            importance_reweighting_method="vespo",
+            cliprange=None,
+            loss_normalization="token",
+            vespo_k_pos=1.5,
+            off_policy_mask_threshold=0.5,
+        )
+    )
+    assert (vespo["loss_type"], vespo["importance_sampling_level"]) == (
+        "vespo",
+        "token",
+    )
+    assert (vespo["vespo_k_pos"], vespo["vespo_lambda_neg"]) == (1.5, 2.0)
+    assert vespo["off_policy_mask_threshold"] == 0.5
+    assert grpo_trl.to_trl_config(gpu_config())["off_policy_mask_threshold"] is None
+    # And back: TRL's names read as grpo_lab's, in either order.
+    for values in (
+        {"loss_type": "luspo", "importance_sampling_level": "sequence"},
+        {"importance_sampling_level": "sequence", "loss_type": "luspo"},
+    ):
+        fields = from_trl_values({**values, "num_iterations": 2, "epsilon": 0.2})
+        assert fields["importance_reweighting_method"] == "luspo", values
 
 
 def test_an_inert_setting_is_not_refused():

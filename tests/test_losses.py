@@ -20,17 +20,20 @@ from grpo_lab.losses import (
     CAPPED_METHODS,
     CLIP_SIDE_KEYS,
     CLIPPED_METHODS,
+    EVERY_ROW_METHODS,
     OBJECTIVE_RECORDS,
     OBJECTIVES,
     RATIO_METHODS,
     SEQUENCE_METHODS,
     SPLIT_CLIP_METHODS,
+    TRUNCATED_METHODS,
     ObjectiveOptions,
     check_entropy_settings,
     compute_policy_gradient_loss,
     effective_cliprange_high,
     high_entropy_mask,
     objective_loss,
+    off_policy_sequence_mask,
 )
 
 
@@ -506,6 +509,157 @@ def test_every_objective_at_ratio_one_is_the_plain_policy_gradient(
         assert torch.allclose(gradient, reinforce, atol=1e-12), method
 
 
+def test_luspo_is_gspo_times_each_response_length_by_hand():
+    # Lengths 3 and 1: each token carries L x the GSPO sequence loss, so the
+    # sequence normalization's mean over a response is L x that loss.
+    policy, old = log_ratio_inputs([[1.1, 1.0, 0.9], [1.3, 1.0, 1.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    advantages = torch.tensor([1.0, -2.0], dtype=torch.float64)
+    luspo, _ = compute_policy_gradient_loss(advantages, policy, "luspo", old, 0.2, mask)
+    gspo, _ = compute_policy_gradient_loss(advantages, policy, "gspo", old, 0.2, mask)
+    torch.testing.assert_close(
+        luspo.detach(), gspo.detach() * torch.tensor([[3.0], [1.0]])
+    )
+    # Row 0: s = (1.1 * 1.0 * 0.9)^(1/3), inside the clip: loss -3 s, mean -3 s.
+    s0 = (1.1 * 0.9) ** (1 / 3)
+    aggregated = aggregate_loss_across_microbatch(luspo, mask)
+    # Row 1: w = 1.3 clipped to 1.2 for A < 0? min(-2 x 1.3, -2 x 1.2) = -2.6:
+    # unclipped (pessimistic), loss 2.6 x 1 token.
+    assert aggregated.item() == pytest.approx((-3 * s0 + 2.6) / 2)
+
+
+def test_vespo_gamma_weight_by_hand():
+    # phi(W) = e^lam W^k e^(-lam W), W = exp(sum_t log w_t); A >= 0: (k, lam) =
+    # (2, 3). Row 0: W = 2 x 0.5 = 1, phi = 1: the plain policy gradient -A.
+    # Row 1 (A < 0, (3, 2)): W = 1.5 x 1 = 1.5, phi = e^2 1.5^3 e^-3 = 1.2418.
+    policy, old = log_ratio_inputs([[2.0, 0.5], [1.5, 1.0]])
+    advantages = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    loss, metadata = compute_policy_gradient_loss(
+        advantages, policy, "vespo", old, None, torch.ones(2, 2)
+    )
+    phi = math.exp(2) * 1.5**3 * math.exp(-3)
+    torch.testing.assert_close(
+        loss.detach(), -torch.tensor([[1.0], [-phi]]).double() * policy.detach()
+    )
+    loss.sum().backward()  # phi is detached: d/dlogp = -phi A
+    assert_close(policy.grad, [[-1.0, -1.0], [phi, phi]])
+    assert metadata["importance_ratio_mean"].item() == pytest.approx(1.25)
+    assert metadata["gamma_weight_mean"].item() == pytest.approx((1 + phi) / 2)
+
+
+def test_dppo_trust_regions_by_hand():
+    # p_old 0.5 on every token; p = 0.5 x w. eps_low 0.1, eps_high 0.2 bound
+    # the shift p - p_old (TV): A > 0 keeps p - 0.5 <= 0.2, A <= 0 keeps >= -0.1.
+    policy, old = log_ratio_inputs([[1.2, 1.6], [0.9, 0.7]])  # p .6 .8 / .45 .35
+    advantages = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    options = {"cliprange": 0.1, "cliprange_high": 0.2}
+    loss, metadata = compute_policy_gradient_loss(
+        advantages, policy, "dppo_tv", old, **options
+    )
+    loss.sum().backward()  # -A sg(w) log pi on kept tokens: gradient -A w
+    assert_close(policy.grad, [[-1.2, 0.0], [0.9, 0.0]])
+    assert (metadata["clip_high_count"].item(), metadata["clip_low_count"].item()) == (
+        1,
+        1,
+    )
+    # Binary KL of (0.5, 0.8) = 0.5 log(0.5/0.8) + 0.5 log(0.5/0.2) = 0.2231 > 0.2:
+    # dropped; of (0.5, 0.6): 0.0204, kept. A falling p for A > 0 is always kept.
+    policy, old = log_ratio_inputs([[1.2, 1.6, 0.5]])
+    loss, _ = compute_policy_gradient_loss(
+        torch.tensor([1.0], dtype=torch.float64), policy, "dppo_kl", old, **options
+    )
+    loss.sum().backward()
+    assert_close(policy.grad, [[-1.2, 0.0, -0.5]])
+    # ratio_cap truncates the detached weight: w 1.6 -> 1.5 (A < 0, kept by TV).
+    policy, old = log_ratio_inputs([[1.6]])
+    loss, _ = compute_policy_gradient_loss(
+        torch.tensor([-1.0], dtype=torch.float64), policy, "dppo_tv", old,
+        ratio_cap=1.5, **options,
+    )  # fmt: skip
+    loss.sum().backward()
+    assert_close(policy.grad, [[1.5]])
+
+
+def test_kl_cov_penalizes_the_tokens_of_largest_covariance_by_hand():
+    # Four tokens, A = [1, 1, -1, -1] per token, log pi = [-1, -3, -1, -3]:
+    # cov = (A - 0)(log pi + 2) = [1, -1, -1, 1]; fraction 0.5 -> 2 tokens, the
+    # two of cov 1 (tokens 0 and 3), get + coef |log w| with log w = log 2.
+    old = torch.tensor([[-1.0, -3.0], [-1.0, -3.0]], dtype=torch.float64) - math.log(2)
+    policy = torch.tensor([[-1.0, -3.0], [-1.0, -3.0]], dtype=torch.float64)
+    advantages = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    loss, metadata = compute_policy_gradient_loss(
+        advantages, policy, "kl_cov", old, None, torch.ones(2, 2),
+        covariance_fraction=0.5, kl_cov_coef=0.5,
+    )  # fmt: skip
+    penalty = 0.5 * math.log(2)
+    assert_close(loss, [[-2.0 + penalty, -2.0], [2.0, 2.0 + penalty]])
+    assert metadata["covariance_selected_mean"].item() == 0.5
+
+
+def test_clip_cov_drops_one_drawn_token_among_its_band_by_hand():
+    # Same covariances [1, -1, -1, 1]; band (0.5, 5): tokens 0 and 3; fraction
+    # 0.25 -> one of them, drawn: its loss and gradient are 0, the rest grpo's.
+    old = torch.tensor([[-1.0, -3.0], [-1.0, -3.0]], dtype=torch.float64)
+    policy = old.clone().requires_grad_()  # w = 1: no PPO clip binds
+    advantages = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    loss, metadata = compute_policy_gradient_loss(
+        advantages, policy, "clip_cov", old, 0.2, torch.ones(2, 2),
+        covariance_fraction=0.25, clip_cov_low=0.5,
+    )  # fmt: skip
+    dropped = loss.detach() == 0
+    assert dropped.sum() == 1 and (dropped[0, 0] or dropped[1, 1])
+    assert metadata["covariance_selected_mean"].item() == 0.25
+
+
+def test_off_policy_sequence_mask_by_hand():
+    # Mean log(pi_old / pi) per response: row 0 (A < 0) log 2 > 0.5: dropped;
+    # row 1 (A < 0) 0.1 <= 0.5: kept; row 2 (A > 0) log 2: kept.
+    old = torch.tensor([[-1.0], [-1.0], [-1.0]], dtype=torch.float64)
+    policy = old - torch.tensor([[math.log(2)], [0.1], [math.log(2)]])
+    advantages = torch.tensor([-1.0, -1.0, 1.0], dtype=torch.float64)
+    kept = off_policy_sequence_mask(
+        advantages[:, None], policy, old, torch.ones(3, 1, dtype=torch.bool), 0.5
+    )
+    assert kept.flatten().tolist() == [False, True, True]
+    loss, metadata = compute_policy_gradient_loss(
+        advantages, policy, "noclip", old, off_policy_mask_threshold=0.5
+    )
+    assert loss[0].item() == 0 and loss[1].item() != 0
+    assert metadata["off_policy_kept_mean"].item() == pytest.approx(2 / 3)
+    # Without old log-probs (none) pi_old is pi: every response is kept.
+    plain, _ = compute_policy_gradient_loss(advantages, policy, "none")
+    masked, _ = compute_policy_gradient_loss(
+        advantages, policy, "none", off_policy_mask_threshold=0.0
+    )
+    assert torch.equal(plain, masked)
+
+
+def test_new_member_option_errors():
+    def options(method="vespo", **fields):
+        return ObjectiveOptions(importance_reweighting_method=method, **fields)
+
+    cases = [
+        ({"off_policy_mask_threshold": -0.1}, r"off_policy_mask_threshold must be None \(no mask\) or a finite number >= 0 .*got -0.1"),
+        ({"off_policy_mask_threshold": math.nan}, r"off_policy_mask_threshold must be"),
+        ({"vespo_k_pos": -1.0}, r"vespo_k_pos must be a finite number >= 0 .*got -1.0"),
+        ({"vespo_lambda_neg": 0.0}, r"vespo_lambda_neg must be a finite number >= 1e-4 .*got 0.0"),
+        ({"vespo_lambda_pos": math.inf}, r"vespo_lambda_pos must be"),
+        ({"covariance_fraction": 0.0}, r"covariance_fraction must be a number in \(0, 1\] .*got 0.0"),
+        ({"covariance_fraction": 1.5}, r"covariance_fraction must be"),
+        ({"clip_cov_low": 5.0}, r"clip_cov_low must be below clip_cov_high \(5.0\), got 5.0"),
+        ({"clip_cov_high": math.nan}, r"clip_cov_high must be a finite number, got nan"),
+        ({"kl_cov_coef": -0.1}, r"kl_cov_coef must be a finite number >= 0, got -0.1"),
+        ({"method": "dppo_tv"}, r"cliprange must be positive for 'dppo_tv'"),
+        ({"method": "dppo_kl", "cliprange": 0.1, "ratio_cap": 1.0}, r"ratio_cap .*above the upper clip bound 1, got 1.0"),
+        ({"method": "luspo", "cliprange": 0.1, "ratio_cap": 1.05}, r"ratio_cap .*bound 1.1, got 1.05"),
+    ]  # fmt: skip
+    for fields, message in cases:
+        with pytest.raises(ValueError, match=message):
+            options(**fields)
+    # A DPPO cap only needs to be above 1 (its eps bound a divergence, not w).
+    assert options("dppo_tv", cliprange=0.2, ratio_cap=1.1).ratio_cap == 1.1
+
+
 def test_high_entropy_mask_by_hand():
     entropy = torch.tensor([[0.1, 0.9, 0.5, 7.0], [0.3, 0.7, 0.2, 0.8]])
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
@@ -567,6 +721,7 @@ OPTION_SETS = (
     {"cliprange": 0.2},
     {"cliprange": 0.2, "cliprange_high": 0.28},
     {"cliprange": 0.2, "ratio_cap": 3.0},
+    {"cliprange": 0.2, "off_policy_mask_threshold": 0.1},
 )
 
 
@@ -581,10 +736,12 @@ def log_probs() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @pytest.mark.parametrize("method", tuple(OBJECTIVE_RECORDS))
-@pytest.mark.parametrize("fields", OPTION_SETS, ids=("symmetric", "high", "cap"))
+@pytest.mark.parametrize(
+    "fields", OPTION_SETS, ids=("symmetric", "high", "cap", "off-policy mask")
+)
 def test_each_record_names_exactly_the_keys_its_loss_returns(method, fields, log_probs):
     record = OBJECTIVE_RECORDS[method]
-    if "ratio_cap" in fields and not record.capped:
+    if "ratio_cap" in fields and not (record.capped or record.truncates):
         fields = {"cliprange": 0.2}  # a cap is refused where it does nothing
     options = ObjectiveOptions(importance_reweighting_method=method, **fields)
     policy, old = log_probs
@@ -596,11 +753,16 @@ def test_each_record_names_exactly_the_keys_its_loss_returns(method, fields, log
 
 def test_the_name_lists_derive_from_the_records():
     # The lists the rest of the package reads, written out once more by hand.
-    assert {"noclip", "grpo", "gspo", "cispo", "sapo", "gmpo"} == RATIO_METHODS
-    assert {"grpo", "gspo", "cispo", "gmpo"} == CLIPPED_METHODS
-    assert {"gspo", "gmpo"} == SEQUENCE_METHODS
-    assert {"cispo", "gmpo"} == SPLIT_CLIP_METHODS
-    assert {"grpo", "gspo"} == CAPPED_METHODS
+    new = {"luspo", "vespo", "dppo_tv", "dppo_kl", "clip_cov", "kl_cov"}
+    assert {"noclip", "grpo", "gspo", "cispo", "sapo", "gmpo", *new} == RATIO_METHODS
+    assert {
+        "grpo", "gspo", "cispo", "gmpo", "luspo", "dppo_tv", "dppo_kl", "clip_cov"
+    } == CLIPPED_METHODS  # fmt: skip
+    assert {"gspo", "gmpo", "luspo"} == SEQUENCE_METHODS
+    assert {"cispo", "gmpo", "dppo_tv", "dppo_kl", "clip_cov"} == SPLIT_CLIP_METHODS
+    assert {"grpo", "gspo", "luspo"} == CAPPED_METHODS
+    assert {"dppo_tv", "dppo_kl"} == TRUNCATED_METHODS
+    assert {"clip_cov", "kl_cov"} == EVERY_ROW_METHODS
     assert {name: r.loss for name, r in OBJECTIVE_RECORDS.items()} == OBJECTIVES
     assert {
         "clip_count", "clip_total", "importance_ratio_count", *CLIP_SIDE_KEYS[:2]

@@ -15,7 +15,11 @@ from grpo_lab.advantages import (
 )
 from grpo_lab.masks import pad_prompt_and_response_ids, tokenize_prompt_and_output
 from grpo_lab.teaching.gradient_recorder import GradientRecorder
-from grpo_lab.train_step import grpo_train_step, policy_gradient_update
+from grpo_lab.train_step import (
+    UpdateSettings,
+    grpo_train_step,
+    policy_gradient_update,
+)
 
 PROMPTS = ["12+3=", "12+3=", "7+8=", "7+8=", "40+2=", "40+2=", "9+9=", "9+9="]
 RESPONSES = ["15", "51", "15", "1", "42", "42x", "18", "99"]
@@ -885,3 +889,15 @@ def test_the_microbatches_do_not_recheck_the_per_token_settings(
     for function, args, kwargs, setting in refused:
         with pytest.raises(ValueError, match=f"{setting} must be"):
             function(*args, **kwargs)
+
+
+def test_covariance_objectives_score_every_row_of_the_microbatch():
+    # Clip-Cov and KL-Cov rank a token against every token of its microbatch,
+    # zero-advantage rows included, and KL-Cov's penalty moves those rows too.
+    for method, cliprange in (("clip_cov", 0.2), ("kl_cov", None), ("grpo", 0.2)):
+        settings = UpdateSettings(
+            importance_reweighting_method=method, cliprange=cliprange
+        )
+        covariance = method != "grpo"
+        assert settings.scores_every_row is covariance, method
+        assert settings.every_row_has_gradient is covariance, method

@@ -26,6 +26,7 @@ import pytest
 import torch
 from trl import GRPOConfig
 
+from grpo_lab import losses
 from grpo_lab.advantages import compute_group_normalized_rewards
 from grpo_lab.integrations.trl.parity import (
     TrlFirstStep,
@@ -140,7 +141,8 @@ def grpo_lab_batch(tokenizer):
 
 def run_grpo_lab(tokenizer, trl_run: TrlFirstStep, settings: UpdateSettings, steps=1):
     """The same loss by grpo_lab: parameter gradients of policy_gradient_update,
-    and the gradient by each log-prob of microbatch_loss on the whole batch."""
+    and the gradient by each log-prob of microbatch_loss on the whole batch
+    (with the sampler's log-probs when TRL's batch holds them)."""
     batch = grpo_lab_batch(tokenizer)
     inputs = trl_run.inputs
     mask = batch["response_mask"]
@@ -150,6 +152,9 @@ def run_grpo_lab(tokenizer, trl_run: TrlFirstStep, settings: UpdateSettings, ste
     reference = to_grpo_lab_layout(
         inputs["ref_per_token_logps"], inputs["completion_mask"], mask
     )
+    sampler = inputs.get("sampling_per_token_logps")
+    if sampler is not None:
+        sampler = to_grpo_lab_layout(sampler, inputs["completion_mask"], mask)
     model = fresh_model(tokenizer)
     recorder = GradientRecorder(model.parameters())
     update_keywords = dataclasses.asdict(settings)
@@ -162,6 +167,7 @@ def run_grpo_lab(tokenizer, trl_run: TrlFirstStep, settings: UpdateSettings, ste
         inputs["advantages"],
         old_log_probs=old if settings.importance_reweighting_method != "none" else None,
         reference_log_probs=reference if settings.kl_coef > 0 else None,
+        sampler_log_probs=sampler,
         **update_keywords,
     )
     # The gradient by log pi of the whole batch's loss (one microbatch).
@@ -180,6 +186,8 @@ def run_grpo_lab(tokenizer, trl_run: TrlFirstStep, settings: UpdateSettings, ste
     }
     if settings.importance_reweighting_method == "none":
         microbatch.pop("old_log_probs")
+    if sampler is not None:
+        microbatch["sampler_log_probs"] = sampler
     whole_loss, _ = microbatch_loss(log_probs, entropy, microbatch, settings)
     whole_loss.backward()
     gradient = log_probs.grad[mask.bool()]  # in TRL's row-major completion order
@@ -221,6 +229,12 @@ LOSS_TYPES = {
     "dapo": {"importance_reweighting_method": "grpo", "loss_normalization": "token"},
 }
 
+VESPO_SHAPE = {
+    "vespo_k_pos": 1.5,
+    "vespo_lambda_pos": 2.5,
+    "vespo_k_neg": 2.0,
+    "vespo_lambda_neg": 1.25,
+}
 CASES = {
     # name: (GRPOConfig fields, grpo_lab settings, TRL beta)
     "loss_type=grpo": ({"loss_type": "grpo"}, LOSS_TYPES["grpo"], 0.0),
@@ -268,6 +282,68 @@ CASES = {
             "importance_reweighting_method": "gspo",
             "loss_normalization": "sequence",
             "cliprange": 0.05,
+        },
+        0.0,
+    ),
+    # LUSPO in its paper's setup: GSPO's sequence ratio, each response's loss
+    # summed over its tokens, the mean over responses.
+    "loss_type=luspo (sequence level)": (
+        {
+            "loss_type": "luspo",
+            "importance_sampling_level": "sequence",
+            "epsilon": 0.05,
+        },
+        {
+            "importance_reweighting_method": "luspo",
+            "loss_normalization": "sequence",
+            "cliprange": 0.05,
+        },
+        0.0,
+    ),
+    "loss_type=luspo, delta=1.1": (
+        {
+            "loss_type": "luspo",
+            "importance_sampling_level": "sequence",
+            "epsilon": 0.05,
+            "delta": 1.1,
+        },
+        {
+            "importance_reweighting_method": "luspo",
+            "loss_normalization": "sequence",
+            "cliprange": 0.05,
+            "ratio_cap": 1.1,
+        },
+        0.0,
+    ),
+    "loss_type=vespo": (
+        {"loss_type": "vespo"},
+        {"importance_reweighting_method": "vespo", "loss_normalization": "token"},
+        0.0,
+    ),
+    # VESPO's k and lambda are ones float32 holds exactly: TRL builds them with
+    # torch.where on Python floats, a float32 tensor.
+    "loss_type=vespo, own shape, beta=0.1": (
+        {"loss_type": "vespo", **VESPO_SHAPE, "use_bias_correction_kl": True},
+        {
+            "importance_reweighting_method": "vespo",
+            "loss_normalization": "token",
+            **VESPO_SHAPE,
+            "kl_coef": 0.1,
+            "kl_importance_weighting": True,
+        },
+        0.1,
+    ),
+    "off_policy_mask_threshold=0.05 (grpo)": (
+        {"loss_type": "grpo", "off_policy_mask_threshold": 0.05},
+        {**LOSS_TYPES["grpo"], "off_policy_mask_threshold": 0.05},
+        0.0,
+    ),
+    "off_policy_mask_threshold=0.05 (vespo)": (
+        {"loss_type": "vespo", "off_policy_mask_threshold": 0.05},
+        {
+            "importance_reweighting_method": "vespo",
+            "loss_normalization": "token",
+            "off_policy_mask_threshold": 0.05,
         },
         0.0,
     ),
@@ -346,6 +422,28 @@ WITHOUT_THE_OPTION = {
         "kl_coef": 0.1,
     },
     "top_entropy_quantile=0.3": LOSS_TYPES["grpo"],
+    "loss_type=luspo (sequence level)": {
+        "importance_reweighting_method": "gspo",
+        "loss_normalization": "sequence",
+        "cliprange": 0.05,
+    },
+    "loss_type=luspo, delta=1.1": {
+        "importance_reweighting_method": "luspo",
+        "loss_normalization": "sequence",
+        "cliprange": 0.05,
+    },
+    "loss_type=vespo": LOSS_TYPES["dapo"],
+    "loss_type=vespo, own shape, beta=0.1": {
+        "importance_reweighting_method": "vespo",
+        "loss_normalization": "token",
+        "kl_coef": 0.1,
+        "kl_importance_weighting": True,
+    },
+    "off_policy_mask_threshold=0.05 (grpo)": LOSS_TYPES["grpo"],
+    "off_policy_mask_threshold=0.05 (vespo)": {
+        "importance_reweighting_method": "vespo",
+        "loss_normalization": "token",
+    },
     "temperature=0.7": LOSS_TYPES["dapo"],
     "entropy_coef=0.05 (dapo)": LOSS_TYPES["dapo"],
 }
@@ -362,6 +460,136 @@ def test_loss_and_gradients_match_trl(tokenizer, tmp_path, name):
     if name in WITHOUT_THE_OPTION:
         plain = run_grpo_lab(tokenizer, trl_run, settings_for(WITHOUT_THE_OPTION[name]))
         assert max_deltas(trl_run, plain)["parameter_gradients"] > 1e-6, name
+
+
+# --- mutants: a perturbed implementation fails the parity check -------------------
+
+
+def _negated(loss):
+    def mutant(*args):
+        per_token, diagnostics = loss(*args)
+        return -per_token, diagnostics
+
+    return mutant
+
+
+def _divided_by_length(loss):
+    def mutant(advantages, log_probs, old, mask, options):
+        per_token, diagnostics = loss(advantages, log_probs, old, mask, options)
+        lengths = mask.sum(dim=1, keepdim=True).clamp_min(1)
+        return per_token / lengths**2, diagnostics  # GSPO / L, not GSPO x L
+
+    return mutant
+
+
+def _vespo_sides_swapped(loss):
+    def mutant(advantages, log_probs, old, mask, options):
+        return loss(-advantages, log_probs, old, mask, options)[0] * -1, {}
+
+    return mutant
+
+
+def _vespo_geometric_mean(loss):
+    # GSPO's mean log ratio in place of VESPO's sum.
+    def mutant(advantages, log_probs, old, mask, options):
+        lengths = mask.sum(dim=1, keepdim=True).clamp_min(1)
+        shrunk = old + (log_probs - old) / lengths
+        phi, _ = losses.vespo_weights(advantages, shrunk - old, mask, options)
+        return -phi * advantages * log_probs, {}
+
+    return mutant
+
+
+def _mask_mutant(kind: str):
+    def mutant(advantages, log_probs, old, mask, threshold):
+        kl = (old - log_probs.detach()) * mask
+        lengths = mask.sum(dim=1, keepdim=True).clamp(min=1)
+        mean = kl.sum(dim=1, keepdim=True) / lengths
+        if kind == "advantage side flipped":
+            return (advantages <= 0) | (mean <= threshold)
+        if kind == "threshold side flipped":
+            return (advantages >= 0) | (mean >= threshold)
+        batch_mean = kl.sum() / mask.sum()  # one mean for the batch
+        return (advantages >= 0) | (batch_mean <= threshold)
+
+    return mutant
+
+
+RECORD_MUTANTS = {
+    "loss_type=luspo (sequence level)": (
+        "luspo",
+        {"wrong sign": _negated, "divided by the length": _divided_by_length},
+    ),
+    "loss_type=vespo, own shape, beta=0.1": (
+        "vespo",
+        {
+            "wrong sign": _negated,
+            "k and lambda of the other sign": _vespo_sides_swapped,
+            "mean log ratio, not the sum": _vespo_geometric_mean,
+        },
+    ),
+}
+MASK_MUTANTS = (
+    "advantage side flipped",
+    "threshold side flipped",
+    "the batch's mean, not each response's",
+)
+
+
+@pytest.fixture(scope="module")
+def trl_runs(tokenizer, tmp_path_factory):
+    """TRL's first step of each case that mutants are run against, once."""
+    cache: dict[str, TrlFirstStep] = {}
+
+    def run(name: str) -> TrlFirstStep:
+        if name not in cache:
+            trl_fields, _, beta = CASES[name]
+            folder = tmp_path_factory.mktemp("mutant")
+            trainer = make_trainer(tokenizer, folder, REWARDS, **trl_fields)
+            cache[name] = run_trl(trainer, beta=beta)
+        return cache[name]
+
+    return run
+
+
+@pytest.mark.parametrize(
+    ("case", "mutant"),
+    [(case, name) for case, (_, named) in RECORD_MUTANTS.items() for name in named]
+    + [("off_policy_mask_threshold=0.05 (grpo)", name) for name in MASK_MUTANTS],
+)
+def test_each_mutant_fails_the_trl_parity_check(
+    tokenizer, trl_runs, monkeypatch, case, mutant
+):
+    trl_run = trl_runs(case)
+    if case in RECORD_MUTANTS:
+        method, named = RECORD_MUTANTS[case]
+        record = losses.OBJECTIVE_RECORDS[method]
+        perturbed = dataclasses.replace(record, loss=named[mutant](record.loss))
+        monkeypatch.setitem(losses.OBJECTIVE_RECORDS, method, perturbed)
+    else:
+        monkeypatch.setattr(losses, "off_policy_sequence_mask", _mask_mutant(mutant))
+    ours = run_grpo_lab(tokenizer, trl_run, settings_for(CASES[case][1]))
+    deltas = max_deltas(trl_run, ours)
+    assert deltas["parameter_gradients"] > 1e-6, (case, mutant, deltas)
+
+
+def test_off_policy_mask_measures_against_the_samplers_log_probs_as_trl_does(
+    tokenizer, tmp_path
+):
+    # With sampler log-probs (vLLM's), TRL's mask measures KL(sampler || pi),
+    # both drifts at once; grpo_lab's mask reads the same log-probs.
+    fields = {"loss_type": "grpo", "off_policy_mask_threshold": 0.05}
+    trainer = make_trainer(tokenizer, tmp_path, REWARDS, **fields)
+    trl_run = trl_first_step(
+        trainer, ROW_PROMPTS, **off_policy(0), sampler_log_probs=perturbed(3, 0.4)
+    )
+    settings = settings_for({**LOSS_TYPES["grpo"], "off_policy_mask_threshold": 0.05})
+    assert_parity("off_policy_mask_threshold=0.05, sampler log-probs",
+                  max_deltas(trl_run, run_grpo_lab(tokenizer, trl_run, settings)))  # fmt: skip
+    # Against pi_old instead, other responses would be dropped.
+    trl_run.inputs.pop("sampling_per_token_logps")
+    ours = run_grpo_lab(tokenizer, trl_run, settings)
+    assert max_deltas(trl_run, ours)["parameter_gradients"] > 1e-6
 
 
 def test_dapo_under_uneven_accumulation_matches_and_bnpo_does_not(tokenizer, tmp_path):

@@ -33,10 +33,17 @@ from verl.trainer.config import AlgoConfig  # noqa: E402
 from verl.trainer.ppo import core_algos  # noqa: E402
 from verl.utils.config import omega_conf_to_dataclass  # noqa: E402
 from verl.workers.config import FSDPActorConfig  # noqa: E402
+from verl.workers.config.actor import PolicyLossConfig  # noqa: E402
 
 from grpo_lab.advantages import compute_group_normalized_rewards  # noqa: E402
 from grpo_lab.aggregation import aggregate_loss_across_microbatch  # noqa: E402
-from grpo_lab.losses import OBJECTIVES, compute_policy_gradient_loss  # noqa: E402
+from grpo_lab.losses import (  # noqa: E402
+    CAPPED_METHODS,
+    EVERY_ROW_METHODS,
+    OBJECTIVES,
+    TRUNCATED_METHODS,
+    compute_policy_gradient_loss,
+)
 from grpo_lab.training.config import TrainConfig  # noqa: E402
 
 # GRPO_LAB_VERL_NOTES=FILE writes the table of differences there after the module.
@@ -47,6 +54,8 @@ CLIP = {"grpo": 0.2, "gspo": 0.05, "cispo": 0.2, "gmpo": 0.4}
 
 
 def actor_config(**changes) -> FSDPActorConfig:
+    if isinstance(changes.get("policy_loss"), dict):  # verl's own class, built
+        changes["policy_loss"] = PolicyLossConfig(**changes["policy_loss"])
     values = {
         "strategy": "fsdp",
         "rollout_n": G,
@@ -76,6 +85,7 @@ def plugin_loss(name, data, mode, config, rows=slice(None)):
     log_prob = data["log_prob"][rows].clone().requires_grad_(True)
     mask = data["mask"][rows]
     advantages = data["row_advantages"][rows] * mask  # (b, T), as verl gives them
+    torch.manual_seed(0)  # Clip-Cov draws with the global generator, as verl's
     loss, metrics = core_algos.get_policy_loss_fn(name)(
         old_log_prob=data["old"][rows],
         log_prob=log_prob,
@@ -94,7 +104,8 @@ def reference_loss(method, data, mode, config):
     mask = data["mask"]
     cap = (
         None
-        if method not in ("grpo", "gspo") or math.isinf(config.clip_ratio_c)
+        if method not in CAPPED_METHODS | TRUNCATED_METHODS
+        or math.isinf(config.clip_ratio_c)
         else config.clip_ratio_c
     )
     per_token, _ = compute_policy_gradient_loss(
@@ -172,7 +183,12 @@ MODES = (
 )
 
 
-@pytest.mark.parametrize("method", tuple(OBJECTIVES))
+# Clip-Cov and KL-Cov select tokens within each micro-batch, as verl's do: their
+# loss is not the full batch's (tests/verl/test_verl_new_objectives.py splits
+# both sides alike).
+@pytest.mark.parametrize(
+    "method", tuple(m for m in OBJECTIVES if m not in EVERY_ROW_METHODS)
+)
 @pytest.mark.parametrize("mode", MODES)
 def test_loss_matches_grpo_lab_with_global_counts(method, mode):
     """Two micro-batches on each of two ranks, weighted by verl's global counts,
@@ -698,6 +714,29 @@ TABLE_ROWS = {
         "geo_mean",
         {"clip_ratio_low": 0.4, "clip_ratio_high": 0.4},
     ),
+    '`importance_reweighting_method="dppo_tv"`, `cliprange`, `cliprange_high`, '
+    "`ratio_cap`": (
+        "dppo_tv",
+        "dppo_tv",
+        {"clip_ratio_low": 0.1, "clip_ratio_high": 0.15},
+    ),
+    '`importance_reweighting_method="dppo_kl"`, `cliprange`, `cliprange_high`, '
+    "`ratio_cap`": (
+        "dppo_kl",
+        "dppo_kl",
+        {"clip_ratio_low": 0.05, "clip_ratio_high": 0.08},
+    ),
+    '`importance_reweighting_method="clip_cov"`, `covariance_fraction`, '
+    "`clip_cov_low`, `clip_cov_high`": (
+        "clip_cov",
+        "clip_cov",
+        {"policy_loss": {"clip_cov_ratio": 0.3, "clip_cov_lb": 0.02}},
+    ),
+    '`importance_reweighting_method="kl_cov"`, `covariance_fraction`, `kl_cov_coef`': (
+        "kl_cov",
+        "kl_cov",
+        {"policy_loss": {"kl_cov_ratio": 0.2, "ppo_kl_coef": 0.5}},
+    ),
 }
 MODE_LIST = r"((?:`[a-z-]+`(?:, | and )?)+)"
 ONE_MICRO_BATCH = " on one micro-batch of one rank"
@@ -744,6 +783,7 @@ def split_loss(name, data, mode, config, weights=None):
         log_prob = data["log_prob"][rows].clone().requires_grad_(True)
         mask = data["mask"][rows]
         extra = {} if weights is None else {"rollout_is_weights": weights[rows]}
+        torch.manual_seed(start)  # each micro-batch's Clip-Cov draw, both sides
         loss, _ = core_algos.get_policy_loss_fn(name)(
             old_log_prob=data["old"][rows], log_prob=log_prob,
             advantages=data["row_advantages"][rows] * mask, response_mask=mask,
@@ -771,6 +811,8 @@ def test_each_objective_row_holds_in_the_modes_it_names(row):
     method, built_in, changes = TABLE_ROWS[row]
     found = table_claims()[row]
     data = batch(seed=1)
+    if method.startswith("dppo"):  # DPPO reads probabilities: each stays below 1
+        data["log_prob"] = data["log_prob"].clamp(max=-1e-3)
     for mode in found["exact"]:
         config = actor_config(loss_scale_factor=5, **changes)
         ours, our_grad = split_loss(f"grpo_lab_{method}", data, mode, config)

@@ -46,6 +46,11 @@ _SAME_VALUE = (
     "top_p",
     "sapo_temperature_pos",
     "sapo_temperature_neg",
+    "off_policy_mask_threshold",
+    "vespo_k_pos",
+    "vespo_lambda_pos",
+    "vespo_k_neg",
+    "vespo_lambda_neg",
     "entropy_coef",
     "top_entropy_quantile",
     "mask_truncated_completions",
@@ -82,6 +87,11 @@ _LOSS_TYPES_BACK = {
     "dr_grpo": {"loss_normalization": "constant"},
     "cispo": {"loss_normalization": "token", "importance_reweighting_method": "cispo"},
     "sapo": {"loss_normalization": "sequence", "importance_reweighting_method": "sapo"},
+    "luspo": {
+        "loss_normalization": "sequence",
+        "importance_reweighting_method": "luspo",
+    },
+    "vespo": {"loss_normalization": "token", "importance_reweighting_method": "vespo"},
 }
 
 
@@ -107,7 +117,8 @@ def from_trl_values(values: dict[str, Any]) -> dict[str, Any]:
         elif name == "loss_type" and value in _LOSS_TYPES_BACK:
             fields.update(_LOSS_TYPES_BACK[value])
         elif name == "importance_sampling_level" and value == "sequence":
-            fields["importance_reweighting_method"] = "gspo"
+            # gspo, unless loss_type named luspo (in either order)
+            fields.setdefault("importance_reweighting_method", "gspo")
         elif name in field_names and name not in trl_names:
             fields[name] = value
         elif name not in trl_names and name not in ("max_steps", "loss_type"):

@@ -32,6 +32,11 @@ TRL_LOSS_ARGUMENTS = (
     "delta",
     "sapo_temperature_pos",
     "sapo_temperature_neg",
+    "off_policy_mask_threshold",
+    "vespo_k_pos",
+    "vespo_lambda_pos",
+    "vespo_k_neg",
+    "vespo_lambda_neg",
     "beta",
     "use_bias_correction_kl",
     "entropy_coef",
@@ -145,6 +150,7 @@ def trl_first_step(
     *,
     old_log_probs: OffPolicyLogProbs | None = None,
     reference_log_probs: OffPolicyLogProbs | None = None,
+    sampler_log_probs: OffPolicyLogProbs | None = None,
     beta: float = 0.0,
 ) -> TrlFirstStep:
     """TRL's advantages and loss for ``trainer``'s fixed completions, backpropagated.
@@ -154,7 +160,11 @@ def trl_first_step(
     keeps float32 statistics). ``old_log_probs(current, completion_mask)``
     gives the old policy's (B, C) log-probs from the current ones (None: TRL's
     own, the current ones detached); ``reference_log_probs`` likewise the
-    reference model's, read when ``beta`` (TRL's KL coefficient) is not 0.
+    reference model's, read when ``beta`` (TRL's KL coefficient) is not 0;
+    ``sampler_log_probs`` the sampler's (TRL's ``sampling_per_token_logps``,
+    which its off-policy sequence mask prefers to pi_old). None: no sampler
+    log-probs, as with transformers' generation (the fixed rollout's
+    placeholder zeros are dropped).
     """
     from trl.trainer.utils import split_tensor_dict
 
@@ -166,12 +176,17 @@ def trl_first_step(
             [{"prompt": p} for p in prompts]
         )
     mask = inputs["completion_mask"].double()  # (B, C)
-    if old_log_probs is not None or reference_log_probs is not None:
+    inputs.pop("sampling_per_token_logps", None)
+    given = {
+        "old_per_token_logps": old_log_probs,
+        "ref_per_token_logps": reference_log_probs,
+        "sampling_per_token_logps": sampler_log_probs,
+    }
+    if any(make is not None for make in given.values()):
         current = _current_log_probs(trainer, inputs)  # (B, C)
-        if old_log_probs is not None:
-            inputs["old_per_token_logps"] = old_log_probs(current, mask) * mask
-        if reference_log_probs is not None:
-            inputs["ref_per_token_logps"] = reference_log_probs(current, mask) * mask
+        for key, make in given.items():
+            if make is not None:
+                inputs[key] = make(current, mask) * mask
     inputs["advantages"] = inputs["advantages"].double()
     trainer.beta = beta  # TRL only loads a reference model by name; given here
     losses = []

@@ -37,7 +37,7 @@ from grpo_lab.integrations.cluster import refusal_counts, split_rows
 from grpo_lab.integrations.trl.batch_rules import trl_batch_problem
 from grpo_lab.integrations.unrowed import DEFAULT_ONLY_NOTE, check_unrowed
 from grpo_lab.integrations.unrowed import unrowed_fields as _unrowed
-from grpo_lab.losses import effective_cliprange_high
+from grpo_lab.losses import VESPO_OPTIONS, effective_cliprange_high
 from grpo_lab.rollouts import BACKEND_RECORDS
 from grpo_lab.tasks import get_task
 from grpo_lab.training.config import TrainConfig, inert_settings
@@ -166,6 +166,8 @@ TRL_OBJECTIVES = {
     "gspo": "sequence",
     "cispo": "token",
     "sapo": "token",
+    "luspo": "sequence",  # the paper's setup, grpo_lab's luspo
+    "vespo": "token",  # VESPO computes its sequence weight itself
 }
 
 
@@ -215,13 +217,43 @@ def _sapo_neg(config: TrainConfig, num_processes: int) -> dict[str, Any]:
     return {"sapo_temperature_neg": config.sapo_temperature_neg}
 
 
+def _off_policy_mask(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    return {"off_policy_mask_threshold": config.off_policy_mask_threshold}
+
+
+def _vespo_option(name: str) -> Callable[[TrainConfig, int], dict[str, Any]]:
+    def translate(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+        return {name: getattr(config, name)}
+
+    return translate
+
+
 _LOSS_TYPES = {"sequence": "grpo", "token": "dapo", "constant": "dr_grpo"}
-_OWN_AGGREGATION = {"cispo": "token", "sapo": "sequence"}
+_OWN_AGGREGATION = {
+    "cispo": "token",
+    "sapo": "sequence",
+    "luspo": "sequence",
+    "vespo": "token",
+}
 
 
 def _loss_type(config: TrainConfig, num_processes: int) -> dict[str, Any]:
     method = config.importance_reweighting_method
     normalization = config.loss_normalization
+    if method == "luspo" and config.kl_coef > 0:
+        raise _refuse(
+            "kl_coef",
+            config.kl_coef,
+            "TRL's luspo sums the KL over each response's tokens, grpo_lab "
+            "averages it like the loss; use kl_coef 0 with luspo",
+        )
+    if method == "vespo" and config.sampler_correction != "none":
+        raise _refuse(
+            "sampler_correction",
+            config.sampler_correction,
+            "TRL's vespo folds the sampler's ratio into its gamma weight, "
+            "grpo_lab multiplies the loss by it; use none with vespo",
+        )
     if method in _OWN_AGGREGATION:
         if normalization != _OWN_AGGREGATION[method]:
             raise _refuse(
@@ -548,7 +580,8 @@ TRANSLATIONS: dict[str, Translation] = {
     "importance_reweighting_method": T(
         ("importance_sampling_level",),
         _objective,
-        "gspo -> sequence; none, grpo, cispo, sapo -> token; noclip, gmpo refused",
+        "gspo, luspo -> sequence; none, grpo, cispo, sapo, vespo -> token; "
+        "noclip, gmpo, dppo_tv, dppo_kl, clip_cov, kl_cov refused",
     ),
     "cliprange": T(("epsilon",), _cliprange, "cispo: must be >= 1 (no lower clip)"),
     "cliprange_high": T(
@@ -557,12 +590,24 @@ TRANSLATIONS: dict[str, Translation] = {
     "ratio_cap": T(("delta",), _ratio_cap, "exact"),
     "sapo_temperature_pos": T(("sapo_temperature_pos",), _sapo_pos, "float32"),
     "sapo_temperature_neg": T(("sapo_temperature_neg",), _sapo_neg, "float32"),
+    "off_policy_mask_threshold": T(
+        ("off_policy_mask_threshold",),
+        _off_policy_mask,
+        "exact; both measure against the sampler's log-probs where it reports "
+        "them, else pi_old (TRL has them from vLLM only; grpo_lab's hf backend's "
+        "are the policy's own, in float32)",
+    ),
+    **{
+        name: T((name,), _vespo_option(name), "exact (values float32 holds)")
+        for name in VESPO_OPTIONS
+    },
     "loss_normalization": T(
         ("loss_type",),
         _loss_type,
         "sequence -> grpo, token -> dapo (its divisor is the rollout batch's mean "
         "tokens per optimizer step: exact when train_batch_size == "
-        "rollout_batch_size), constant -> dr_grpo; cispo, sapo keep their own",
+        "rollout_batch_size), constant -> dr_grpo; cispo, sapo, luspo, vespo "
+        "keep their own (luspo: no KL)",
     ),
     "normalization_constant": T(
         (), _normalization_constant, "dr_grpo's rows x length, else GrpoLabTrainer"

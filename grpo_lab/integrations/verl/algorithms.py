@@ -5,7 +5,8 @@ by name in two registries (``verl.trainer.ppo.core_algos``). :func:`register`
 adds grpo_lab's to them:
 
 - policy losses ``grpo_lab_<method>`` for every method of
-  ``grpo_lab.losses.OBJECTIVES`` (none, noclip, grpo, gspo, cispo, sapo, gmpo),
+  ``grpo_lab.losses.OBJECTIVES`` (none, noclip, grpo, gspo, cispo, sapo, gmpo,
+  luspo, vespo, dppo_tv, dppo_kl, clip_cov, kl_cov),
   with verl's signature ``(old_log_prob, log_prob, advantages, response_mask,
   loss_agg_mode, config, rollout_is_weights) -> (loss, metrics)``;
 - advantage estimators ``grpo_lab_<baseline>_<normalizer>`` for every baseline
@@ -27,10 +28,18 @@ fixed set of fields, so a loss reads only those):
 - cliprange: ``actor.clip_ratio_low`` (``clip_ratio`` when unset); for gmpo a
   bound on log pi / pi_old, as in grpo_lab;
 - cliprange_high: ``actor.clip_ratio_high``;
-- ratio_cap (grpo, gspo): ``actor.clip_ratio_c``, verl's dual-clip constant.
-  verl's default 3.0 is a cap; ``inf`` is no cap, and the export writes
-  ``inf`` when ratio_cap is None;
+- ratio_cap (grpo, gspo, luspo): ``actor.clip_ratio_c``, verl's dual-clip
+  constant; for dppo_tv / dppo_kl the same field truncates the detached weight,
+  as verl's own dppo losses read it. verl's default 3.0 is a cap; ``inf`` is no
+  cap, and the export writes ``inf`` when ratio_cap is None;
 - sapo_temperature_pos / _neg: ``actor.tau_pos`` / ``actor.tau_neg``;
+- covariance_fraction, clip_cov_low / _high (clip_cov) and kl_cov_coef
+  (kl_cov): ``actor.policy_loss.clip_cov_ratio``, ``clip_cov_lb``,
+  ``clip_cov_ub``, ``kl_cov_ratio`` and ``ppo_kl_coef``
+  (:data:`VERL_COVARIANCE_FIELDS`);
+- off_policy_mask_threshold and VESPO's shape: verl's config has no field for
+  them, so the export refuses them unless default (VESPO runs with TRL's
+  default shape);
 - the loss normalization: ``actor.loss_agg_mode`` (below);
 - the advantage's baseline and normalizer: the estimator's name.
 
@@ -89,6 +98,7 @@ from grpo_lab.losses import (
     CAPPED_METHODS,
     OBJECTIVES,
     SEQUENCE_METHODS,
+    TRUNCATED_METHODS,
     ObjectiveOptions,
 )
 
@@ -133,7 +143,8 @@ def objective_options(method: str, config: Any) -> ObjectiveOptions:
     low = _get(config, "clip_ratio_low")
     cliprange = _get(config, "clip_ratio") if low is None else low
     high = _get(config, "clip_ratio_high")
-    cap = _get(config, "clip_ratio_c") if method in CAPPED_METHODS else None
+    capped = method in CAPPED_METHODS | TRUNCATED_METHODS
+    cap = _get(config, "clip_ratio_c") if capped else None
     ratio_cap = None if cap is None or cap == math.inf else float(cap)
     return ObjectiveOptions(  # checked as it is built, for this method
         importance_reweighting_method=method,
@@ -142,7 +153,33 @@ def objective_options(method: str, config: Any) -> ObjectiveOptions:
         ratio_cap=ratio_cap,
         sapo_temperature_pos=float(_get(config, "tau_pos", 1.0)),
         sapo_temperature_neg=float(_get(config, "tau_neg", 1.05)),
+        **_covariance_options(method, _get(config, "policy_loss")),
     )
+
+
+# grpo_lab's covariance options -> verl's policy_loss fields, and verl's
+# fallbacks when a field is None (core_algos' compute_policy_loss_clip_cov /
+# _kl_cov).
+VERL_COVARIANCE_FIELDS = {
+    "clip_cov": {
+        "covariance_fraction": ("clip_cov_ratio", 0.0002),
+        "clip_cov_low": ("clip_cov_lb", 1.0),
+        "clip_cov_high": ("clip_cov_ub", 5.0),
+    },
+    "kl_cov": {
+        "covariance_fraction": ("kl_cov_ratio", 0.0002),
+        "kl_cov_coef": ("ppo_kl_coef", 1.0),
+    },
+}
+
+
+def _covariance_options(method: str, policy_loss: Any) -> dict[str, float]:
+    """Clip-Cov's and KL-Cov's options from verl's ``actor.policy_loss``."""
+    fields = VERL_COVARIANCE_FIELDS.get(method, {})
+    return {
+        name: float(_get(policy_loss, verl_name, fallback))
+        for name, (verl_name, fallback) in fields.items()
+    }
 
 
 def _get(config: Any, name: str, default: Any = None) -> Any:

@@ -37,6 +37,7 @@ from grpo_lab.training.parsers import parse_report_to
 from grpo_lab.training.teacher import teacher_folder
 
 ACTOR = "actor_rollout_ref.actor"
+POLICY_LOSS = f"{ACTOR}.policy_loss"
 ROLLOUT = "actor_rollout_ref.rollout"
 MODEL = "actor_rollout_ref.model"
 MODEL_PATH = f"{MODEL}.path"
@@ -562,13 +563,32 @@ EXPORTS: dict[str, Export] = {
             f"{ACTOR}.clip_ratio_c",
             lambda c: math.inf if c.ratio_cap is None else c.ratio_cap,
         ),
-        "actor.clip_ratio_c (None: inf)",
+        "actor.clip_ratio_c (None: inf), for dppo the truncation of its weight",
     ),
     "sapo_temperature_pos": E(
         _one(f"{ACTOR}.tau_pos", lambda c: c.sapo_temperature_pos), "actor.tau_pos"
     ),
     "sapo_temperature_neg": E(
         _one(f"{ACTOR}.tau_neg", lambda c: c.sapo_temperature_neg), "actor.tau_neg"
+    ),
+    "covariance_fraction": E(
+        lambda c, target: {
+            f"{POLICY_LOSS}.clip_cov_ratio": c.covariance_fraction,
+            f"{POLICY_LOSS}.kl_cov_ratio": c.covariance_fraction,
+        },
+        "actor.policy_loss.clip_cov_ratio and kl_cov_ratio",
+    ),
+    "clip_cov_low": E(
+        _one(f"{POLICY_LOSS}.clip_cov_lb", lambda c: c.clip_cov_low),
+        "actor.policy_loss.clip_cov_lb",
+    ),
+    "clip_cov_high": E(
+        _one(f"{POLICY_LOSS}.clip_cov_ub", lambda c: c.clip_cov_high),
+        "actor.policy_loss.clip_cov_ub",
+    ),
+    "kl_cov_coef": E(
+        _one(f"{POLICY_LOSS}.ppo_kl_coef", lambda c: c.kl_cov_coef),
+        "actor.policy_loss.ppo_kl_coef",
     ),
     "loss_normalization": E(
         _one(f"{ACTOR}.loss_agg_mode", lambda c: _AGGREGATION[c.loss_normalization]),

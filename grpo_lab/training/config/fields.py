@@ -251,17 +251,22 @@ class TrainFields:
         "advantages and loss",
         "Objective: none (on-policy REINFORCE); noclip, grpo (PPO clip), gspo "
         "(sequence ratio, arXiv:2507.18071), cispo (clipped, detached weights, "
-        "arXiv:2506.13585), sapo (soft gate, arXiv:2511.20347) or gmpo "
-        "(geometric mean, arXiv:2507.20673) weigh by pi / pi_old and need an "
-        "off-policy schedule.",
+        "arXiv:2506.13585), sapo (soft gate, arXiv:2511.20347), gmpo "
+        "(geometric mean, arXiv:2507.20673), luspo (gspo times the length, "
+        "arXiv:2602.05261), vespo (gamma-weighted sequence ratio, "
+        "arXiv:2602.10693), dppo_tv or dppo_kl (a trust region on the token's "
+        "probability, arXiv:2602.04879), clip_cov or kl_cov (covariance-selected "
+        "tokens, arXiv:2505.22617) weigh by pi / pi_old and need an off-policy "
+        "schedule.",
         OBJECTIVE_RECORDS,
     )
     cliprange: float | None = setting(
         None,
         "advantages and loss",
         "Clip range eps (the lower one when cliprange_high is set) for grpo (0.2 "
-        "is usual), gspo (3e-4 in its paper), cispo and gmpo (on log pi / pi_old: "
-        "0.4 in its paper).",
+        "is usual), gspo and luspo (3e-4 in its paper), cispo, clip_cov, gmpo "
+        "(on log pi / pi_old: 0.4 in its paper) and dppo_tv / dppo_kl (a bound "
+        "on the probability's shift or binary KL, not on the ratio).",
     )
     cliprange_high: float | None = setting(
         None,
@@ -272,9 +277,10 @@ class TrainFields:
     ratio_cap: float | None = setting(
         None,
         "advantages and loss",
-        "Dual clip for grpo and gspo: cap the unclipped ratio term at this value, "
-        "above 1 + the upper clip range (INTELLECT-2, arXiv:2505.07291; TRL's "
-        "delta); None: no cap.",
+        "Dual clip for grpo, gspo and luspo: cap the unclipped ratio term at "
+        "this value, above 1 + the upper clip range (INTELLECT-2, "
+        "arXiv:2505.07291; TRL's delta); for dppo_tv / dppo_kl the cap of their "
+        "truncated weight (above 1); None: no cap.",
     )
     sapo_temperature_pos: float = setting(
         1.0,
@@ -285,6 +291,59 @@ class TrainFields:
         1.05,
         "advantages and loss",
         "SAPO gate temperature for tokens with a zero or negative advantage.",
+    )
+    off_policy_mask_threshold: float | None = setting(
+        None,
+        "advantages and loss",
+        "Off-policy sequence mask (DeepSeek-V3.2, arXiv:2512.02556; TRL's "
+        "off_policy_mask_threshold): a response with a negative advantage whose "
+        "mean log(pi_old / pi) is above this gets no loss; None: no mask.",
+    )
+    vespo_k_pos: float = setting(
+        2.0,
+        "advantages and loss",
+        "VESPO (arXiv:2602.10693) gamma weight's power k for A >= 0: how fast "
+        "responses whose sequence ratio is below 1 are down-weighted.",
+    )
+    vespo_lambda_pos: float = setting(
+        3.0,
+        "advantages and loss",
+        "VESPO gamma weight's rate lambda for A >= 0: how fast responses whose "
+        "sequence ratio is above 1 are down-weighted (>= 1e-4).",
+    )
+    vespo_k_neg: float = setting(
+        3.0,
+        "advantages and loss",
+        "VESPO gamma weight's power k for A < 0.",
+    )
+    vespo_lambda_neg: float = setting(
+        2.0,
+        "advantages and loss",
+        "VESPO gamma weight's rate lambda for A < 0 (>= 1e-4).",
+    )
+    covariance_fraction: float = setting(
+        2e-4,
+        "advantages and loss",
+        "Clip-Cov / KL-Cov (arXiv:2505.22617): the share of a microbatch's "
+        "tokens selected by the covariance of advantage and log-prob (verl's "
+        "clip_cov_ratio / kl_cov_ratio; at least one token).",
+    )
+    clip_cov_low: float = setting(
+        1.0,
+        "advantages and loss",
+        "Clip-Cov: a token is drawn only if its covariance is above this "
+        "(verl's clip_cov_lb).",
+    )
+    clip_cov_high: float = setting(
+        5.0,
+        "advantages and loss",
+        "Clip-Cov: ... and below this (verl's clip_cov_ub).",
+    )
+    kl_cov_coef: float = setting(
+        0.1,
+        "advantages and loss",
+        "KL-Cov: the coefficient of |log pi / pi_old| on the selected tokens "
+        "(verl's ppo_kl_coef).",
     )
     loss_normalization: str = setting(
         "sequence",

@@ -7,6 +7,9 @@ import dataclasses
 from grpo_lab.losses import (
     CAPPED_METHODS,
     CLIPPED_METHODS,
+    RATIO_METHODS,
+    TRUNCATED_METHODS,
+    option_readers,
 )
 from grpo_lab.rollouts import BACKEND_RECORDS
 from grpo_lab.training.config.fields import TrainFields
@@ -102,12 +105,22 @@ def _inert_family_settings(config: TrainFields) -> dict[str, str]:
         notes["cliprange_high"] = (
             f"importance_reweighting_method {method!r} does not clip"
         )
-    if config.ratio_cap is not None and method not in CAPPED_METHODS:
+    if config.ratio_cap is not None and method not in (
+        CAPPED_METHODS | TRUNCATED_METHODS
+    ):
         notes["ratio_cap"] = f"importance_reweighting_method {method!r} has no cap"
     defaults = {f.name: f.default for f in dataclasses.fields(TrainFields)}
-    for name in ("sapo_temperature_pos", "sapo_temperature_neg"):
-        if method != "sapo" and getattr(config, name) != defaults[name]:
-            notes[name] = f"importance_reweighting_method {method!r} is not sapo"
+    for name, readers in option_readers().items():
+        if method not in readers and getattr(config, name) != defaults[name]:
+            notes[name] = (
+                f"importance_reweighting_method {method!r} is not "
+                + " or ".join(readers)
+            )
+    if config.off_policy_mask_threshold is not None and method not in RATIO_METHODS:
+        notes["off_policy_mask_threshold"] = (
+            f"importance_reweighting_method {method!r} has no old policy: pi_old "
+            "is pi, and every response is kept"
+        )
     if config.kl_coef == 0:
         for name in ("kl_estimator", "kl_importance_weighting"):
             if getattr(config, name) != defaults[name]:
