@@ -23,10 +23,10 @@ except ImportError:
         raise
     pytest.skip("verl is not installed (make .venv-verl)", allow_module_level=True)
 
-from verl.trainer.config import AlgoConfig  # noqa: E402
-from verl.trainer.ppo import core_algos  # noqa: E402
+from verl.trainer.config import AlgoConfig
+from verl.trainer.ppo import core_algos
 
-from grpo_lab.advantages import (  # noqa: E402
+from grpo_lab.advantages import (
     compute_group_normalized_rewards,
     compute_multi_reward_advantages,
     optimal_token_baseline_advantages,
@@ -44,7 +44,9 @@ def rollout_batch(seed: int = 0) -> dict:
     mask = (torch.arange(T)[None, :] < lengths[:, None]).double()  # (B, T)
     rewards = torch.randn(B, generator=generator, dtype=torch.float64)
     components = torch.randint(0, 3, (B, 2), generator=generator).double() / 2
-    probabilities = 0.05 + 0.9 * torch.rand(B, T, generator=generator, dtype=torch.float64)
+    probabilities = 0.05 + 0.9 * torch.rand(
+        B, T, generator=generator, dtype=torch.float64
+    )
     others = torch.rand(B, T, generator=generator, dtype=torch.float64)
     order = torch.randperm(B, generator=generator)
     return {
