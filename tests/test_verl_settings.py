@@ -232,7 +232,7 @@ def test_reward_parts_and_token_whitening_export_as_verl_runs_them(tmp_path):
 
     gdpo = launch_overrides(gpu_config(reward_aggregation="normalize_then_sum_tokens"))
     assert gdpo["algorithm.adv_estimator"] == "gdpo"
-    assert gdpo["algorithm.gdpo_reward_keys"] == ["format_reward", "answer_reward"]
+    assert gdpo["++algorithm.gdpo_reward_keys"] == ["format_reward", "answer_reward"]
     assert gdpo["algorithm.norm_adv_by_std_in_grpo"] is True
     plain = launch_overrides(gpu_config(advantage_normalizer="token_whiten"))
     assert plain["algorithm.adv_estimator"] == "grpo_lab_mean_token_whiten"

@@ -209,7 +209,8 @@ def _estimator(config: Any, target: Target) -> dict[str, Any]:
     return {
         "algorithm.adv_estimator": "gdpo",
         "algorithm.norm_adv_by_std_in_grpo": config.advantage_normalizer == "std",
-        "algorithm.gdpo_reward_keys": list(REWARD_COMPONENTS),
+        # not in ppo_trainer.yaml (AlgoConfig has it): Hydra adds it with "++"
+        "++algorithm.gdpo_reward_keys": list(REWARD_COMPONENTS),
     }
 
 
