@@ -3,7 +3,9 @@
 :func:`rollout_advantages` is the one call from responses to advantages (the
 train step's and the loop's).
 
-Taught in ``notebooks/03_rewards_and_advantages.ipynb``.
+Taught in ``notebooks/03_rewards_and_advantages.ipynb``; REINFORCE++'s whitening
+over tokens, the aggregations of a reward's parts (GDPO) and the optimal token
+baseline in ``notebooks/10_the_grpo_family.ipynb``.
 """
 
 from __future__ import annotations
@@ -157,7 +159,8 @@ def compute_group_normalized_rewards(
     advantage 0; a group left with too few rewards for its baseline or
     normalizer (none for a mean, one for a std or a leave-one-out mean) gives
     every response 0 too, as TRL does with None rewards. "propagate" (the
-    default) lets a NaN spread to its group.
+    default) lets a NaN spread to its group (to the whole batch with
+    "batch_std" or "token_whiten").
 
     A statistic that needs two rewards refuses one: ``group_size`` 1 with "std"
     or "leave_one_out", and a single reward with "batch_std", raise
@@ -188,13 +191,13 @@ def compute_group_normalized_rewards(
     if advantage_normalizer in TOKEN_NORMALIZERS:
         scored = ~torch.isnan(raw_rewards) if ignoring else None  # (B,)
         advantages = whiten_over_tokens(advantages, response_lengths, rows=scored)
+    return advantages, _advantage_statistics(advantages)
+
+
+def _advantage_statistics(advantages: torch.Tensor) -> dict[str, float]:
     # The sample std of one advantage is undefined: NaN, without torch's warning.
     advantage_std = advantages.std().item() if advantages.numel() > 1 else math.nan
-    metadata = {
-        "advantage_mean": advantages.mean().item(),
-        "advantage_std": advantage_std,
-    }
-    return advantages, metadata
+    return {"advantage_mean": advantages.mean().item(), "advantage_std": advantage_std}
 
 
 def _group_advantages(
@@ -579,10 +582,7 @@ def compute_multi_reward_advantages(
                 f"the batch, got {summed.numel()}"
             )
         advantages = (summed - summed.mean()) / (summed.std() + advantage_eps)
-    return advantages, {
-        "advantage_mean": advantages.mean().item(),
-        "advantage_std": advantages.std().item(),
-    }
+    return advantages, _advantage_statistics(advantages)
 
 
 def _check_components(
