@@ -18,7 +18,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from grpo_lab.advantages import check_rollout_lists, rollout_advantages
+from grpo_lab.advantages import (
+    TOKEN_NORMALIZERS,
+    check_rollout_lists,
+    rollout_advantages,
+)
 from grpo_lab.aggregation import (
     DiagnosticAccumulator,
     check_loss_normalization,
@@ -198,7 +202,9 @@ def grpo_train_step(
     group_size: int,
     baseline: Literal["mean", "none", "leave_one_out"] = "mean",
     advantage_eps: float = 1e-6,
-    advantage_normalizer: Literal["std", "none", "mean", "batch_std"] = "std",
+    advantage_normalizer: Literal[
+        "std", "none", "mean", "batch_std", "token_whiten"
+    ] = "std",
     importance_reweighting_method: Method = "none",
     old_log_probs: torch.Tensor | None = None,
     cliprange: float | None = None,
@@ -245,6 +251,11 @@ def grpo_train_step(
         old_log_probs,
         reference_log_probs,
     )
+    batch = None  # tokenized first only when the advantages weigh by tokens
+    if advantage_normalizer in TOKEN_NORMALIZERS:
+        batch = tokenize_prompt_and_output(
+            repeated_prompts, rollout_responses, tokenizer
+        )  # (B, T) each
     _, advantages, metadata = rollout_advantages(
         reward_fn,
         rollout_responses,
@@ -254,14 +265,16 @@ def grpo_train_step(
         advantage_eps=advantage_eps,
         advantage_normalizer=advantage_normalizer,
         nan_rewards=nan_rewards,
+        response_lengths=None if batch is None else batch["response_mask"].sum(-1),
     )  # (B,)
     if not (advantages != 0).any() and not settings.every_row_has_gradient:
         optimizer.zero_grad(set_to_none=True)
         zero_loss, skipped = _zero_diagnostics(settings, _device_of(model))
         return zero_loss, {**metadata, **skipped}
-    batch = tokenize_prompt_and_output(
-        repeated_prompts, rollout_responses, tokenizer
-    )  # (B, T) each
+    if batch is None:
+        batch = tokenize_prompt_and_output(
+            repeated_prompts, rollout_responses, tokenizer
+        )  # (B, T) each
     loss, update_metadata = policy_gradient_update(
         model,
         optimizer,

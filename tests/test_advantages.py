@@ -11,7 +11,11 @@ from hypothesis import strategies as st
 
 from grpo_lab.advantages import (
     compute_group_normalized_rewards,
+    compute_multi_reward_advantages,
     compute_rollout_rewards,
+    optimal_token_baseline_advantages,
+    rollout_advantages,
+    sum_of_squared_probabilities,
 )
 
 # Two groups of G = 4:
@@ -346,3 +350,198 @@ def test_groups_of_one_get_an_error_or_a_defined_value():
         compute_group_normalized_rewards(
             rewards, 1, "mean", 1e-6, "none", nan_rewards="drop"
         )
+
+
+# --- REINFORCE++ whitening, multi-reward aggregation, the optimal token baseline ---
+
+
+def test_token_whitening_by_hand():
+    # rewards [1, 0] with 1 and 3 tokens: N = 4 tokens, mean (1 + 0) / 4 = 0.25;
+    # squared deviations 1 x 0.75^2 + 3 x 0.25^2 = 0.75, / 4 = 0.1875, x 4 / 3
+    # (sample) = 0.25, std 0.5 -> [0.75, -0.25] / 0.5.
+    advantages, _ = compute_group_normalized_rewards(
+        torch.tensor([1.0, 0.0], dtype=torch.float64), 2, "none", 0.0,
+        "token_whiten", response_lengths=torch.tensor([1, 3]),
+    )  # fmt: skip
+    assert advantages.tolist() == pytest.approx([1.5, -0.5], abs=1e-7)
+    # With the group mean as baseline ([0.5, -0.5]) and equal lengths it is the
+    # batch-wide sample whitening of the centred rewards: +-0.5 / sqrt(1/3).
+    centred, _ = compute_group_normalized_rewards(
+        torch.tensor([1.0, 0.0, 2.0, 2.0], dtype=torch.float64), 2, "mean", 0.0,
+        "token_whiten", response_lengths=torch.tensor([2, 2, 2, 2]),
+    )  # fmt: skip
+    # tokens [.5, .5, -.5, -.5, 0, 0, 0, 0]: mean 0, squares sum to 1, sample
+    # variance 1 / 7.
+    scale = math.sqrt(1 / 7)
+    assert centred.tolist() == pytest.approx([0.5 / scale, -0.5 / scale, 0, 0])
+
+
+def test_token_whitening_ignores_nan_rewards_when_asked():
+    rewards = torch.tensor([1.0, math.nan, 0.0, 1.0], dtype=torch.float64)
+    lengths = torch.tensor([1, 5, 3, 1])
+    advantages, _ = compute_group_normalized_rewards(
+        rewards, 2, "none", 0.0, "token_whiten",
+        nan_rewards="ignore", response_lengths=lengths,
+    )  # fmt: skip
+    kept = torch.tensor([1.0, 0.0, 1.0], dtype=torch.float64)
+    expected, _ = compute_group_normalized_rewards(
+        kept, 1, "none", 0.0, "token_whiten", response_lengths=torch.tensor([1, 3, 1])
+    )
+    assert advantages[1] == 0.0
+    assert advantages[[0, 2, 3]].tolist() == pytest.approx(expected.tolist())
+
+
+def test_token_whitening_errors():
+    rewards = torch.tensor([1.0, 0.0])
+    with pytest.raises(
+        ValueError, match=r"response_lengths must be given with .*got None"
+    ):
+        compute_group_normalized_rewards(rewards, 2, "none", 0.0, "token_whiten")
+    with pytest.raises(ValueError, match=r"response_lengths is read only by .*'std'"):
+        compute_group_normalized_rewards(
+            rewards, 2, response_lengths=torch.tensor([1, 2])
+        )
+    with pytest.raises(
+        ValueError, match=r"must have the rewards' shape \(2,\), got \(3,\)"
+    ):
+        compute_group_normalized_rewards(
+            rewards, 2, "none", 0.0, "token_whiten", response_lengths=torch.ones(3)
+        )
+    with pytest.raises(ValueError, match=r"whole token counts >= 0, got \[-1, 2\]"):
+        compute_group_normalized_rewards(
+            rewards, 2, "none", 0.0, "token_whiten",
+            response_lengths=torch.tensor([-1, 2]),
+        )  # fmt: skip
+    with pytest.raises(ValueError, match=r"at least 2 scored response tokens .*got 1"):
+        compute_group_normalized_rewards(
+            rewards, 2, "none", 0.0, "token_whiten",
+            response_lengths=torch.tensor([1, 0]),
+        )  # fmt: skip
+
+
+# Two groups of G = 2, two parts: part 1 [1, 0 | 1, 1], part 2 [0, 1 | 1, 0].
+PARTS = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [1.0, 0.0]])
+
+
+def test_multi_reward_aggregations_by_hand():
+    # sum_then_normalize: totals [1, 1 | 2, 1] -> group 1 ties (0 / eps = 0);
+    # group 2 +-0.5 / sqrt(0.5).
+    summed, _ = compute_multi_reward_advantages(
+        PARTS, 2, "mean", 1e-6, "std", reward_aggregation="sum_then_normalize"
+    )
+    root = math.sqrt(0.5)
+    assert summed.tolist() == pytest.approx([0, 0, 0.5 / root, -0.5 / root], abs=1e-5)
+    # normalize_then_sum (eps 1e-6: a tied group gives 0): part 1 -> [r, -r, 0, 0], part 2 -> [-r, r, r, -r]
+    # (r = 0.5 / sqrt(0.5)); sum [0, 0, r, -r]: mean 0, sample std
+    # sqrt(2 r^2 / 3) -> [0, 0, sqrt(1.5), -sqrt(1.5)].
+    decoupled, _ = compute_multi_reward_advantages(
+        PARTS, 2, "mean", 1e-6, "std", reward_aggregation="normalize_then_sum"
+    )
+    assert decoupled.tolist() == pytest.approx([0, 0, 1.5**0.5, -(1.5**0.5)], abs=1e-5)
+    # The first pair's two parts cancel once each is normalized: GDPO sees
+    # that neither response is better, and a sum first sees it too here, but
+    # with part 2 weighed 3x the first response loses to the second.
+    weighted, _ = compute_multi_reward_advantages(
+        PARTS, 2, "mean", 1e-6, "std",
+        reward_aggregation="normalize_then_sum", reward_weights=[1.0, 3.0],
+    )  # fmt: skip
+    assert weighted[0] < 0 < weighted[1]
+    # Over tokens with equal lengths (3 each) the whitening differs only by
+    # Bessel's correction: squares x 3 / (12 - 1) instead of / (4 - 1), so the
+    # advantages scale by sqrt(11 / 9).
+    tokens, _ = compute_multi_reward_advantages(
+        PARTS, 2, "mean", 1e-6, "std",
+        reward_aggregation="normalize_then_sum_tokens",
+        response_lengths=torch.tensor([3, 3, 3, 3]),
+    )  # fmt: skip
+    scaled = (decoupled * math.sqrt(11 / 9)).tolist()
+    assert tokens.tolist() == pytest.approx(scaled, abs=1e-5)
+
+
+def test_multi_reward_aggregation_errors():
+    with pytest.raises(
+        ValueError, match=r"reward_components must be a \(B, K\) tensor"
+    ):
+        compute_multi_reward_advantages(torch.zeros(4), 2)
+    with pytest.raises(ValueError, match=r"reward_weights must be 2 finite numbers"):
+        compute_multi_reward_advantages(PARTS, 2, reward_weights=[1.0])
+    with pytest.raises(ValueError, match=r"reward_aggregation must be one of .*'max'"):
+        compute_multi_reward_advantages(PARTS, 2, reward_aggregation="max")
+    with pytest.raises(ValueError, match="to combine reward components, got 'reward'"):
+        compute_multi_reward_advantages(PARTS, 2, reward_aggregation="reward")
+    with pytest.raises(
+        ValueError, match=r"must be a group normalizer .*'token_whiten'"
+    ):
+        compute_multi_reward_advantages(PARTS, 2, "mean", 1e-6, "token_whiten")
+    with pytest.raises(ValueError, match="nan_rewards must be 'propagate' with"):
+        compute_multi_reward_advantages(PARTS, 2, nan_rewards="ignore")
+    with pytest.raises(ValueError, match="response_lengths must be given"):
+        compute_multi_reward_advantages(
+            PARTS, 2, reward_aggregation="normalize_then_sum_tokens"
+        )
+
+
+def test_rollout_advantages_default_is_the_reward_column_bit_for_bit():
+    def reward_fn(response, truth):
+        answer = float(response == truth)
+        return {"reward": 0.1 + answer, "format_reward": 1.0, "answer_reward": answer}
+
+    responses, truths = ["1", "2", "3", "3"], ["1", "1", "3", "4"]
+    raw, advantages, metadata = rollout_advantages(reward_fn, responses, truths, 2)
+    expected, _ = compute_group_normalized_rewards(raw, 2)
+    assert torch.equal(advantages, expected) and raw.tolist()[0] == pytest.approx(1.1)
+    _, parts, _ = rollout_advantages(
+        reward_fn, responses, truths, 2, reward_aggregation="normalize_then_sum"
+    )
+    components = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0], [1.0, 0.0]])
+    expected, _ = compute_multi_reward_advantages(components, 2)
+    assert torch.equal(parts, expected)
+    assert metadata["format_reward_mean"] == 1.0
+
+
+def test_optimal_token_baseline_by_hand():
+    # pi = 0.5 and sum pi^2 = 0.5 at every token: w = 1 - 1 + 0.5 = 0.5.
+    # Lengths 1 and 2, rewards [0, 1]: W = [0.5, 0.5] and [0.5, 1.0].
+    # t = 0: B = (0 x 0.5 + 1 x 0.5) / (0.5 + 0.5) = 0.5; t = 1: only the
+    # second response: B = 1 x 1.0 / 1.0 = 1, but it is the strictly longest,
+    # so past the other's length its baseline is 0 (zero tail).
+    mask = torch.tensor([[1.0, 0.0], [1.0, 1.0]], dtype=torch.float64)
+    log_half = torch.full((2, 2), math.log(0.5), dtype=torch.float64)
+    half = torch.full((2, 2), 0.5, dtype=torch.float64)
+    rewards = torch.tensor([0.0, 1.0], dtype=torch.float64)
+    advantages, returns = optimal_token_baseline_advantages(
+        rewards, mask, 2, log_half, half
+    )
+    assert advantages.flatten().tolist() == pytest.approx([-0.5, 0.0, 0.5, 1.0])
+    assert returns.tolist() == [[0.0, 0.0], [1.0, 1.0]]
+    kept, _ = optimal_token_baseline_advantages(
+        rewards, mask, 2, log_half, half, handle_zero_tail=False
+    )
+    assert kept.flatten().tolist() == pytest.approx([-0.5, 0.0, 0.5, 0.0], abs=1e-7)
+    alone, _ = optimal_token_baseline_advantages(rewards, mask, 1, log_half, half)
+    assert torch.equal(alone, returns * mask)  # a group of one: no baseline
+
+
+def test_optimal_token_baseline_errors():
+    mask = torch.ones(2, 3)
+    good = {
+        "old_log_probs": torch.full((2, 3), -0.5),
+        "sum_pi_squared": torch.full((2, 3), 0.5),
+    }
+    rewards = torch.tensor([1.0, 0.0])
+    with pytest.raises(ValueError, match=r"old_log_probs must have shape \(2, T\)"):
+        optimal_token_baseline_advantages(
+            rewards, mask, 2, torch.zeros(2, 4), good["sum_pi_squared"]
+        )
+    with pytest.raises(ValueError, match="old_log_probs must be <= 0"):
+        optimal_token_baseline_advantages(
+            rewards, mask, 2, torch.full((2, 3), 0.1), good["sum_pi_squared"]
+        )
+    with pytest.raises(ValueError, match=r"sum_pi_squared must lie in \[0, 1\]"):
+        optimal_token_baseline_advantages(
+            rewards, mask, 2, good["old_log_probs"], torch.full((2, 3), 1.5)
+        )
+    with pytest.raises(ValueError, match="group_size must divide"):
+        optimal_token_baseline_advantages(rewards, mask, 3, **good)
+    logits = torch.tensor([[[0.0, 0.0]]])
+    assert sum_of_squared_probabilities(logits).item() == pytest.approx(0.5)

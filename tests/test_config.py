@@ -613,6 +613,33 @@ def test_choice_lists_are_the_core_registries():
     assert config_module.PROFILES == ("cpu", "gpu", "small-gpu", "smoke")
 
 
+def test_reward_aggregation_is_a_flag_checked_at_construction_by_the_core():
+    from grpo_lab.advantages import REWARD_AGGREGATIONS, check_advantage_settings
+
+    choices = {f.name: f.metadata["choices"] for f in dataclasses.fields(TrainConfig)}
+    assert choices["reward_aggregation"] is REWARD_AGGREGATIONS
+    assert TrainConfig.for_profile("cpu").reward_aggregation == "reward"
+    config = parse(["--profile", "cpu", "--reward-aggregation",
+                    "normalize_then_sum_tokens"])  # fmt: skip
+    assert config.reward_aggregation == "normalize_then_sum_tokens"
+    for overrides in (
+        {"reward_aggregation": "max"},
+        {"reward_aggregation": "normalize_then_sum", "nan_rewards": "ignore"},
+        {"reward_aggregation": "normalize_then_sum_tokens",
+         "advantage_normalizer": "token_whiten"},
+    ):  # fmt: skip
+        with pytest.raises(ValueError) as from_config:
+            TrainConfig.for_profile("cpu", **overrides)
+        with pytest.raises(ValueError) as from_core:
+            check_advantage_settings(
+                "mean",
+                overrides.get("advantage_normalizer", "std"),
+                reward_aggregation=overrides["reward_aggregation"],
+                nan_rewards=overrides.get("nan_rewards", "propagate"),
+            )
+        assert str(from_config.value) == str(from_core.value)
+
+
 def test_family_settings_are_flags_and_reach_the_update():
     config = parse(
         [

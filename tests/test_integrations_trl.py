@@ -27,6 +27,7 @@ import torch
 import yaml
 from test_trl_parity import (
     COMPLETIONS,
+    FORMAT_REWARDS,
     GROUP_SIZE,
     MAX_COMPLETION_LENGTH,
     PROMPTS,
@@ -42,7 +43,10 @@ from test_trl_parity import (
 )
 from trl import GRPOConfig, GRPOTrainer
 
-from grpo_lab.advantages import compute_group_normalized_rewards
+from grpo_lab.advantages import (
+    compute_group_normalized_rewards,
+    compute_multi_reward_advantages,
+)
 from grpo_lab.cli import main as cli
 from grpo_lab.errors import UserError
 from grpo_lab.integrations.cluster import Cluster
@@ -182,6 +186,9 @@ def test_the_gpu_profile_maps_to_grpo_config_arguments_that_load():
         ({"importance_reweighting_method": "vespo", "cliprange": None,
           "loss_normalization": "token", "sampler_correction": "token_truncate"},
          "sampler_correction 'token_truncate'"),
+        ({"advantage_normalizer": "token_whiten"}, "advantage_normalizer 'token_whiten'"),
+        ({"reward_aggregation": "normalize_then_sum_tokens"},
+         "reward_aggregation 'normalize_then_sum_tokens'"),
     ],
 )  # fmt: skip
 def test_a_setting_trl_lacks_is_refused_by_name(overrides, message):
@@ -240,6 +247,43 @@ def test_grpo_lab_trainer_is_used_only_for_what_trl_lacks():
     trainer_class = grpo_trl_trainer.trainer_class_for(lacking)
     assert issubclass(trainer_class, GRPOTrainer)
     assert trainer_class is grpo_trl_trainer.GrpoLabTrainer
+
+
+def test_reward_parts_reach_trl_as_one_reward_function_each(tokenizer, tmp_path):
+    config = gpu_config(reward_aggregation="normalize_then_sum")
+    assert grpo_trl.to_trl_config(config)["multi_objective_aggregation"] == (
+        "normalize_then_sum"
+    )
+    assert "multi_objective_aggregation" not in grpo_trl.to_trl_config(gpu_config())
+    task = get_task("reverse", n_digits=3)
+    functions = grpo_trl_trainer.trl_reward_functions(task, config)
+    names = [f.__name__ for f in functions]
+    assert names == ["reverse_format_reward", "reverse_answer_reward"]
+    assert [f(["p"], ["999"], ground_truth=["123"]) for f in functions] == [
+        [1.0],
+        [0.0],
+    ]
+    # GrpoLabTrainer (nan_rewards propagate) hands TRL's per-function rewards
+    # to grpo_lab's own aggregation, with grpo_lab's epsilon.
+    parts = {"reward_aggregation": "normalize_then_sum", "nan_rewards": "propagate"}
+    run = TrainConfig.for_profile("cpu", **{**HARNESS, **parts, "advantage_eps": 1e-6})
+    trainer = grpo_trl_parity.fixed_completions_trainer(
+        {"num_generations": GROUP_SIZE, "max_completion_length": MAX_COMPLETION_LENGTH},
+        fresh_model(tokenizer), tokenizer, ROW_PROMPTS,
+        [encode(tokenizer, c) for c in COMPLETIONS], REWARDS, tmp_path,
+        trainer_class=grpo_trl_trainer.GrpoLabTrainer, train_config=run,
+        extra_rewards=(FORMAT_REWARDS,),
+    )  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        inputs = trainer._generate_and_score_completions(
+            [{"prompt": p} for p in PROMPTS for _ in range(GROUP_SIZE)]
+        )
+    ours, _ = compute_multi_reward_advantages(
+        torch.tensor([REWARDS, FORMAT_REWARDS]).T, GROUP_SIZE, "mean",
+        run.advantage_eps, "std", reward_aggregation="normalize_then_sum",
+    )  # fmt: skip
+    assert torch.equal(inputs["advantages"], ours)
 
 
 # --- data and reward ----------------------------------------------------------------

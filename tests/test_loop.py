@@ -7,7 +7,10 @@ import dataclasses
 import pytest
 import torch
 
-from grpo_lab.advantages import compute_group_normalized_rewards
+from grpo_lab.advantages import (
+    compute_group_normalized_rewards,
+    compute_multi_reward_advantages,
+)
 from grpo_lab.logprobs import get_response_log_probs
 from grpo_lab.models import build_char_tokenizer
 from grpo_lab.rollouts.base import Rollouts
@@ -398,3 +401,48 @@ def test_a_step_checks_the_update_settings_once(
     assert "rollout/is_ratio_mean" in record  # the correction ran
     # Old and reference log-probs, 2 updates of 4 microbatches: one check each.
     assert counts == dict.fromkeys(counts, 1)
+
+
+def test_a_step_builds_advantages_from_the_reward_parts_over_tokens(
+    tmp_path, monkeypatch, even_digit_task
+):
+    # reward_aggregation and token_whiten reach the step: the advantages it
+    # trains on are grpo_lab's aggregation of the two parts, weighted by each
+    # response's token count in the batch the step trains on.
+    class TwoParts(even_digit_task):
+        def reward_fn(self, response, ground_truth):
+            answer = float(response[:1] in set("02468"))
+            shape = float(len(response) > 2)
+            return {"reward": answer, "format_reward": shape, "answer_reward": answer}
+
+    seen = {}
+
+    def recording(model, optimizer, steps, norm, batch, advantages, **kwargs):
+        seen["advantages"], seen["mask"] = advantages.clone(), batch["response_mask"]
+        return torch.zeros(()), {"optimizer_step": 1.0}
+
+    monkeypatch.setattr(loop, "policy_gradient_update", recording)
+    examples = get_task("reverse", n_digits=3).train(8, seed=0)
+    for aggregation, normalizer in (
+        ("normalize_then_sum_tokens", "std"),
+        ("sum_then_normalize", "token_whiten"),
+    ):
+        config = tiny_config(tmp_path, reward_aggregation=aggregation,
+                             advantage_normalizer=normalizer)  # fmt: skip
+        policy = loop.build_policy(config)
+        task = TwoParts()
+        responses = ["2", "13", "4xx", "0123", "7", "88", "x", "9999"] * 4
+        rollouts = Rollouts(
+            prompts=[e.prompt for e in examples for _ in range(4)],
+            responses=responses,
+        )  # strings only: tokenized, each its own length
+        loop.grpo_update(config, task, policy, rollouts, examples)
+        scores = [task.reward_fn(r, "") for r in rollouts.responses]
+        parts = torch.tensor([[s["format_reward"], s["answer_reward"]] for s in scores])
+        expected, _ = compute_multi_reward_advantages(
+            parts, 4, "mean", config.advantage_eps, normalizer,
+            reward_aggregation=aggregation,
+            response_lengths=seen["mask"].sum(dim=1),
+        )  # fmt: skip
+        assert torch.equal(seen["advantages"], expected), aggregation
+        assert len(set(seen["mask"].sum(dim=1).tolist())) > 1  # lengths differ

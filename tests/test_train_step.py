@@ -532,6 +532,31 @@ def test_policy_gradient_update_errors(tiny_qwen2, batch):
     assert optimizer.steps == 0
 
 
+def test_grpo_train_step_whitens_over_the_tokens_it_trains_on(
+    make_tiny_qwen2, char_tokenizer
+):
+    # token_whiten (REINFORCE++) needs each response's token count: the step
+    # tokenizes first and weighs each response by its response_mask.
+    model = make_tiny_qwen2()
+    text_optimizer = GradientRecorder(model.parameters(), lr=1.0)
+    text_loss, _ = grpo_train_step(
+        model, char_tokenizer, text_optimizer, 2, 1.0, exact_match,
+        PROMPTS, RESPONSES, TRUTHS, 2, "none", 1e-6, "token_whiten",
+    )  # fmt: skip
+    batch = tokenize_prompt_and_output(PROMPTS, RESPONSES, char_tokenizer)
+    rewards, _ = compute_rollout_rewards(exact_match, RESPONSES, TRUTHS)
+    lengths = batch["response_mask"].sum(-1)
+    assert len(set(lengths.tolist())) > 1  # the weights differ from a plain mean
+    advantages, _ = compute_group_normalized_rewards(
+        rewards, 2, "none", 1e-6, "token_whiten", response_lengths=lengths
+    )
+    model = make_tiny_qwen2()
+    optimizer = GradientRecorder(model.parameters(), lr=1.0)
+    loss, _ = policy_gradient_update(model, optimizer, 2, 1.0, batch, advantages)
+    assert torch.equal(text_loss, loss)
+    assert_gradients_close(optimizer.gradients, text_optimizer.gradients, atol=0)
+
+
 def test_grpo_train_step_errors(tiny_qwen2, char_tokenizer):
     optimizer = GradientRecorder(tiny_qwen2.parameters(), lr=1.0)
 

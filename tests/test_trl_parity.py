@@ -27,7 +27,10 @@ import torch
 from trl import GRPOConfig
 
 from grpo_lab import losses
-from grpo_lab.advantages import compute_group_normalized_rewards
+from grpo_lab.advantages import (
+    compute_group_normalized_rewards,
+    compute_multi_reward_advantages,
+)
 from grpo_lab.integrations.trl.parity import (
     TrlFirstStep,
     fixed_completions_trainer,
@@ -665,6 +668,44 @@ def test_advantages_match_trl(
     # float32 rewards on both sides; TRL's nanstd and torch.std round differently.
     assert delta <= 1e-6, (ours, inputs["advantages"])
     assert (inputs["advantages"] != 0).any()
+
+
+# A second reward function (a format part) beside REWARDS, on another scale.
+FORMAT_REWARDS = [0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0]
+AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+@pytest.mark.parametrize("weights", [None, [1.0, 0.5]])
+def test_multi_reward_aggregation_matches_trl(
+    tokenizer, tmp_path, aggregation, weights
+):
+    fields = {"multi_objective_aggregation": aggregation, "reward_weights": weights}
+    trainer = fixed_completions_trainer(
+        {"num_generations": GROUP_SIZE, "max_completion_length": MAX_COMPLETION_LENGTH,
+         **fields},
+        fresh_model(tokenizer), tokenizer, ROW_PROMPTS,
+        [encode(tokenizer, c) for c in COMPLETIONS], REWARDS, tmp_path,
+        extra_rewards=(FORMAT_REWARDS,),
+    )  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        inputs = trainer._generate_and_score_completions(
+            [{"prompt": p} for p in PROMPTS for _ in range(GROUP_SIZE)]
+        )
+    components = torch.tensor([REWARDS, FORMAT_REWARDS]).T  # (B, 2), float32 as TRL
+    deltas = {}
+    for name in AGGREGATIONS:  # the other aggregation is the mutant
+        ours, _ = compute_multi_reward_advantages(
+            components, GROUP_SIZE, "mean", 1e-4, "std",  # TRL's fixed epsilon
+            reward_aggregation=name, reward_weights=weights,
+        )  # fmt: skip
+        deltas[name] = (ours - inputs["advantages"]).abs().max().item()
+    REPORT[f"multi_objective_aggregation={aggregation}, weights={weights}"] = deltas[
+        aggregation
+    ]
+    assert deltas[aggregation] <= 1e-6, deltas  # float32 on both sides
+    assert min(deltas.values()) < 1e-2 < max(deltas.values()), deltas
 
 
 def test_trl_fused_scorer_matches_grpo_lab_scoring(tokenizer, tmp_path):

@@ -84,6 +84,7 @@ def configs() -> list[TrainConfig]:
             distillation_coef=0.5,
             ratio_cap=3.0,
         ),
+        gpu_config(reward_aggregation="normalize_then_sum_tokens"),
     ]
 
 
@@ -220,3 +221,49 @@ def test_every_field_is_exported_not_training_or_default_only():
     listed = exported_fields()
     assert sorted(listed) == sorted(names)
     assert [n for n in names if listed[n] == "refused unless default"] == rowless
+
+
+# --- REINFORCE++ and the reward's parts ---------------------------------------------
+
+
+def test_reward_parts_and_token_whitening_export_as_verl_runs_them(tmp_path):
+    from grpo_lab.integrations.verl.launch import write_launch_folder
+    from grpo_lab.integrations.verl.settings import launch_overrides
+
+    gdpo = launch_overrides(gpu_config(reward_aggregation="normalize_then_sum_tokens"))
+    assert gdpo["algorithm.adv_estimator"] == "gdpo"
+    assert gdpo["++algorithm.gdpo_reward_keys"] == ["format_reward", "answer_reward"]
+    assert gdpo["algorithm.norm_adv_by_std_in_grpo"] is True
+    plain = launch_overrides(gpu_config(advantage_normalizer="token_whiten"))
+    assert plain["algorithm.adv_estimator"] == "grpo_lab_mean_token_whiten"
+    for aggregation, expected in (
+        ("reward", 1.0),
+        ("sum_then_normalize", 2.0),
+        ("normalize_then_sum_tokens", None),
+    ):
+        folder = tmp_path / aggregation
+        write_launch_folder(gpu_config(reward_aggregation=aggregation), folder)
+        namespace: dict = {"__file__": str(folder / "data" / "reward.py")}
+        exec((folder / "data" / "reward.py").read_text(), namespace)
+        score = namespace["compute_score"]("grpo_lab/reverse", "12345", "12345")
+        if expected is None:  # verl's gdpo reads the parts by key
+            assert score == {"score": 1.0, "format_reward": 1.0, "answer_reward": 1.0}
+        else:
+            assert score == expected
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"reward_aggregation": "normalize_then_sum"}, "reward_aggregation must be"),
+        (
+            {"reward_aggregation": "normalize_then_sum_tokens", "baseline": "none"},
+            "advantage_normalizer must be 'std' or 'none' with baseline 'mean'",
+        ),
+    ],
+)
+def test_reward_parts_verl_cannot_run_are_refused_by_name(changes, message):
+    from grpo_lab.integrations.verl.settings import launch_overrides
+
+    with pytest.raises(ValueError, match=message):
+        launch_overrides(gpu_config(**changes))

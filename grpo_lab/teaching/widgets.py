@@ -23,6 +23,7 @@ from matplotlib.figure import Figure
 from grpo_lab.advantages import (
     ADVANTAGE_NORMALIZERS,
     BASELINES,
+    TOKEN_NORMALIZERS,
     compute_group_normalized_rewards,
 )
 from grpo_lab.teaching.plots import (
@@ -114,8 +115,11 @@ def advantage_explorer(rewards: Sequence[float] = (1.0, 0.0, 0.0, 1.0)) -> widge
         for index, value in enumerate(rewards)
     }
     baseline = widgets.Dropdown(options=BASELINES, value="mean", description="baseline")
+    # One group of rewards and no responses: the token-weighted normalizers
+    # have no token counts to weigh by (notebook 10 shows them).
+    per_response = [n for n in ADVANTAGE_NORMALIZERS if n not in TOKEN_NORMALIZERS]
     normalizer = widgets.Dropdown(
-        options=ADVANTAGE_NORMALIZERS, value="std", description="normalizer"
+        options=per_response, value="std", description="normalizer"
     )
     controls = {"baseline": baseline, "advantage_normalizer": normalizer, **sliders}
     image, label = chart_explorer(controls, draw_advantages, advantages_caption)

@@ -80,6 +80,7 @@ from transformers import PreTrainedModel
 from transformers.utils import logging as transformers_logging
 
 from grpo_lab import lora
+from grpo_lab.advantages import TOKEN_NORMALIZERS
 from grpo_lab.models import load_pretrained
 from grpo_lab.rollouts import build_backend
 from grpo_lab.rollouts.base import (
@@ -524,6 +525,16 @@ def sample_rollout_batch(
     return sample_round(config, task, policy, step, 0)
 
 
+def token_counts(
+    config: TrainConfig, response_mask: torch.Tensor
+) -> torch.Tensor | None:
+    """Each response's token count (B·G,) where the advantages weigh by tokens."""
+    by_tokens = config.advantage_normalizer in TOKEN_NORMALIZERS or (
+        config.reward_aggregation == "normalize_then_sum_tokens"
+    )
+    return response_mask.sum(dim=-1) if by_tokens else None
+
+
 def sample_round(
     config: TrainConfig, task: Task, policy: Policy, step: int, round_: int
 ) -> tuple[Rollouts, list[Example]]:
@@ -561,6 +572,7 @@ def grpo_update(
             rollouts,
         )
     )
+    batch = rollout_token_batch(rollouts, policy.tokenizer)
     raw_rewards, advantages, advantage_metadata = rollout_advantages(
         reward_fn,
         rollouts.responses,
@@ -570,8 +582,9 @@ def grpo_update(
         advantage_eps=config.advantage_eps,
         advantage_normalizer=config.advantage_normalizer,
         nan_rewards=config.nan_rewards,
+        reward_aggregation=config.reward_aggregation,
+        response_lengths=token_counts(config, batch["response_mask"]),
     )  # (B·G,) each
-    batch = rollout_token_batch(rollouts, policy.tokenizer)
     settings = config.update_settings()  # built and checked once per step
     old_log_probs = None
     if config.off_policy:

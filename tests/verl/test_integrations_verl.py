@@ -304,9 +304,11 @@ def test_every_estimator_matches_grpo_lab():
             index=index,
             config=AlgoConfig(),
         )
+        lengths = mask.sum(dim=1)[order.argsort()]  # in grpo_lab's row order
         expected, _ = compute_group_normalized_rewards(
-            scores, 4, baseline, 1e-6, normalizer
-        )
+            scores, 4, baseline, 1e-6, normalizer,
+            response_lengths=lengths if normalizer == "token_whiten" else None,
+        )  # fmt: skip
         expected = expected[order].unsqueeze(-1) * mask
         record(f"{name} vs grpo_lab advantages", delta(advantages, expected), 0.0)
         assert torch.allclose(advantages, expected, rtol=1e-12, atol=1e-12)
@@ -409,6 +411,18 @@ def test_exported_folder_composes_and_validates_in_verl(tmp_path):
     first = (tmp_path / "data" / "train.jsonl").read_text().splitlines()[0]
     truth = json.loads(first)["reward_model"]["ground_truth"]
     assert namespace["compute_score"]("grpo_lab/reverse", truth, truth) == 1.0
+
+
+def test_exported_gdpo_composes_and_reads_the_reward_parts(tmp_path):
+    from grpo_lab.integrations.verl.launch import write_launch_folder
+
+    config = gpu_config(
+        reward_aggregation="normalize_then_sum_tokens", advantage_normalizer="std"
+    )
+    write_launch_folder(config, tmp_path)
+    algorithm = omega_conf_to_dataclass(compose_exported(tmp_path).algorithm)
+    assert algorithm.adv_estimator == "gdpo" and algorithm.norm_adv_by_std_in_grpo
+    assert list(algorithm.gdpo_reward_keys) == ["format_reward", "answer_reward"]
 
 
 def test_constant_normalization_exports_loss_scale_factor(tmp_path):

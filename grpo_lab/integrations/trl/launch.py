@@ -85,7 +85,7 @@ from grpo_lab.integrations.trl.trainer import (
     peft_config_for,
     task_dataset,
     trainer_class_for,
-    trl_reward_function,
+    trl_reward_functions,
 )
 from grpo_lab.integrations.trl.tools import tool_trainer_keywords
 from grpo_lab.models import load_tokenizer
@@ -149,7 +149,7 @@ def main() -> None:
     extra = {{}} if trainer_class is GRPOTrainer else {{"train_config": config}}
     trainer = trainer_class(
         model=model,
-        reward_funcs=trl_reward_function(task),
+        reward_funcs=trl_reward_functions(task, config),
         args=grpo_config,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,

@@ -80,6 +80,7 @@ def fixed_completions_trainer(
     output_dir: str | Path,
     *,
     trainer_class: type | None = None,
+    extra_rewards: tuple[list[float | None], ...] = (),
     **trainer_keywords: Any,
 ) -> Any:
     """A CPU ``GRPOTrainer`` (or ``trainer_class``) whose rollouts are given.
@@ -88,7 +89,9 @@ def fixed_completions_trainer(
     defaults to 1); ``prompts`` has one entry per completion, grouped, and the
     whole batch is one rollout batch, split into that many microbatches. TRL's
     ``rollout_func`` returns ``completion_ids`` and the reward function
-    ``rewards``: nothing is generated, and TRL computes the advantages.
+    ``rewards``: nothing is generated, and TRL computes the advantages. Each
+    list of ``extra_rewards`` is one more reward function's rewards (TRL's
+    ``multi_objective_aggregation`` combines them).
     """
     from datasets import Dataset
     from trl import GRPOConfig
@@ -110,6 +113,15 @@ def fixed_completions_trainer(
     def reward(prompts: list, completions: list, **kwargs: Any) -> list:
         return list(rewards)
 
+    def fixed(values: list[float | None], number: int) -> Callable[..., list]:
+        def extra(prompts: list, completions: list, **kwargs: Any) -> list:
+            return list(values)
+
+        extra.__name__ = f"reward_{number}"
+        return extra
+
+    reward_funcs = [reward] + [fixed(v, i + 1) for i, v in enumerate(extra_rewards)]
+
     fields = {"gradient_accumulation_steps": 1, **arguments}
     accumulation = fields["gradient_accumulation_steps"]
     defaults = {
@@ -125,7 +137,7 @@ def fixed_completions_trainer(
         warnings.simplefilter("ignore")
         trainer = (trainer_class or GRPOTrainer)(
             model=model,
-            reward_funcs=reward,
+            reward_funcs=reward_funcs if extra_rewards else reward,
             args=args,
             train_dataset=dataset,
             processing_class=tokenizer,

@@ -14,7 +14,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from trl import GRPOTrainer
 
-from grpo_lab.advantages import compute_group_normalized_rewards
+from grpo_lab.advantages import (
+    REWARD_COMPONENTS,
+    compute_group_normalized_rewards,
+    compute_multi_reward_advantages,
+)
 from grpo_lab.integrations.trl.translation import (
     grpo_lab_trainer_reasons,
     optimizer_steps_per_grpo_step,
@@ -47,17 +51,25 @@ def task_dataset(
     return Dataset.from_dict({"prompt": prompts, "ground_truth": truths})
 
 
-def trl_reward_function(task: Task) -> Callable[..., list[float]]:
-    """``task.reward_fn`` with TRL's reward_funcs signature: (prompts,
+def trl_reward_function(task: Task, key: str = "reward") -> Callable[..., list[float]]:
+    """``task.reward_fn``'s ``key`` with TRL's reward_funcs signature: (prompts,
     completions, ground_truth=..., **kwargs) -> one float per completion."""
 
     def reward(prompts: list, completions: list, **columns: Any) -> list[float]:
         truths = columns["ground_truth"]
         texts = [_completion_text(c) for c in completions]
-        return [float(task.reward_fn(t, g)["reward"]) for t, g in zip(texts, truths)]
+        return [float(task.reward_fn(t, g)[key]) for t, g in zip(texts, truths)]
 
-    reward.__name__ = f"{task.name}_reward"
+    reward.__name__ = f"{task.name}_{key}"
     return reward
+
+
+def trl_reward_functions(task: Task, config: TrainConfig) -> list[Callable[..., Any]]:
+    """The task's reward, or one function per part when ``reward_aggregation``
+    combines them (TRL's ``multi_objective_aggregation``)."""
+    if config.reward_aggregation == "reward":
+        return [trl_reward_function(task)]
+    return [trl_reward_function(task, key) for key in REWARD_COMPONENTS]
 
 
 def _completion_text(completion: Any) -> str:
@@ -98,7 +110,10 @@ class GrpoLabTrainer(GRPOTrainer):
         rewards = self._gathered_rewards()  # (B_global,)
         group = self.num_generations if self.model.training else None
         advantages = grpo_lab_advantages(
-            rewards, group or self.num_generations_eval, self.train_config
+            rewards,
+            group or self.num_generations_eval,
+            self.train_config,
+            per_function=self._rewards_per_func,
         )
         start = self.accelerator.process_index * local.shape[0]
         output["advantages"] = advantages[start : start + local.shape[0]].to(
@@ -142,18 +157,34 @@ class GrpoLabTrainer(GRPOTrainer):
 
 
 def grpo_lab_advantages(
-    rewards: torch.Tensor, group_size: int, config: TrainConfig
+    rewards: torch.Tensor,
+    group_size: int,
+    config: TrainConfig,
+    *,
+    per_function: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The run's advantages of TRL's (B,) rewards (NaN: unscorable).
 
     With ``nan_rewards`` propagate a NaN reward is refused (``RuntimeError``),
     as grpo_lab's step refuses a non-finite loss; TRL would have skipped it.
+    ``reward_aggregation`` "normalize_then_sum" reads ``per_function`` (B, K),
+    each reward function's rewards (the reward's parts).
     """
     if config.nan_rewards == "propagate" and torch.isnan(rewards).any():
         raise RuntimeError(
             "a reward is NaN (unscorable) and nan_rewards is 'propagate'; set "
             "nan_rewards 'ignore' to give it advantage 0"
         )
+    if config.reward_aggregation == "normalize_then_sum":
+        advantages, _ = compute_multi_reward_advantages(
+            per_function.float(),
+            group_size,
+            config.baseline,
+            config.advantage_eps,
+            config.advantage_normalizer,
+            reward_aggregation="normalize_then_sum",
+        )
+        return advantages  # (B,)
     advantages, _ = compute_group_normalized_rewards(
         rewards.float(),
         group_size,

@@ -155,7 +155,30 @@ _SCALE_REWARDS = {"std": "group", "batch_std": "batch", "none": "none", "mean": 
 
 
 def _advantages(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    if config.advantage_normalizer not in _SCALE_REWARDS:
+        raise _refuse(
+            "advantage_normalizer",
+            config.advantage_normalizer,
+            "TRL 1.16 has no REINFORCE++ whitening over tokens (use one of "
+            f"{tuple(_SCALE_REWARDS)})",
+        )
     return {"scale_rewards": _SCALE_REWARDS[config.advantage_normalizer]}
+
+
+def _reward_aggregation(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    """TRL's multi_objective_aggregation over the reward's parts (the launch
+    hands TRL one reward function per part)."""
+    aggregation = config.reward_aggregation
+    if aggregation == "normalize_then_sum_tokens":
+        raise _refuse(
+            "reward_aggregation",
+            aggregation,
+            "TRL whitens the summed parts over responses, not tokens (use "
+            "'normalize_then_sum')",
+        )
+    if aggregation == "reward":
+        return {}
+    return {"multi_objective_aggregation": aggregation}
 
 
 # The objectives TRL 1.16 computes, and its importance_sampling_level for each;
@@ -576,6 +599,12 @@ TRANSLATIONS: dict[str, Translation] = {
         "std -> group, batch_std -> batch, none -> none; mean by GrpoLabTrainer",
     ),
     "advantage_eps": T((), lambda c, n: {}, "1e-4 in TRL; others by GrpoLabTrainer"),
+    "reward_aggregation": T(
+        ("multi_objective_aggregation",),
+        _reward_aggregation,
+        "one reward function per part (format, answer) when not reward; "
+        "normalize_then_sum_tokens refused",
+    ),
     "nan_rewards": T((), lambda c, n: {}, "ignore in TRL; propagate by GrpoLabTrainer"),
     "importance_reweighting_method": T(
         ("importance_sampling_level",),
@@ -813,6 +842,10 @@ def grpo_lab_trainer_reasons(
         reasons.append(f"advantage_eps {config.advantage_eps!r}")
     if config.nan_rewards == "propagate":
         reasons.append("nan_rewards 'propagate'")
+    if config.reward_aggregation == "normalize_then_sum" and (
+        config.advantage_normalizer != "std"
+    ):  # TRL normalizes each part by its group std whatever scale_rewards says
+        reasons.append(f"advantage_normalizer {config.advantage_normalizer!r}")
     if constant_loss_scale(config) != 1.0:
         reasons.append(f"normalization_constant {config.normalization_constant!r}")
     if config.lr_warmup_steps > 0:

@@ -91,6 +91,7 @@ import torch
 from grpo_lab.advantages import (
     ADVANTAGE_NORMALIZERS,
     BASELINES,
+    TOKEN_NORMALIZERS,
     compute_group_normalized_rewards,
 )
 from grpo_lab.aggregation import aggregate_loss_across_microbatch, microbatch_loss_scale
@@ -414,8 +415,11 @@ def make_advantage_estimator(baseline: str, normalizer: str) -> Callable[..., An
             raise ValueError("index must give each response's prompt uid, got None")
         with torch.no_grad():
             scores = token_level_rewards.sum(dim=-1)  # (B,)
+            lengths = (
+                response_mask.sum(dim=-1) if normalizer in TOKEN_NORMALIZERS else None
+            )
             advantages = _grouped_advantages(
-                scores, np.asarray(index), baseline, normalizer, epsilon
+                scores, np.asarray(index), baseline, normalizer, epsilon, lengths
             )  # (B,)
             advantages = advantages.unsqueeze(-1) * response_mask  # (B, T)
         return advantages, advantages
@@ -432,18 +436,21 @@ def _grouped_advantages(
     baseline: str,
     normalizer: str,
     epsilon: float,
+    lengths: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """compute_group_normalized_rewards over groups given by ``index``."""
+    """compute_group_normalized_rewards over groups given by ``index``
+    (``lengths``: each response's token count, for token_whiten)."""
     if len(index) != scores.shape[0]:
         raise ValueError(
             f"index must have one uid per response ({scores.shape[0]}), "
             f"got {len(index)}"
         )
     _, group_ids, sizes = np.unique(index, return_inverse=True, return_counts=True)
-    if normalizer == "batch_std" and len(set(sizes.tolist())) > 1:
+    batch_wide = normalizer == "batch_std" or normalizer in TOKEN_NORMALIZERS
+    if batch_wide and len(set(sizes.tolist())) > 1:
         raise ValueError(
             "every group must have the same size with advantage_normalizer "
-            f"'batch_std', got sizes {sorted(set(sizes.tolist()))}"
+            f"{normalizer!r}, got sizes {sorted(set(sizes.tolist()))}"
         )
     advantages = torch.empty_like(scores)
     for size in sorted(set(sizes.tolist())):
@@ -451,7 +458,12 @@ def _grouped_advantages(
         rows = rows[np.argsort(group_ids[rows], kind="stable")]  # groups contiguous
         picked = torch.as_tensor(rows, device=scores.device)
         values, _ = compute_group_normalized_rewards(
-            scores[picked], int(size), baseline, epsilon, normalizer
+            scores[picked],
+            int(size),
+            baseline,
+            epsilon,
+            normalizer,
+            response_lengths=None if lengths is None else lengths[picked],
         )
         advantages[picked] = values.to(scores.dtype)
     return advantages

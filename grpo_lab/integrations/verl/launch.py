@@ -173,10 +173,30 @@ def _reward_module(config: Any) -> str:
         f"OPTIONS = resolve_task_options({config.task_options!r}, FOLDER)\n"
         f"TASK = get_task({config.task!r}, **OPTIONS)\n\n\n"
         "def compute_score(data_source, solution_str, ground_truth, "
-        "extra_info=None, **kwargs):\n"
+        "extra_info=None, **kwargs):\n" + _SCORE_BODIES[config.reward_aggregation]
+    )
+
+
+# compute_score's body for each reward_aggregation: the task's total, the sum
+# of its parts, or the total with its parts (verl's gdpo reads the parts by key).
+_SCORE_BODIES = {
+    "reward": (
         '    """reward_fn(response, ground_truth)["reward"] of the task."""\n'
         '    return float(TASK.reward_fn(solution_str, ground_truth)["reward"])\n'
-    )
+    ),
+    "sum_then_normalize": (
+        '    """The sum of the task reward\'s format and answer parts."""\n'
+        "    result = TASK.reward_fn(solution_str, ground_truth)\n"
+        '    return float(result["format_reward"]) + float(result["answer_reward"])\n'
+    ),
+    "normalize_then_sum_tokens": (
+        '    """The task reward ("score") and its parts, for verl\'s gdpo."""\n'
+        "    result = TASK.reward_fn(solution_str, ground_truth)\n"
+        '    parts = ("format_reward", "answer_reward")\n'
+        '    return {"score": float(result["reward"]),\n'
+        "            **{key: float(result[key]) for key in parts}}\n"
+    ),
+}
 
 
 def _script_line(key: str, value: Any) -> str:

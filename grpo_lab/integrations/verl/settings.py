@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpo_lab.advantages import REWARD_COMPONENTS
 from grpo_lab.integrations.cluster import Cluster, refusal_counts, split_rows
 from grpo_lab.integrations.unrowed import (
     DEFAULT_ONLY_NOTE,
@@ -185,8 +186,33 @@ def _micro_batch(config: Any, target: Target) -> dict[str, Any]:
 
 
 def _estimator(config: Any, target: Target) -> dict[str, Any]:
-    name = estimator_name(config.baseline, config.advantage_normalizer)
-    return {"algorithm.adv_estimator": name}
+    """grpo_lab's estimator by name; GDPO as verl's own ``gdpo`` over the
+    reward's parts (data/reward.py returns them)."""
+    aggregation = config.reward_aggregation
+    if aggregation == "normalize_then_sum":
+        raise _refuse(
+            "reward_aggregation",
+            "'reward', 'sum_then_normalize' or 'normalize_then_sum_tokens' (verl's "
+            "gdpo whitens the summed parts over tokens, not responses)",
+            aggregation,
+        )
+    if aggregation != "normalize_then_sum_tokens":
+        name = estimator_name(config.baseline, config.advantage_normalizer)
+        return {"algorithm.adv_estimator": name}
+    if config.baseline != "mean" or config.advantage_normalizer not in ("std", "none"):
+        raise _refuse(
+            "advantage_normalizer",
+            "'std' or 'none' with baseline 'mean' for reward_aggregation "
+            "'normalize_then_sum_tokens' (verl's gdpo normalizes each part as its "
+            "grpo estimator does)",
+            f"{config.advantage_normalizer} with baseline {config.baseline}",
+        )
+    return {
+        "algorithm.adv_estimator": "gdpo",
+        "algorithm.norm_adv_by_std_in_grpo": config.advantage_normalizer == "std",
+        # not in ppo_trainer.yaml (AlgoConfig has it): Hydra adds it with "++"
+        "++algorithm.gdpo_reward_keys": list(REWARD_COMPONENTS),
+    }
 
 
 def _cliprange(config: Any, target: Target) -> dict[str, Any]:
@@ -549,6 +575,12 @@ EXPORTS: dict[str, Export] = {
     ),
     "baseline": E(_estimator, "algorithm.adv_estimator"),
     "advantage_normalizer": E(_estimator, "algorithm.adv_estimator"),
+    "reward_aggregation": E(
+        _estimator,
+        "sum_then_normalize: data/reward.py scores the parts' sum; "
+        "normalize_then_sum_tokens: algorithm.adv_estimator=gdpo with "
+        "gdpo_reward_keys; normalize_then_sum refused (verl whitens over tokens)",
+    ),
     "importance_reweighting_method": E(
         _one(
             f"{ACTOR}.policy_loss.loss_mode",

@@ -18,6 +18,7 @@ from grpo_lab.advantages import (
     ADVANTAGE_NORMALIZERS,
     BASELINES,
     NAN_REWARD_POLICIES,
+    REWARD_AGGREGATIONS,
 )
 from grpo_lab.aggregation import LOSS_NORMALIZATIONS
 from grpo_lab.distillation import DISTILLATION_ESTIMATORS, DISTILLATION_FORMS
@@ -229,14 +230,27 @@ class TrainFields:
         "std",
         "advantages and loss",
         "Advantage scale: std (GRPO), none (Dr. GRPO, arXiv:2503.20783), mean "
-        "(MaxRL, arXiv:2602.02710) or batch_std (the whole rollout batch's std, "
-        "TRL's scale_rewards='batch').",
+        "(MaxRL, arXiv:2602.02710), batch_std (the whole rollout batch's std, "
+        "TRL's scale_rewards='batch') or token_whiten (REINFORCE++, "
+        "arXiv:2501.03262: whiten over every response token of the batch; with "
+        "baseline none it is verl's reinforce_plus_plus).",
         ADVANTAGE_NORMALIZERS,
     )
     advantage_eps: float = setting(
         1e-6,
         "advantages and loss",
         "Added to the normalizer so a group with equal rewards does not divide by 0.",
+    )
+    reward_aggregation: str = setting(
+        "reward",
+        "advantages and loss",
+        "What the advantages are made of: reward (the task's total), or its "
+        "format and answer parts, weight 1 each: sum_then_normalize (sum, then "
+        "the baseline and normalizer), normalize_then_sum (GDPO, "
+        "arXiv:2601.05242: normalize each part in its group, sum, whiten over "
+        "the batch's responses, as TRL) or normalize_then_sum_tokens (whiten "
+        "over its tokens, as verl's gdpo).",
+        REWARD_AGGREGATIONS,
     )
     nan_rewards: str = setting(
         "propagate",

@@ -211,7 +211,11 @@ def _check_numbers(config: TrainFields) -> None:
     )
     check_max_grad_norm(config.max_grad_norm)
     check_advantage_settings(
-        config.baseline, config.advantage_normalizer, config.advantage_eps
+        config.baseline,
+        config.advantage_normalizer,
+        config.advantage_eps,
+        reward_aggregation=config.reward_aggregation,
+        nan_rewards=config.nan_rewards,
     )
 
 
