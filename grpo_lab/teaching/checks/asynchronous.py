@@ -38,9 +38,8 @@ from grpo_lab.train_step import UpdateSettings, microbatch_loss
 from grpo_lab.training.staleness import within_bound
 
 AdmittedLoss = Callable[..., tuple[torch.Tensor, torch.Tensor]]
-_Case = tuple[
-    torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, int, float
-]
+Tensor = torch.Tensor
+_Case = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, int, int, float]
 
 
 def reference_admitted_loss(
@@ -162,7 +161,7 @@ def check_admitted_loss(student_fn: AdmittedLoss, cases: CaseCount) -> None:
             description = _describe(case)
             reference_input = policy.clone().requires_grad_(True)
             expected_kept, expected = reference_admitted_loss(
-                reference_input, sampler, advantages, mask, versions, trainer, bound, cap
+                reference_input, *case[1:]
             )
             student_input = policy.clone().requires_grad_(True)
             received = student_fn(
