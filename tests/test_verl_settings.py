@@ -220,3 +220,19 @@ def test_every_field_is_exported_not_training_or_default_only():
     listed = exported_fields()
     assert sorted(listed) == sorted(names)
     assert [n for n in names if listed[n] == "refused unless default"] == rowless
+
+
+def test_an_asynchronous_run_is_refused_naming_verls_asynchronous_trainers():
+    config = TrainConfig.for_profile("cpu", max_staleness=1, async_admission="pace")
+    with pytest.raises(ValueError, match="max_staleness must be 0") as error:
+        EXPORTS["max_staleness"].convert(config, Target())
+    message = str(error.value)
+    for name in (
+        "one_step_off_policy",
+        "algorithm.rollout_correction.bypass_mode",
+        "fully_async_policy",
+        "async_training.staleness_threshold",
+        "async_training.trigger_parameter_sync_step",
+        "partial_rollout",
+    ):
+        assert name in message
