@@ -287,15 +287,16 @@ ASYNC_SIZES: dict[str, dict[str, Any]] = {
         "bias_lr": 2.0,
         "seed": 0,
     },
-    # The worker samples on the CPU whatever the machine: half the steps of the
-    # cpu sizes keep the notebook short where a GPU is idle through it.
+    # The worker samples on the CPU whatever the machine: a third of the cpu
+    # sizes' steps, of half the batch, keep the notebook short where a GPU is
+    # idle through it (and in the test that runs it under each GPU profile).
     "gpu": {
         "run_overrides": {
-            "steps": 6,
+            "steps": 4,
             "rollout_batch_size": 32,
             "train_batch_size": 32,
             "sft_max_steps": 0,
-            "eval_every": 6,
+            "eval_every": 4,
             "eval_size": 16,
             "checkpoint_every": 0,
         },
