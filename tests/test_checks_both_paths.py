@@ -404,6 +404,52 @@ def {name}(logits, labels, response_mask):
     return torch.where(response_mask.bool(), token, 0.0).sum(-1)
 """
 
+ADMITTED = """
+def {name}(policy_log_probs, sampler_log_probs, advantages, response_mask,
+           group_versions, trainer_version, max_staleness, cap, slip={slip!r}):
+    age = trainer_version - group_versions  # (N,)
+    if slip == "age_reversed":
+        age = -age
+    kept = age < max_staleness if slip == "strict_bound" else age <= max_staleness
+    rows = kept.repeat_interleave(policy_log_probs.shape[0] // kept.shape[0])
+    gap = policy_log_probs.detach() - sampler_log_probs  # log pi - log pi_sampler
+    if slip == "upside_down":
+        gap = -gap
+    if slip == "weight_with_gradient":
+        gap = policy_log_probs - sampler_log_probs
+    rho = gap.exp()  # (B, T)
+    weight = rho if slip == "untruncated" else rho.clamp(max=cap)
+    ratio = torch.exp(policy_log_probs - policy_log_probs.detach())
+    per_token = -advantages.unsqueeze(-1) * ratio * weight  # (B, T)
+    mask = response_mask * rows.unsqueeze(-1)
+    if slip == "token_mean":
+        return kept, (per_token * mask).sum() / mask.sum()
+    per_response = (per_token * mask).sum(1) / response_mask.sum(1)  # (B,)
+    if slip == "dropped_in_divisor":
+        return kept, per_response.mean()
+    return kept, per_response[rows].mean()
+"""
+
+ADMITTED_BY_GROUPS = """
+def {name}(policy, sampler, advantages, mask, versions, trainer, bound, cap):
+    # One group at a time: skip the stale ones, then one mean of the kept
+    # responses' means.
+    size = policy.shape[0] // versions.shape[0]
+    kept, means = [], []
+    for group, version in enumerate(versions.tolist()):
+        keep = trainer - version <= bound
+        kept.append(keep)
+        if not keep:
+            continue
+        for row in range(group * size, (group + 1) * size):
+            tokens = mask[row].bool()
+            log_pi = policy[row][tokens]
+            weight = torch.minimum((log_pi.detach() - sampler[row][tokens]).exp(),
+                                   torch.tensor(cap, dtype=log_pi.dtype))
+            means.append((-advantages[row] * weight * (log_pi - log_pi.detach()).exp()).mean())
+    return torch.tensor(kept), torch.stack(means).mean()
+"""
+
 CHANGED = {
     ("loop", "check_rollout_batch_update"): (
         UPDATE,
@@ -455,6 +501,20 @@ CHANGED = {
             "uncorrected",
         ],
         CORRECTED_BY_PRODUCT,
+    ),
+    ("asynchronous", "check_admitted_loss"): (
+        ADMITTED,
+        ["right"],
+        [
+            "age_reversed",
+            "strict_bound",
+            "upside_down",
+            "weight_with_gradient",
+            "untruncated",
+            "token_mean",
+            "dropped_in_divisor",
+        ],
+        ADMITTED_BY_GROUPS,
     ),
     ("logprobs", "check_response_log_probs"): (
         RESPONSE,

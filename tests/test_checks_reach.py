@@ -44,9 +44,11 @@ REACHABLE_MODULES = (
     "grpo_lab.sampler_correction",
     "grpo_lab.train_step",
     "grpo_lab.training.loop",
+    "grpo_lab.training.staleness",
     "grpo_lab.teaching.explorer",
     "grpo_lab.teaching.checks.advantages",
     "grpo_lab.teaching.checks.aggregation",
+    "grpo_lab.teaching.checks.asynchronous",
     "grpo_lab.teaching.checks.family",
     "grpo_lab.teaching.checks.gspo",
     "grpo_lab.teaching.checks.logprobs",
@@ -246,7 +248,30 @@ def _by_reference_slices(rollout_batch_size, train_batch_size, group_size):
     return _reference_slices(rollout_batch_size, train_batch_size)
 
 
+def _by_within_bound(policy, sampler, advantages, mask, versions, trainer, bound, cap):
+    from grpo_lab.train_step import UpdateSettings, microbatch_loss
+    from grpo_lab.training.staleness import within_bound
+
+    kept = within_bound(versions, trainer, bound)
+    rows = kept.repeat_interleave(policy.shape[0] // versions.shape[0])
+    settings = UpdateSettings(
+        importance_reweighting_method="grpo",
+        cliprange=0.2,
+        sampler_correction="token_truncate",
+        sampler_correction_cap=cap,
+    )
+    microbatch = {
+        "response_mask": mask[rows],
+        "advantages": advantages[rows],
+        "old_log_probs": policy[rows].detach(),
+        "sampler_log_probs": sampler[rows],
+    }
+    loss = microbatch_loss(policy[rows], policy[rows], microbatch, settings)[0]
+    return kept, loss
+
+
 ROUTES = {
+    "staleness.within_bound": ("check_admitted_loss", _by_within_bound),
     "generate": ("check_greedy_next_token", _by_generate),
     "reference_next_token": ("check_greedy_next_token", _by_reference_next_token),
     "turns._written": ("check_multi_turn_mask", _by_written),

@@ -137,6 +137,7 @@ def _check(exercise: Exercise):
         "check_multi_turn_mask": "turns",
         "check_lora_linear": "lora",
         "check_distillation_loss": "distillation",
+        "check_admitted_loss": "asynchronous",
     }[exercise.check_name]
     return resolve(f"grpo_lab.teaching.checks.{module}.{exercise.check_name}")
 

@@ -1168,3 +1168,26 @@ def test_export_from_a_folder_that_is_no_run_is_refused(tmp_path, capsys):
 def test_to_trl_config_names_a_dict_given_for_a_config():
     with pytest.raises(ValueError, match=r"^config must be a TrainConfig .*got dict$"):
         grpo_trl.to_trl_config({"lr": 1e-3})
+
+
+ASYNC_REASONS = ("async_admission 'pace'", "weight_sync_every")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ({}, []),
+        ({"async_admission": "pace"}, ["async_admission 'pace'"]),
+        ({"weight_sync_every": 3}, ["weight_sync_every"]),
+        ({"async_admission": "pace", "weight_sync_every": 2}, list(ASYNC_REASONS)),
+    ],
+)
+def test_an_asynchronous_run_is_refused_naming_what_trl_async_lacks(overrides, named):
+    config = TrainConfig.for_profile("cpu", max_staleness=2, **overrides)
+    with pytest.raises(UserError, match="max_staleness 2") as error:
+        grpo_trl.to_trl_config(config)
+    message = str(error.value)
+    assert "trl.experimental.async_grpo" in message
+    assert "the loss: TRL's async loss clips pi / pi_sampler" in message  # always
+    for reason in ASYNC_REASONS:  # a setting TRL could hold is not blamed
+        assert (reason in message) == (reason in named), reason

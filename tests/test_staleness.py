@@ -22,6 +22,7 @@ from grpo_lab.training.staleness import (
     gap_by_staleness,
     paced_version,
     staleness,
+    within_bound,
 )
 
 
@@ -153,3 +154,9 @@ def test_trl_and_verl_exports_refuse_an_asynchronous_run_by_name():
         EXPORTS["max_staleness"].convert(config, None)
     synchronous = TrainConfig.for_profile("smoke", sft_max_steps=0)
     assert EXPORTS["max_staleness"].convert(synchronous, None) == {}
+
+
+def test_within_bound_keeps_a_group_at_the_bound_and_drops_one_past_it():
+    versions = torch.tensor([7, 5, 4, 8])  # 0, 2, 3 and -1 steps old at version 7
+    kept = within_bound(versions, 7, 2)
+    assert kept.tolist() == [True, True, False, True]

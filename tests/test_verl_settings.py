@@ -267,3 +267,19 @@ def test_reward_parts_verl_cannot_run_are_refused_by_name(changes, message):
 
     with pytest.raises(ValueError, match=message):
         launch_overrides(gpu_config(**changes))
+
+
+def test_an_asynchronous_run_is_refused_naming_verls_asynchronous_trainers():
+    config = TrainConfig.for_profile("cpu", max_staleness=1, async_admission="pace")
+    with pytest.raises(ValueError, match="max_staleness must be 0") as error:
+        EXPORTS["max_staleness"].convert(config, Target())
+    message = str(error.value)
+    for name in (
+        "one_step_off_policy",
+        "algorithm.rollout_correction.bypass_mode",
+        "fully_async_policy",
+        "async_training.staleness_threshold",
+        "async_training.trigger_parameter_sync_step",
+        "partial_rollout",
+    ):
+        assert name in message

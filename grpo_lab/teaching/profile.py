@@ -252,3 +252,60 @@ OPD_SIZES: dict[str, dict[str, Any]] = {
         },
     },
 }
+
+
+# notebooks/16_asynchronous_grpo.ipynb: sizes_for_profile(**ASYNC_SIZES). The
+# synchronous and the asynchronous run start from notebook 09's warm-up (the
+# same cached model) and draw the same prompts; the rollout worker samples on
+# the CPU (docs/asynchronous.md), so every profile runs them on the CPU, and
+# the GPU profiles run fewer, smaller steps. `lengths_*`: the addition toy's groups
+# whose answer lengths the dropping-vs-pacing simulation streams; `bias_*`: the
+# exact gradient at one position after each number of stale steps. smoke runs
+# 2 steps of the smoke model.
+ASYNC_SIZES: dict[str, dict[str, Any]] = {
+    "cpu": {
+        "run_profile": "cpu",
+        "warm_up_overrides": {"sft_eval_every": 20, "sft_eval_size": 32},
+        "run_overrides": {
+            "steps": 12,
+            "rollout_batch_size": 64,
+            "train_batch_size": 64,
+            "sft_max_steps": 0,
+            "eval_every": 12,
+            "eval_size": 32,
+            "checkpoint_every": 0,
+        },
+        "async_overrides": {
+            "max_staleness": 1,
+            "async_admission": "pace",
+            "weight_sync_every": 1,
+            "sampler_correction": "token_truncate",
+        },
+        "lengths_max_value": 100,
+        "lengths_groups": 256,
+        "bias_steps": 4,
+        "bias_lr": 2.0,
+        "seed": 0,
+    },
+    # The worker samples on the CPU whatever the machine: a third of the cpu
+    # sizes' steps, of half the batch, keep the notebook short where a GPU is
+    # idle through it (and in the test that runs it under each GPU profile).
+    "gpu": {
+        "run_overrides": {
+            "steps": 4,
+            "rollout_batch_size": 32,
+            "train_batch_size": 32,
+            "sft_max_steps": 0,
+            "eval_every": 4,
+            "eval_size": 16,
+            "checkpoint_every": 0,
+        },
+        "lengths_groups": 128,
+    },
+    "smoke": {
+        "run_profile": "smoke",
+        "warm_up_overrides": {},
+        "run_overrides": {"sft_max_steps": 0, "checkpoint_every": 0},
+        "lengths_groups": 32,
+    },
+}

@@ -212,10 +212,14 @@ def _train_in(config: TrainConfig, progress: bool) -> RunResult:
                 started = time.perf_counter()
                 set_learning_rate(policy.optimizer, learning_rate_at(config, step))
                 rollouts, examples = source.take(step)
+                taken = time.perf_counter()
                 weights_match_completed_step = False
                 record = grpo_update(config, task, policy, rollouts, examples)
                 source.updated(step)
                 record["time/step_seconds"] = time.perf_counter() - started
+                # Sampling and grading (synchronous), or waiting on the queue
+                # (asynchronous): the part of the step the trainer did not train.
+                record["time/sample_seconds"] = taken - started
                 if _evaluation_due(config, step):
                     record.update(
                         evaluate(config, task, policy, eval_examples, step, progress)

@@ -114,9 +114,23 @@ def admit(
     groups: Sequence[TaggedGroup], trainer_version: int, max_staleness: int
 ) -> tuple[list[TaggedGroup], list[TaggedGroup]]:
     """``groups`` split into those within the bound (kept) and those over it."""
-    kept = [g for g in groups if staleness(trainer_version, g) <= max_staleness]
-    dropped = [g for g in groups if staleness(trainer_version, g) > max_staleness]
+    versions = torch.tensor([g.version for g in groups], dtype=torch.long)  # (N,)
+    inside = within_bound(versions, trainer_version, max_staleness).tolist()
+    kept = [g for g, keep in zip(groups, inside, strict=True) if keep]
+    dropped = [g for g, keep in zip(groups, inside, strict=True) if not keep]
     return kept, dropped
+
+
+def within_bound(
+    group_versions: torch.Tensor, trainer_version: int, max_staleness: int
+) -> torch.Tensor:
+    """Which groups a trainer at ``trainer_version`` may train on. (N,) -> (N,) bool
+
+    A group sampled by version v is (trainer_version - v) steps old; it is
+    kept when that is at most ``max_staleness`` (a group exactly at the bound
+    is kept).
+    """
+    return (trainer_version - group_versions) <= max_staleness
 
 
 @dataclass

@@ -408,12 +408,40 @@ def _max_staleness(config: TrainConfig, num_processes: int) -> dict[str, Any]:
         raise _refuse(
             "max_staleness",
             config.max_staleness,
-            "GRPOTrainer is synchronous; TRL's asynchronous trainer "
-            "(trl.experimental.async_grpo: max_staleness, weight_sync_steps) is "
-            "another trainer, fed by a vLLM server, that this export does not "
-            "write; use 0",
+            "GRPOTrainer is synchronous, and TRL's asynchronous trainer "
+            "(trl.experimental.async_grpo) cannot hold this run: "
+            + "; ".join(trl_async_differences(config)),
         )
     return {}
+
+
+def trl_async_differences(config: TrainConfig) -> list[str]:
+    """Why TRL's asynchronous trainer (``AsyncGRPOTrainer``, its
+    ``max_staleness`` and ``weight_sync_steps``) would train another run than
+    ``config``'s asynchronous one, each naming the setting it is about."""
+    found = [
+        "the loss: TRL's async loss clips pi / pi_sampler (the sampler's own "
+        "log-probs are its pi_old, tests/test_trl_async_parity.py), where "
+        "grpo_lab's asynchronous loop takes pi_old from the trainer and weighs "
+        "the sampler's gap with sampler_correction"
+    ]
+    if config.async_admission == "pace":
+        found.append(
+            "async_admission 'pace': TRL drops stale samples and never paces its "
+            "worker (max_inflight_tasks bounds the samples in flight, not their age)"
+        )
+    if config.weight_sync_every > 1:
+        found.append(
+            f"weight_sync_every {config.weight_sync_every}: TRL's staleness counts "
+            "weight syncs (its model version moves at each weight_sync_steps), "
+            "grpo_lab's counts optimizer steps; they agree only at 1"
+        )
+    if config.sampler_correction != "none":
+        found.append(
+            f"sampler_correction {config.sampler_correction!r}: TRL's async loss "
+            "has no importance-sampling correction"
+        )
+    return found
 
 
 def _mask_truncated(config: TrainConfig, num_processes: int) -> dict[str, Any]:

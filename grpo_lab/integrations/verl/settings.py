@@ -486,9 +486,16 @@ EXPORTS: dict[str, Export] = {
         _refused_unless(
             "max_staleness",
             lambda c: c.max_staleness == 0,
-            "0 (verl's one_step_off_policy and fully_async_policy trainers are "
-            "separate entry points with their own launch; this export writes "
-            "the synchronous main_ppo)",
+            "0 (this export writes the synchronous main_ppo; verl's "
+            "asynchronous trainers are other entry points that train another "
+            "run: one_step_off_policy samples every batch exactly one step "
+            "behind and by default takes the sampler's log-probs as pi_old "
+            "(algorithm.rollout_correction.bypass_mode), with neither "
+            "async_admission nor async_queue_size; fully_async_policy bounds "
+            "the share of stale samples (async_training.staleness_threshold, a "
+            "fraction, not steps), syncs every "
+            "async_training.trigger_parameter_sync_step and resumes interrupted "
+            "responses under new weights (partial_rollout))",
         ),
         "refused unless 0",
     ),

@@ -114,6 +114,18 @@ PACKAGE_COUNTERPARTS: dict[str, tuple[str, ...]] = {
         "grpo_lab.losses.compute_policy_gradient_loss",  # its clipped terms (04)
         "grpo_lab.losses.grpo_clip_loss",
     ),
+    "check_admitted_loss": (
+        "grpo_lab.training.staleness.within_bound",
+        "grpo_lab.training.staleness.admit",
+        "grpo_lab.train_step.microbatch_loss",
+        "grpo_lab.sampler_correction.sampler_correction_weights",
+        "grpo_lab.sampler_correction.correction_weights",
+        "grpo_lab.sampler_correction.sampler_weights",
+        "grpo_lab.sampler_correction.sampler_weights_and_metrics",
+        "grpo_lab.losses.compute_policy_gradient_loss",
+        "grpo_lab.aggregation.aggregate_loss_across_microbatch",
+        "grpo_lab.teaching.checks.asynchronous.reference_admitted_loss",
+    ),
 }
 
 
