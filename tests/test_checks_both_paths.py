@@ -465,6 +465,110 @@ CHANGED = {
 }
 
 
+# --- 05-gspo_loss, 06-aggregate_loss, 13-lora_linear, 08-robust_reward -------------
+
+GSPO = """
+def {name}(policy_log_probs, old_log_probs, advantages, response_mask, cliprange,
+           slip={slip!r}):
+    mask = torch.ones_like(response_mask) if slip == "padding" else response_mask
+    log_ratio = (policy_log_probs - old_log_probs) * mask  # (B, T)
+    if slip == "token_ratio":
+        ratio = torch.exp(policy_log_probs - old_log_probs)  # (B, T)
+        a = advantages.unsqueeze(-1)
+        clipped = torch.clamp(ratio, 1 - cliprange, 1 + cliprange)
+        return masked_mean(-torch.minimum(ratio * a, clipped * a), mask, dim=1).mean()
+    if slip == "arithmetic":
+        ratio = (torch.exp(policy_log_probs - old_log_probs) * mask).sum(1) / mask.sum(1)
+    elif slip == "product":
+        ratio = torch.exp(log_ratio.sum(1))
+    else:
+        ratio = torch.exp(log_ratio.sum(1) / mask.sum(1))  # (B,)
+    high = float("inf") if slip == "no_clip" else cliprange
+    clipped = torch.clamp(ratio, 1 - high, 1 + high)
+    if slip == "detached_clip":
+        clipped = torch.clamp(ratio.detach(), 1 - cliprange, 1 + cliprange)
+    loss = -torch.minimum(ratio * advantages, clipped * advantages)  # (B,)
+    if slip == "flipped":
+        loss = -loss
+    if slip == "token_mean":
+        return (loss * mask.sum(1)).sum() / mask.sum()
+    return loss.mean()
+"""
+
+GSPO_BY_WHERE = """
+def {name}(policy, old, advantages, mask, eps):
+    # The geometric mean as a masked mean of log-ratios, the clip by torch.where.
+    keep = mask.bool()
+    log_s = torch.stack([(policy[i] - old[i])[keep[i]].mean() for i in range(len(keep))])
+    s = log_s.exp()  # (B,)
+    bounded = torch.where(s > 1 + eps, 1 + eps, torch.where(s < 1 - eps, 1 - eps, s))
+    return torch.maximum(-s * advantages, -bounded * advantages).sum() / len(s)
+"""
+
+CHANGED.update(
+    {
+        ("gspo", "check_gspo_loss"): (
+            GSPO,
+            ["right"],
+            [
+                "token_ratio",
+                "arithmetic",
+                "product",
+                "no_clip",
+                "padding",
+                "flipped",
+                "token_mean",
+                "detached_clip",
+            ],
+            GSPO_BY_WHERE,
+        ),
+    }
+)
+
+AGGREGATE = """
+def {name}(per_token_loss, response_mask, loss_normalization,
+           normalization_constant=None, slip={slip!r}):
+    mask = torch.ones_like(response_mask) if slip == "unmasked" else response_mask
+    masked = per_token_loss * mask  # (B, T)
+    if loss_normalization == "sequence":
+        if slip == "token_mean":
+            return masked.sum() / mask.sum()
+        lengths = mask.shape[1] if slip == "over_t" else mask.sum(dim=1)
+        per_response = masked.sum(dim=1) / lengths  # (B,)
+        if slip == "summed_rows":
+            return per_response.sum()
+        if slip == "row_sums":
+            return masked.sum(dim=1).mean()
+        return per_response.mean()
+    divisor = mask.sum() if slip == "token_count" else normalization_constant
+    return masked.sum() / divisor
+"""
+
+AGGREGATE_BY_WEIGHTS = """
+def {name}(loss, mask, how, constant=None):
+    # Each token's weight first, as in the picture; then one weighted sum.
+    m = mask.to(loss.dtype)
+    if how == "sequence":
+        weight = m / m.sum(dim=1, keepdim=True) / m.shape[0]
+    else:
+        weight = m / constant
+    return torch.einsum("bt,bt->", loss, weight)
+"""
+
+CHANGED.update(
+    {
+        ("aggregation", "check_aggregate_loss"): (
+            AGGREGATE,
+            ["right"],
+            ["token_mean", "over_t", "summed_rows", "row_sums", "unmasked", "token_count"],
+            AGGREGATE_BY_WEIGHTS,
+        ),
+    }
+)
+
+# --- end of 05-gspo_loss, 06-aggregate_loss, 13-lora_linear, 08-robust_reward -------
+
+
 def _answers() -> dict[str, tuple[str, str, str, bool]]:
     """name -> (check module, check, source, right?)."""
     answers = {

@@ -34,6 +34,7 @@ DIFFERENTIABLE = {
     "check_token_entropy",
     "check_clipped_loss",
     "check_sequence_ratio",
+    "check_gspo_loss",  # 05-gspo_loss
     "check_aggregate_loss",
     "check_grpo_loss",
     "check_dapo_kl_loss",
@@ -123,6 +124,7 @@ def _check(exercise: Exercise):
         "check_group_normalized_advantages": "advantages",
         "check_clipped_loss": "losses",
         "check_sequence_ratio": "gspo",
+        "check_gspo_loss": "gspo",  # 05-gspo_loss
         "check_aggregate_loss": "aggregation",
         "check_grpo_loss": "aggregation",
         "check_microbatch_losses": "train_step",

@@ -39,7 +39,25 @@ PACKAGE_COUNTERPARTS: dict[str, tuple[str, ...]] = {
         "grpo_lab.losses.compute_policy_gradient_loss",
         "grpo_lab.teaching.checks.gspo.reference_sequence_ratio",
     ),
-    "check_aggregate_loss": ("grpo_lab.aggregation.aggregate_loss_across_microbatch",),
+    # --- 05-gspo_loss (composes 05-sequence_ratio, 04's clip, 06's mean) ---
+    "check_gspo_loss": (
+        "grpo_lab.losses.gspo_clip_loss",
+        "grpo_lab.losses.compute_policy_gradient_loss",
+        "grpo_lab.aggregation.aggregate_loss_across_microbatch",  # 06a, composed here
+        "grpo_lab.train_step.microbatch_loss",
+        "grpo_lab.teaching.checks.gspo.reference_gspo_loss",
+        "grpo_lab.teaching.checks.gspo.reference_sequence_ratio",  # 05a, composed here
+        "grpo_lab.teaching.checks.gspo._gspo_slips",  # a slip's sign, turned around
+        "grpo_lab.losses.grpo_clip_loss",  # its clipped surrogate (04)
+    ),
+    # --- end 05-gspo_loss ---
+    # --- 06-aggregate_loss ---
+    "check_aggregate_loss": (
+        "grpo_lab.aggregation.aggregate_loss_across_microbatch",
+        "grpo_lab.aggregation.reduce_masked_loss",  # what it returns
+        "grpo_lab.teaching.checks.aggregation._aggregation_slips",  # a slip, times B
+    ),
+    # --- end 06-aggregate_loss ---
     "check_grpo_loss": (
         "grpo_lab.train_step.microbatch_loss",
         "grpo_lab.losses.compute_policy_gradient_loss",
