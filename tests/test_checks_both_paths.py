@@ -560,7 +560,14 @@ CHANGED.update(
         ("aggregation", "check_aggregate_loss"): (
             AGGREGATE,
             ["right"],
-            ["token_mean", "over_t", "summed_rows", "row_sums", "unmasked", "token_count"],
+            [
+                "token_mean",
+                "over_t",
+                "summed_rows",
+                "row_sums",
+                "unmasked",
+                "token_count",
+            ],
             AGGREGATE_BY_WEIGHTS,
         ),
     }
