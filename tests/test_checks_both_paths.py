@@ -573,6 +573,47 @@ CHANGED.update(
     }
 )
 
+LORA = """
+def {name}(x, weight, lora_A, lora_B, alpha, rank, slip={slip!r}):
+    scale = {{"no_scale": 1.0, "alpha": alpha, "upside_down": rank / alpha}}.get(
+        slip, alpha / rank)
+    base = x @ (weight if slip == "untransposed" else weight.T)  # (..., out)
+    B = lora_B.detach() if slip == "detached_B" else lora_B
+    if slip == "swapped":
+        update = x @ B @ lora_A  # (..., out) only when in = out
+    else:
+        update = x @ lora_A.T @ B.T  # (..., out)
+    if slip == "no_base":
+        return scale * update
+    return base + scale * update
+"""
+
+LORA_MERGED = """
+def {name}(x, weight, lora_A, lora_B, alpha, rank):
+    # One matmul with the merged weight W + (alpha / r) B A.
+    merged = torch.addmm(weight, lora_B, lora_A, alpha=alpha / rank)  # (out, in)
+    return torch.nn.functional.linear(x, merged)
+"""
+
+CHANGED.update(
+    {
+        ("lora", "check_lora_linear"): (
+            LORA,
+            ["right"],
+            [
+                "no_scale",
+                "alpha",
+                "upside_down",
+                "untransposed",
+                "swapped",
+                "no_base",
+                "detached_B",
+            ],
+            LORA_MERGED,
+        ),
+    }
+)
+
 # --- end of 05-gspo_loss, 06-aggregate_loss, 13-lora_linear, 08-robust_reward -------
 
 
