@@ -11,6 +11,10 @@ wrong one is its exercise's body with one slip chosen by ``slip``.
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
+
 import pytest
 
 from grpo_lab.teaching.checks import ExerciseFailed
@@ -614,6 +618,79 @@ CHANGED.update(
     }
 )
 
+REWARD = """
+def {name}(response, ground_truth, slip={slip!r}):
+    if not isinstance(response, str) or not isinstance(ground_truth, str):
+        return 0.0
+    text, truth = response.strip(), ground_truth.strip()
+    if slip == "contains":  # notebook 08's lenient reward
+        return float(truth in response)
+    if slip == "startswith":
+        return float(text.startswith(truth))
+    if slip in ("int_parse", "float_parse"):
+        number = int if slip == "int_parse" else float
+        try:
+            return float(number(text) == number(truth))
+        except ValueError:
+            return 0.0
+    if slip == "first_word":
+        return float(text.split()[:1] == [truth])
+    if slip == "first_line":
+        return float(text.splitlines()[:1] == [truth])
+    if slip == "zeros_stripped":
+        return float(text.isdigit() and (text.lstrip("0") or "0") == truth)
+    return float(text == truth)
+"""
+
+REWARD_BY_PATTERN = """
+import re
+
+
+def {name}(response, truth):
+    # The whole response, whitespace aside, must be one ASCII integer: the sum.
+    if type(response) is not str or type(truth) is not str:
+        return 0
+    found = re.fullmatch(r"\\s*(-?[0-9]+)\\s*", response)
+    return 1.0 if found is not None and found.group(1) == truth.strip() else 0.0
+"""
+
+CHANGED.update(
+    {
+        ("rewards", "check_robust_reward"): (
+            REWARD,
+            ["right"],
+            [
+                "contains",
+                "startswith",
+                "int_parse",
+                "float_parse",
+                "first_word",
+                "first_line",
+                "zeros_stripped",
+            ],
+            REWARD_BY_PATTERN,
+        ),
+    }
+)
+
+
+def _notebook_check_cell(notebook: str, grade_id: str, function: str) -> str:
+    """A course check cell, hidden tests included, calling ``{name}``."""
+    path = Path(__file__).resolve().parents[1] / "notebooks" / notebook
+    for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+        if cell["metadata"].get("nbgrader", {}).get("grade_id") == grade_id:
+            source = "".join(cell["source"]).replace("{", "{{").replace("}", "}}")
+            return re.sub(rf"\b{function}\b", "{name}", source)
+    raise AssertionError(f"{notebook} has no cell {grade_id}")
+
+
+# Checks whose course cell runs hidden tests after the check: both paths run it.
+CHECK_CELLS = {
+    "check_robust_reward": _notebook_check_cell(
+        "08_training_loop.ipynb", "08-robust_reward-check", "robust_reward"
+    ),
+}
+
 # --- end of 05-gspo_loss, 06-aggregate_loss, 13-lora_linear, 08-robust_reward -------
 
 
@@ -659,6 +736,9 @@ def _in_the_check_cell(name: str) -> bool:
     module, check, source, _ = ANSWERS[name]
     names: dict = {}
     exec(CONTEXT + source, names)
+    if check in CHECK_CELLS:  # the course's cell, hidden tests and all
+        exec(CHECK_CELLS[check].format(name=name), names)
+        return True  # it raised on a wrong answer
     checks = importlib.import_module(f"grpo_lab.teaching.checks.{module}")
     return getattr(checks, check)(names[name])
 
@@ -694,7 +774,7 @@ def grades(tmp_path_factory):
             f"def {name}(*args):\n    ### BEGIN SOLUTION\n"
             "    raise NotImplementedError()\n    ### END SOLUTION\n"
         )
-        call = (
+        call = CHECK_CELLS.get(check, "").format(name=name) or (
             f"from grpo_lab.teaching.checks.{module} import {check}\n\n{check}({name});"
         )
         course += [nbformat.v4.new_code_cell(stub), nbformat.v4.new_code_cell(call)]

@@ -132,6 +132,7 @@ def _check(exercise: Exercise):
         "check_microbatch_train_step": "train_step",
         "check_train_batch_slices": "loop",
         "check_rollout_batch_update": "loop",
+        "check_robust_reward": "rewards",  # 08-robust_reward
         "check_cache_key": "loop",
         "check_dapo_kl_loss": "family",
         "check_device_token_loss": "scaling",

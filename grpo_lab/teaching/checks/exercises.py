@@ -90,6 +90,13 @@ PACKAGE_COUNTERPARTS: dict[str, tuple[str, ...]] = {
         "grpo_lab.losses.grpo_clip_loss",
         "grpo_lab.aggregation.aggregate_loss_across_microbatch",  # 06a, composed here
     ),
+    # --- 08-robust_reward (the sampling side: a reward the hacks cannot game) ---
+    "check_robust_reward": (
+        "grpo_lab.rewards.exact_match_reward",
+        "grpo_lab.tasks.toy.AdditionTask.reward_fn",
+        "grpo_lab.tasks.hackable.HackableAdditionTask.reward_fn",
+    ),
+    # --- end 08-robust_reward ---
     "check_cache_key": ("grpo_lab.teaching.explorer.config_cache_key",),
     "check_dapo_kl_loss": (
         "grpo_lab.train_step.microbatch_loss",
