@@ -691,6 +691,27 @@ CHECK_CELLS = {
     ),
 }
 
+
+def test_the_hidden_hacks_reach_neither_the_student_copy_nor_the_package():
+    """The course cell runs them; the student copy and the package hold none."""
+    import nbformat
+
+    from grpo_lab.instructor.student import student_notebook
+
+    cell = CHECK_CELLS["check_robust_reward"]
+    hacks = re.findall(r'\(\s*"([^"]+)", "(?:42|7|0)", 0\.0', cell)
+    assert len(hacks) >= 5, cell
+    root = Path(__file__).resolve().parents[1]
+    course = nbformat.read(root / "notebooks" / "08_training_loop.ipynb", 4)
+    copy = json.dumps(student_notebook(course, "08_training_loop.ipynb"))
+    assert "check_robust_reward(robust_reward)" in copy
+    assert "check_hidden_reward_hacks" not in copy
+    package = "".join(
+        p.read_text(encoding="utf-8") for p in (root / "grpo_lab").rglob("*.py")
+    )
+    assert not [hack for hack in hacks if json.dumps(hack) in copy + package]
+
+
 # --- end of 05-gspo_loss, 06-aggregate_loss, 13-lora_linear, 08-robust_reward -------
 
 
