@@ -11,6 +11,10 @@ wrong one is its exercise's body with one slip chosen by ``slip``.
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
+
 import pytest
 
 from grpo_lab.teaching.checks import ExerciseFailed
@@ -525,6 +529,252 @@ CHANGED = {
 }
 
 
+# --- 05-gspo_loss, 06-aggregate_loss, 13-lora_linear, 08-robust_reward -------------
+
+GSPO = """
+def {name}(policy_log_probs, old_log_probs, advantages, response_mask, cliprange,
+           slip={slip!r}):
+    mask = torch.ones_like(response_mask) if slip == "padding" else response_mask
+    log_ratio = (policy_log_probs - old_log_probs) * mask  # (B, T)
+    if slip == "token_ratio":
+        ratio = torch.exp(policy_log_probs - old_log_probs)  # (B, T)
+        a = advantages.unsqueeze(-1)
+        clipped = torch.clamp(ratio, 1 - cliprange, 1 + cliprange)
+        return masked_mean(-torch.minimum(ratio * a, clipped * a), mask, dim=1).mean()
+    if slip == "arithmetic":
+        ratio = (torch.exp(policy_log_probs - old_log_probs) * mask).sum(1) / mask.sum(1)
+    elif slip == "product":
+        ratio = torch.exp(log_ratio.sum(1))
+    else:
+        ratio = torch.exp(log_ratio.sum(1) / mask.sum(1))  # (B,)
+    high = float("inf") if slip == "no_clip" else cliprange
+    clipped = torch.clamp(ratio, 1 - high, 1 + high)
+    if slip == "detached_clip":
+        clipped = torch.clamp(ratio.detach(), 1 - cliprange, 1 + cliprange)
+    loss = -torch.minimum(ratio * advantages, clipped * advantages)  # (B,)
+    if slip == "flipped":
+        loss = -loss
+    if slip == "token_mean":
+        return (loss * mask.sum(1)).sum() / mask.sum()
+    return loss.mean()
+"""
+
+GSPO_BY_WHERE = """
+def {name}(policy, old, advantages, mask, eps):
+    # The geometric mean as a masked mean of log-ratios, the clip by torch.where.
+    keep = mask.bool()
+    log_s = torch.stack([(policy[i] - old[i])[keep[i]].mean() for i in range(len(keep))])
+    s = log_s.exp()  # (B,)
+    bounded = torch.where(s > 1 + eps, 1 + eps, torch.where(s < 1 - eps, 1 - eps, s))
+    return torch.maximum(-s * advantages, -bounded * advantages).sum() / len(s)
+"""
+
+CHANGED.update(
+    {
+        ("gspo", "check_gspo_loss"): (
+            GSPO,
+            ["right"],
+            [
+                "token_ratio",
+                "arithmetic",
+                "product",
+                "no_clip",
+                "padding",
+                "flipped",
+                "token_mean",
+                "detached_clip",
+            ],
+            GSPO_BY_WHERE,
+        ),
+    }
+)
+
+AGGREGATE = """
+def {name}(per_token_loss, response_mask, loss_normalization,
+           normalization_constant=None, slip={slip!r}):
+    mask = torch.ones_like(response_mask) if slip == "unmasked" else response_mask
+    masked = per_token_loss * mask  # (B, T)
+    if loss_normalization == "sequence":
+        if slip == "token_mean":
+            return masked.sum() / mask.sum()
+        lengths = mask.shape[1] if slip == "over_t" else mask.sum(dim=1)
+        per_response = masked.sum(dim=1) / lengths  # (B,)
+        if slip == "summed_rows":
+            return per_response.sum()
+        if slip == "row_sums":
+            return masked.sum(dim=1).mean()
+        return per_response.mean()
+    divisor = mask.sum() if slip == "token_count" else normalization_constant
+    return masked.sum() / divisor
+"""
+
+AGGREGATE_BY_WEIGHTS = """
+def {name}(loss, mask, how, constant=None):
+    # Each token's weight first, as in the picture; then one weighted sum.
+    m = mask.to(loss.dtype)
+    if how == "sequence":
+        weight = m / m.sum(dim=1, keepdim=True) / m.shape[0]
+    else:
+        weight = m / constant
+    return torch.einsum("bt,bt->", loss, weight)
+"""
+
+CHANGED.update(
+    {
+        ("aggregation", "check_aggregate_loss"): (
+            AGGREGATE,
+            ["right"],
+            [
+                "token_mean",
+                "over_t",
+                "summed_rows",
+                "row_sums",
+                "unmasked",
+                "token_count",
+            ],
+            AGGREGATE_BY_WEIGHTS,
+        ),
+    }
+)
+
+LORA = """
+def {name}(x, weight, lora_A, lora_B, alpha, rank, slip={slip!r}):
+    scale = {{"no_scale": 1.0, "alpha": alpha, "upside_down": rank / alpha}}.get(
+        slip, alpha / rank)
+    base = x @ (weight if slip == "untransposed" else weight.T)  # (..., out)
+    B = lora_B.detach() if slip == "detached_B" else lora_B
+    if slip == "swapped":
+        update = x @ B @ lora_A  # (..., out) only when in = out
+    else:
+        update = x @ lora_A.T @ B.T  # (..., out)
+    if slip == "no_base":
+        return scale * update
+    return base + scale * update
+"""
+
+LORA_MERGED = """
+def {name}(x, weight, lora_A, lora_B, alpha, rank):
+    # One matmul with the merged weight W + (alpha / r) B A.
+    merged = torch.addmm(weight, lora_B, lora_A, alpha=alpha / rank)  # (out, in)
+    return torch.nn.functional.linear(x, merged)
+"""
+
+CHANGED.update(
+    {
+        ("lora", "check_lora_linear"): (
+            LORA,
+            ["right"],
+            [
+                "no_scale",
+                "alpha",
+                "upside_down",
+                "untransposed",
+                "swapped",
+                "no_base",
+                "detached_B",
+            ],
+            LORA_MERGED,
+        ),
+    }
+)
+
+REWARD = """
+def {name}(response, ground_truth, slip={slip!r}):
+    if not isinstance(response, str) or not isinstance(ground_truth, str):
+        return 0.0
+    text, truth = response.strip(), ground_truth.strip()
+    if slip == "contains":  # notebook 08's lenient reward
+        return float(truth in response)
+    if slip == "startswith":
+        return float(text.startswith(truth))
+    if slip in ("int_parse", "float_parse"):
+        number = int if slip == "int_parse" else float
+        try:
+            return float(number(text) == number(truth))
+        except ValueError:
+            return 0.0
+    if slip == "first_word":
+        return float(text.split()[:1] == [truth])
+    if slip == "first_line":
+        return float(text.splitlines()[:1] == [truth])
+    if slip == "zeros_stripped":
+        return float(text.isdigit() and (text.lstrip("0") or "0") == truth)
+    return float(text == truth)
+"""
+
+REWARD_BY_PATTERN = """
+import re
+
+
+def {name}(response, truth):
+    # The whole response, whitespace aside, must be one ASCII integer: the sum.
+    if type(response) is not str or type(truth) is not str:
+        return 0
+    found = re.fullmatch(r"\\s*(-?[0-9]+)\\s*", response)
+    return 1.0 if found is not None and found.group(1) == truth.strip() else 0.0
+"""
+
+CHANGED.update(
+    {
+        ("rewards", "check_robust_reward"): (
+            REWARD,
+            ["right"],
+            [
+                "contains",
+                "startswith",
+                "int_parse",
+                "float_parse",
+                "first_word",
+                "first_line",
+                "zeros_stripped",
+            ],
+            REWARD_BY_PATTERN,
+        ),
+    }
+)
+
+
+def _notebook_check_cell(notebook: str, grade_id: str, function: str) -> str:
+    """A course check cell, hidden tests included, calling ``{name}``."""
+    path = Path(__file__).resolve().parents[1] / "notebooks" / notebook
+    for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+        if cell["metadata"].get("nbgrader", {}).get("grade_id") == grade_id:
+            source = "".join(cell["source"]).replace("{", "{{").replace("}", "}}")
+            return re.sub(rf"\b{function}\b", "{name}", source)
+    raise AssertionError(f"{notebook} has no cell {grade_id}")
+
+
+# Checks whose course cell runs hidden tests after the check: both paths run it.
+CHECK_CELLS = {
+    "check_robust_reward": _notebook_check_cell(
+        "08_training_loop.ipynb", "08-robust_reward-check", "robust_reward"
+    ),
+}
+
+
+def test_the_hidden_hacks_reach_neither_the_student_copy_nor_the_package():
+    """The course cell runs them; the student copy and the package hold none."""
+    import nbformat
+
+    from grpo_lab.instructor.student import student_notebook
+
+    cell = CHECK_CELLS["check_robust_reward"]
+    hacks = re.findall(r'\(\s*"([^"]+)", "(?:42|7|0)", 0\.0', cell)
+    assert len(hacks) >= 5, cell
+    root = Path(__file__).resolve().parents[1]
+    course = nbformat.read(root / "notebooks" / "08_training_loop.ipynb", 4)
+    copy = json.dumps(student_notebook(course, "08_training_loop.ipynb"))
+    assert "check_robust_reward(robust_reward)" in copy
+    assert "check_hidden_reward_hacks" not in copy
+    package = "".join(
+        p.read_text(encoding="utf-8") for p in (root / "grpo_lab").rglob("*.py")
+    )
+    assert not [hack for hack in hacks if json.dumps(hack) in copy + package]
+
+
+# --- end of 05-gspo_loss, 06-aggregate_loss, 13-lora_linear, 08-robust_reward -------
+
+
 def _answers() -> dict[str, tuple[str, str, str, bool]]:
     """name -> (check module, check, source, right?)."""
     answers = {
@@ -567,6 +817,9 @@ def _in_the_check_cell(name: str) -> bool:
     module, check, source, _ = ANSWERS[name]
     names: dict = {}
     exec(CONTEXT + source, names)
+    if check in CHECK_CELLS:  # the course's cell, hidden tests and all
+        exec(CHECK_CELLS[check].format(name=name), names)
+        return True  # it raised on a wrong answer
     checks = importlib.import_module(f"grpo_lab.teaching.checks.{module}")
     return getattr(checks, check)(names[name])
 
@@ -602,7 +855,7 @@ def grades(tmp_path_factory):
             f"def {name}(*args):\n    ### BEGIN SOLUTION\n"
             "    raise NotImplementedError()\n    ### END SOLUTION\n"
         )
-        call = (
+        call = CHECK_CELLS.get(check, "").format(name=name) or (
             f"from grpo_lab.teaching.checks.{module} import {check}\n\n{check}({name});"
         )
         course += [nbformat.v4.new_code_cell(stub), nbformat.v4.new_code_cell(call)]

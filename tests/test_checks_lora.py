@@ -60,7 +60,7 @@ def test_two_different_correct_answers_pass(answer, capsys):
         (scale_forgotten, "the alpha / r scale is missing"),
         (scale_alpha, "the scale is alpha, not alpha / r"),
         (swapped, "A and B are swapped"),
-        (no_base, "the frozen base output x W^T is missing"),
+        (no_base, "the frozen base output (x through W) is missing"),
     ],
 )
 def test_each_usual_slip_is_refused_and_named(answer, hint):

@@ -40,9 +40,11 @@ REACHABLE_MODULES = (
     "grpo_lab.losses",
     "grpo_lab.masks",
     "grpo_lab.prefix_sharing",
+    "grpo_lab.rewards",  # 08-robust_reward
     "grpo_lab.rollouts.multiturn",
     "grpo_lab.sampler_correction",
     "grpo_lab.train_step",
+    "grpo_lab.tasks.hackable",  # 08-robust_reward
     "grpo_lab.training.loop",
     "grpo_lab.training.staleness",
     "grpo_lab.teaching.explorer",
@@ -57,6 +59,7 @@ REACHABLE_MODULES = (
     "grpo_lab.teaching.checks.losses",
     "grpo_lab.teaching.checks.masks",
     "grpo_lab.teaching.checks.mismatch",
+    "grpo_lab.teaching.checks.rewards",  # 08-robust_reward
     "grpo_lab.teaching.checks.scaling",
     "grpo_lab.teaching.checks.setup",
     "grpo_lab.teaching.checks.train_step",
@@ -66,7 +69,13 @@ REACHABLE_MODULES = (
 SLOW_CHECKS = {"check_cache_key"}
 # Functions that act on a model in place and return nothing an exercise asks
 # for; with integers in the model's place merge_adapter_into runs for minutes.
-NOT_ANSWERS = {"grpo_lab.lora.merge_adapter_into", "grpo_lab.lora.add_adapters"}
+NOT_ANSWERS = {
+    "grpo_lab.lora.merge_adapter_into",
+    "grpo_lab.lora.add_adapters",
+    # Given two strings (08-robust_reward's arguments) it asks the Hub for a model
+    # of that name, retrying for a minute without a network.
+    "grpo_lab.models.load_pretrained",
+}
 
 
 def _exercises() -> list[tuple[str, str, str, int]]:
@@ -270,8 +279,23 @@ def _by_within_bound(policy, sampler, advantages, mask, versions, trainer, bound
     return kept, loss
 
 
+def _by_exact_match(response, ground_truth):
+    from grpo_lab.rewards import exact_match_reward
+
+    return exact_match_reward(response, ground_truth)["reward"]
+
+
+def _by_task_reward(response, ground_truth):
+    from grpo_lab.tasks import get_task
+
+    task = get_task("hackable_addition", reward="strict")
+    return task.reward_fn(response, ground_truth)["reward"]
+
+
 ROUTES = {
     "staleness.within_bound": ("check_admitted_loss", _by_within_bound),
+    "rewards.exact_match_reward": ("check_robust_reward", _by_exact_match),
+    "hackable_addition's strict reward": ("check_robust_reward", _by_task_reward),
     "generate": ("check_greedy_next_token", _by_generate),
     "reference_next_token": ("check_greedy_next_token", _by_reference_next_token),
     "turns._written": ("check_multi_turn_mask", _by_written),

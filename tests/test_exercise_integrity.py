@@ -34,6 +34,7 @@ DIFFERENTIABLE = {
     "check_token_entropy",
     "check_clipped_loss",
     "check_sequence_ratio",
+    "check_gspo_loss",  # 05-gspo_loss
     "check_aggregate_loss",
     "check_grpo_loss",
     "check_dapo_kl_loss",
@@ -123,6 +124,7 @@ def _check(exercise: Exercise):
         "check_group_normalized_advantages": "advantages",
         "check_clipped_loss": "losses",
         "check_sequence_ratio": "gspo",
+        "check_gspo_loss": "gspo",  # 05-gspo_loss
         "check_aggregate_loss": "aggregation",
         "check_grpo_loss": "aggregation",
         "check_microbatch_losses": "train_step",
@@ -130,6 +132,7 @@ def _check(exercise: Exercise):
         "check_microbatch_train_step": "train_step",
         "check_train_batch_slices": "loop",
         "check_rollout_batch_update": "loop",
+        "check_robust_reward": "rewards",  # 08-robust_reward
         "check_cache_key": "loop",
         "check_dapo_kl_loss": "family",
         "check_device_token_loss": "scaling",

@@ -141,6 +141,10 @@ EXPLORER_SIZES: dict[str, dict[str, Any]] = {
         "off_policy_epochs": 2,
         "length_task_options": {"n_digits": 5, "max_restated": 20},
         "length_overrides": {"steps": 20, "eval_size": 50},
+        # The graded experiment: n samples of each held-out prompt from the warm
+        # start, regrouped into groups of every size up to n (a few seconds).
+        "group_prompts": 64,
+        "group_samples": 16,
     },
     "gpu": {
         "base_overrides": {"checkpoint_every": 0, "sft_max_steps": 0},
@@ -162,6 +166,8 @@ EXPLORER_SIZES: dict[str, dict[str, Any]] = {
         },
         "warm_up_overrides": {},
         "lr_values": [1e-4],
+        "group_prompts": 8,
+        "group_samples": 4,
     },
 }
 

@@ -66,14 +66,73 @@ def check_aggregate_loss(
             )
             student_loss = loss.clone().requires_grad_(True)
             received = student_fn(student_loss, mask.clone(), normalization, constant)
+            inputs = _describe(loss, mask, normalization, constant)
+            _name_an_aggregation_slip(
+                received, expected, (loss, mask, normalization, constant), inputs
+            )
             assert_value_and_gradient(
                 received,
                 expected,
                 student_loss,
                 reference_loss,
-                _describe(loss, mask, normalization, constant),
+                inputs,
                 "per_token_loss",
             )
+
+
+# --- 06-aggregate_loss: the slips it names ------------------------------------------
+
+
+def _aggregation_slips(loss, mask, normalization, constant) -> dict[str, torch.Tensor]:
+    """The value each usual slip gives, and what to say about it."""
+    masked = loss * mask  # (B, T)
+    tokens = mask.sum()
+    if normalization == "sequence":
+        per_response = masked.sum(dim=1) / mask.sum(dim=1)  # (B,)
+        return {
+            "the batch's token mean (DAPO's), not the mean of per-response means": (
+                masked.sum() / tokens
+            ),
+            "padding counts: each response is averaged over all T positions": (
+                masked.sum(dim=1) / mask.shape[1]
+            ).mean(),
+            "padding counts: the per-token loss is averaged unmasked": loss.mean(),
+            "the per-response means are summed, not averaged over the B responses": (
+                per_response.sum()
+            ),
+            "each response's loss is summed over its tokens, not averaged": (
+                masked.sum(dim=1).mean()
+            ),
+        }
+    return {
+        "the divisor is the number of response tokens, not normalization_constant": (
+            masked.sum() / tokens
+        ),
+        "padding counts: every position's loss is summed": loss.sum() / constant,
+        "the per-response means are used, not the masked sum over a constant": (
+            masked.sum(dim=1) / mask.sum(dim=1)
+        ).mean(),
+        "the masked sum is divided by normalization_constant times B": (
+            masked.sum() / (constant * mask.shape[0])
+        ),
+    }
+
+
+def _name_an_aggregation_slip(received, expected, case, inputs: str) -> None:
+    if not isinstance(received, torch.Tensor) or received.shape != expected.shape:
+        return  # assert_close reports the type or shape
+    value = received.detach().double()
+    if torch.allclose(value, expected.detach().double(), atol=1e-6):
+        return
+    for slip, wrong in _aggregation_slips(*case).items():
+        if torch.allclose(value, wrong.detach().double(), atol=1e-6):
+            raise ExerciseFailed(
+                f"For {inputs}:\n  expected {expected.item():.6f}\n  got      "
+                f"{value.item():.6f}: {slip}"
+            )
+
+
+# --- end of 06-aggregate_loss's slips -----------------------------------------------
 
 
 GrpoLoss = Callable[..., torch.Tensor]

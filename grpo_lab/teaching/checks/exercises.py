@@ -39,7 +39,25 @@ PACKAGE_COUNTERPARTS: dict[str, tuple[str, ...]] = {
         "grpo_lab.losses.compute_policy_gradient_loss",
         "grpo_lab.teaching.checks.gspo.reference_sequence_ratio",
     ),
-    "check_aggregate_loss": ("grpo_lab.aggregation.aggregate_loss_across_microbatch",),
+    # --- 05-gspo_loss (composes 05-sequence_ratio, 04's clip, 06's mean) ---
+    "check_gspo_loss": (
+        "grpo_lab.losses.gspo_clip_loss",
+        "grpo_lab.losses.compute_policy_gradient_loss",
+        "grpo_lab.aggregation.aggregate_loss_across_microbatch",  # 06a, composed here
+        "grpo_lab.train_step.microbatch_loss",
+        "grpo_lab.teaching.checks.gspo.reference_gspo_loss",
+        "grpo_lab.teaching.checks.gspo.reference_sequence_ratio",  # 05a, composed here
+        "grpo_lab.teaching.checks.gspo._gspo_slips",  # a slip's sign, turned around
+        "grpo_lab.losses.grpo_clip_loss",  # its clipped surrogate (04)
+    ),
+    # --- end 05-gspo_loss ---
+    # --- 06-aggregate_loss ---
+    "check_aggregate_loss": (
+        "grpo_lab.aggregation.aggregate_loss_across_microbatch",
+        "grpo_lab.aggregation.reduce_masked_loss",  # what it returns
+        "grpo_lab.teaching.checks.aggregation._aggregation_slips",  # a slip, times B
+    ),
+    # --- end 06-aggregate_loss ---
     "check_grpo_loss": (
         "grpo_lab.train_step.microbatch_loss",
         "grpo_lab.losses.compute_policy_gradient_loss",
@@ -72,6 +90,13 @@ PACKAGE_COUNTERPARTS: dict[str, tuple[str, ...]] = {
         "grpo_lab.losses.grpo_clip_loss",
         "grpo_lab.aggregation.aggregate_loss_across_microbatch",  # 06a, composed here
     ),
+    # --- 08-robust_reward (the sampling side: a reward the hacks cannot game) ---
+    "check_robust_reward": (
+        "grpo_lab.rewards.exact_match_reward",
+        "grpo_lab.tasks.toy.AdditionTask.reward_fn",
+        "grpo_lab.tasks.hackable.HackableAdditionTask.reward_fn",
+    ),
+    # --- end 08-robust_reward ---
     "check_cache_key": ("grpo_lab.teaching.explorer.config_cache_key",),
     "check_dapo_kl_loss": (
         "grpo_lab.train_step.microbatch_loss",

@@ -67,16 +67,13 @@ def _slips(x, weight, lora_A, lora_B, alpha, rank) -> dict[str, torch.Tensor]:
         "the scale is alpha, not alpha / r": base + alpha * update,
         "the scale is upside down: alpha / r, not r / alpha": base
         + (rank / alpha) * update,
-        "the frozen base output x W^T is missing: y = x W^T + (alpha / r) x A^T B^T": (
-            alpha / rank
-        )
-        * update,
+        "the frozen base output (x through W) is missing": (alpha / rank) * update,
     }
     if weight.shape[0] == weight.shape[1]:  # x B A only multiplies when in = out
         swapped = base + (alpha / rank) * (x @ lora_B @ lora_A)
         slips[
-            "A and B are swapped: A (r, in) maps x down to r numbers, then B "
-            "(out, r) maps them up: x A^T B^T"
+            "A and B are swapped: A (r, in) maps each input down to r numbers, "
+            "then B (out, r) maps them up"
         ] = swapped
     return slips
 
