@@ -10,7 +10,6 @@ from grpo_lab.advantages import compute_group_normalized_rewards
 from grpo_lab.logprobs import compute_entropy
 from grpo_lab.losses import compute_policy_gradient_loss
 from grpo_lab.masks import pad_prompt_and_response_ids
-from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2
 from grpo_lab.teaching.checks import ExerciseFailed
 from grpo_lab.teaching.checks.advantages import check_group_normalized_advantages
 from grpo_lab.teaching.checks.gspo import check_sequence_ratio, reference_sequence_ratio
@@ -21,7 +20,7 @@ from grpo_lab.teaching.checks.logprobs import (
 )
 from grpo_lab.teaching.checks.losses import check_clipped_loss
 from grpo_lab.teaching.checks.masks import check_response_mask
-from grpo_lab.teaching.checks.setup import check_greedy_next_token
+from grpo_lab.teaching.checks.setup import check_greedy_continuation
 
 
 def stub(*args, **kwargs):
@@ -43,33 +42,58 @@ def assert_not_attempted(check, capsys, *args):
     assert "not attempted yet" in capsys.readouterr().out
 
 
-# --- 00: greedy next token -------------------------------------------------
+# --- 00: a prompt's greedy continuation ---------------------------------------
 
 
-@pytest.fixture(scope="module")
-def tiny_model_and_tokenizer():
-    tokenizer = build_char_tokenizer()
-    return build_tiny_qwen2(tokenizer, hidden_size=32, num_layers=1, seed=0), tokenizer
+def continuation_reference(model, tokenizer, prompt, max_new_tokens):
+    ids = torch.tensor([tokenizer.encode(prompt, add_special_tokens=False)])
+    start = ids.shape[1]
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            next_id = model(ids).logits[:, -1].argmax(dim=-1, keepdim=True)  # (1, 1)
+            if next_id.item() == tokenizer.eos_token_id:
+                break
+            ids = torch.cat([ids, next_id], dim=1)
+    return tokenizer.decode(ids[0, start:])
 
 
-def greedy_reference(model, input_ids):
-    return model(input_ids).logits[:, -1, :].argmax(dim=-1)  # (B,)
+def continuation_with_eos(model, tokenizer, prompt, max_new_tokens):
+    ids = torch.tensor([tokenizer.encode(prompt, add_special_tokens=False)])
+    start = ids.shape[1]
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            next_id = model(ids).logits[:, -1].argmax(dim=-1, keepdim=True)
+            ids = torch.cat([ids, next_id], dim=1)
+            if next_id.item() == tokenizer.eos_token_id:
+                break
+    return tokenizer.decode(ids[0, start:])
 
 
-def greedy_first_position(model, input_ids):
-    return model(input_ids).logits[:, 0, :].argmax(dim=-1)
+def test_continuation_check(capsys):
+    assert_accepts(check_greedy_continuation, continuation_reference, capsys)
+    with pytest.raises(ExerciseFailed, match="<eos> ends the response"):
+        check_greedy_continuation(continuation_with_eos)
+    assert_not_attempted(check_greedy_continuation, capsys)
 
 
-def greedy_keeps_time_dim(model, input_ids):
-    return model(input_ids).logits[:, -1:, :].argmax(dim=-1)  # (B, 1)
+def test_the_scripted_model_reads_the_whole_prefix_through_a_cache():
+    """generate, with its key-value cache, sees the scripted answer: the hook
+    rebuilds the prefix from what the cache holds."""
+    from grpo_lab.teaching.checks.setup import _models, reference_continuation
 
-
-def test_greedy_check(tiny_model_and_tokenizer, capsys):
-    model, tokenizer = tiny_model_and_tokenizer
-    assert_accepts(check_greedy_next_token, greedy_reference, capsys, model, tokenizer)
-    assert_rejects(check_greedy_next_token, greedy_first_position, model, tokenizer)
-    assert_rejects(check_greedy_next_token, greedy_keeps_time_dim, model, tokenizer)
-    assert_not_attempted(check_greedy_next_token, capsys, model, tokenizer)
+    name, model, tokenizer, prompt, max_new_tokens, _ = _models()[1]
+    ids = torch.tensor([tokenizer.encode(prompt, add_special_tokens=False)])
+    generated = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    text = tokenizer.decode(generated[0, ids.shape[1] :], skip_special_tokens=True)
+    assert text == reference_continuation(model, tokenizer, prompt, max_new_tokens)
+    assert text == "19", name
 
 
 # --- 01: response mask and shift ---------------------------------------------
@@ -232,39 +256,35 @@ def test_reference_log_probs_match_log_softmax():
     assert torch.allclose(reference_token_log_probs(logits, labels), naive, atol=1e-6)
 
 
-def entropy_reference(logits):
+def entropy_reference(logits, response_mask):
+    logits = logits.float()
     probabilities = torch.softmax(logits, -1)
-    return torch.logsumexp(logits, -1) - (probabilities * logits).sum(-1)
+    entropy = torch.logsumexp(logits, -1) - (probabilities * logits).sum(-1)
+    return (entropy * response_mask).sum() / response_mask.sum()
 
 
-def entropy_detached(logits):
-    return entropy_reference(logits).detach()
+def entropy_naive_log(logits, response_mask):
+    probabilities = torch.softmax(logits.float(), -1)
+    entropy = -(probabilities * probabilities.log()).sum(-1)  # 0 * log 0 = nan
+    return (entropy * response_mask).sum() / response_mask.sum()
 
 
-def entropy_without_sign(logits):
-    return (torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
-
-
-def entropy_in_bits(logits):
-    return entropy_reference(logits) / torch.log(torch.tensor(2.0))
-
-
-def entropy_naive_log(logits):
-    probabilities = torch.softmax(logits, -1)
-    return -(probabilities * probabilities.log()).sum(-1)  # 0 * log 0 = nan
+def entropy_per_response(logits, response_mask):
+    probabilities = torch.softmax(logits.float(), -1)
+    entropy = -(probabilities * torch.log_softmax(logits.float(), -1)).sum(-1)
+    return ((entropy * response_mask).sum(-1) / response_mask.sum(-1)).mean()
 
 
 def test_entropy_check(capsys):
     assert_accepts(check_token_entropy, entropy_reference, capsys)
-    logits = torch.randn(3, 5, generator=torch.Generator().manual_seed(2))
-    assert torch.allclose(entropy_reference(logits), compute_entropy(logits))
-    for wrong in (
-        entropy_without_sign,
-        entropy_in_bits,
-        entropy_naive_log,
-        entropy_detached,
-    ):
-        assert_rejects(check_token_entropy, wrong)
+    logits = torch.randn(2, 3, 5, generator=torch.Generator().manual_seed(2))
+    mask = torch.tensor([[0, 1, 1], [1, 0, 0]])
+    package = compute_entropy(logits)[mask.bool()].mean()
+    assert torch.allclose(entropy_reference(logits, mask), package)
+    with pytest.raises(ExerciseFailed, match="the result is NaN"):
+        check_token_entropy(entropy_naive_log)
+    with pytest.raises(ExerciseFailed, match="each response's mean"):
+        check_token_entropy(entropy_per_response)
     assert_not_attempted(check_token_entropy, capsys)
 
 
@@ -463,8 +483,8 @@ def _helper_calling_the_package(logits):
     return compute_entropy(logits)
 
 
-def entropy_via_helper(logits):
-    return _helper_calling_the_package(logits)
+def entropy_via_helper(logits, response_mask):
+    return _helper_calling_the_package(logits)[response_mask.bool()].mean()
 
 
 # --- every check: how many of its cases passed ------------------------------------
@@ -513,8 +533,17 @@ def test_a_student_exception_keeps_its_type_and_gets_the_count():
 def test_the_public_signature_hides_the_case_count():
     import inspect
 
-    assert list(inspect.signature(check_greedy_next_token).parameters) == [
+    from grpo_lab.teaching.checks.framework import exercise_check
+
+    @exercise_check("a check with arguments of its own")
+    def check_token_entropy(student_fn, cases, model, tokenizer):
+        pass
+
+    assert list(inspect.signature(check_token_entropy).parameters) == [
         "student_fn",
         "model",
         "tokenizer",
+    ]
+    assert list(inspect.signature(check_greedy_continuation).parameters) == [
+        "student_fn"
     ]

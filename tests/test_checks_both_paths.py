@@ -465,6 +465,103 @@ CHANGED = {
 }
 
 
+# --- composition exercises of notebooks 00, 02 (token entropy) and 03 -------------
+
+CONTINUATION = """
+def {name}(model, tokenizer, prompt, max_new_tokens, slip={slip!r}):
+    ids = tokenizer.encode(prompt, add_special_tokens=False)
+    new = []
+    recording = torch.enable_grad() if slip == "autograd" else torch.no_grad()
+    with recording:
+        for _ in range(max_new_tokens + (slip == "one_more")):
+            seen = [(ids + new)[-1]] if slip == "last_token" else ids + new
+            next_id = int(model(torch.tensor([seen])).logits[0, -1].argmax())
+            if next_id == tokenizer.eos_token_id and slip != "past_eos":
+                if slip == "eos_kept":
+                    new.append(next_id)
+                break
+            new.append(next_id)
+    text = tokenizer.decode(new, skip_special_tokens=slip == "past_eos")
+    return prompt + text if slip == "with_prompt" else text
+"""
+
+CONTINUATION_BY_CACHE = """
+def {name}(model, tokenizer, prompt, max_new_tokens):
+    # A key-value cache: after the prompt, only the newest token goes in.
+    step = torch.tensor([tokenizer.encode(prompt, add_special_tokens=False)])
+    pieces, cache = [], None
+    with torch.inference_mode():
+        for _ in range(max_new_tokens):
+            output = model(input_ids=step, past_key_values=cache, use_cache=True)
+            cache = output.past_key_values
+            token = output.logits[0, -1].argmax().item()
+            if token == tokenizer.eos_token_id:
+                break
+            pieces.append(tokenizer.convert_ids_to_tokens(token))
+            step = torch.tensor([[token]])
+    return "".join(pieces)
+"""
+
+ENTROPY = """
+def {name}(logits, response_mask, slip={slip!r}):
+    wide = logits if slip == "bfloat16" else logits.float()
+    probabilities = torch.softmax(wide, dim=-1)  # (B, T, V)
+    if slip == "log_of_softmax":
+        entropy = -(probabilities * probabilities.log()).sum(-1)
+    else:
+        weights = probabilities.detach() if slip == "detached" else probabilities
+        entropy = torch.logsumexp(wide, dim=-1) - (weights * wide).sum(-1)
+    if slip == "bits":
+        entropy = entropy / math.log(2)
+    mask = torch.ones_like(response_mask) if slip == "unmasked" else response_mask
+    mask = mask.to(entropy.dtype)
+    if slip == "per_response":
+        return ((entropy * mask).sum(-1) / mask.sum(-1)).mean()
+    return ((entropy * mask).sum() / mask.sum()).float()
+"""
+
+ENTROPY_BY_LOG_SOFTMAX = """
+def {name}(logits, response_mask):
+    # log_softmax (finite where a probability underflows), boolean indexing.
+    log_p = torch.log_softmax(logits.to(torch.float32), dim=-1)
+    entropy = -(log_p.exp() * log_p).sum(dim=-1)  # (B, T)
+    return entropy[response_mask.bool()].mean()
+"""
+
+CHANGED.update(
+    {
+        ("setup", "check_greedy_continuation"): (
+            CONTINUATION,
+            ["right"],
+            [
+                "autograd",
+                "one_more",
+                "last_token",
+                "past_eos",
+                "eos_kept",
+                "with_prompt",
+            ],
+            CONTINUATION_BY_CACHE,
+        ),
+        ("logprobs", "check_token_entropy"): (
+            ENTROPY,
+            ["right"],
+            [
+                "bfloat16",
+                "log_of_softmax",
+                "detached",
+                "bits",
+                "unmasked",
+                "per_response",
+            ],
+            ENTROPY_BY_LOG_SOFTMAX,
+        ),
+    }
+)
+
+# --- end of the composition exercises of notebooks 00, 02 and 03 -----------------
+
+
 def _answers() -> dict[str, tuple[str, str, str, bool]]:
     """name -> (check module, check, source, right?)."""
     answers = {

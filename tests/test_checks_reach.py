@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import functools
 import importlib
 import inspect
 import io
@@ -107,20 +106,6 @@ def _check(check_name: str):
     raise AssertionError(f"no check module defines {check_name}")
 
 
-@functools.cache
-def _tiny_model_and_tokenizer():
-    from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2
-
-    tokenizer = build_char_tokenizer()
-    return build_tiny_qwen2(tokenizer, hidden_size=32, num_layers=1, seed=0), tokenizer
-
-
-def _extra(check_name: str) -> tuple:
-    if check_name == "check_greedy_next_token":
-        return _tiny_model_and_tokenizer()
-    return ()
-
-
 def _candidates(arguments: int) -> list[tuple[str, types.FunctionType]]:
     """Every reachable function that accepts ``arguments`` positional values."""
     found = {}
@@ -149,7 +134,7 @@ def _passes(check_name: str, answer) -> bool:
     """Whether the check, as a check cell calls it, passes ``answer``."""
     with contextlib.redirect_stdout(io.StringIO()):
         try:
-            return _check(check_name)(answer, *_extra(check_name)) is True
+            return _check(check_name)(answer) is True
         except Exception:
             return False
 
@@ -191,20 +176,28 @@ def test_the_enumeration_finds_what_answers_when_nothing_is_hidden(monkeypatch):
 # --- routes that need an adapter -------------------------------------------------
 
 
-def _by_generate(model, input_ids):
+def _by_generate(model, tokenizer, prompt, max_new_tokens):
+    ids = torch.tensor([tokenizer.encode(prompt, add_special_tokens=False)])
     generated = model.generate(
-        input_ids,
-        attention_mask=torch.ones_like(input_ids),
-        max_new_tokens=1,
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_new_tokens,
         do_sample=False,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
     )
-    return generated[:, -1]
+    return tokenizer.decode(generated[0, ids.shape[1] :], skip_special_tokens=True)
 
 
-def _by_reference_next_token(model, input_ids):
-    from grpo_lab.teaching.checks.setup import reference_next_token
+def _by_sampling_loop(model, tokenizer, prompt, max_new_tokens):
+    # The package's own token-by-token sampler, greedy at temperature 0.
+    from grpo_lab.rollouts.base import SamplingSettings
+    from grpo_lab.rollouts.mismatch import MismatchRolloutBackend
 
-    return reference_next_token(model, input_ids, 0)
+    sampling = SamplingSettings(temperature=0.0, max_new_tokens=max_new_tokens)
+    rollouts = MismatchRolloutBackend(model, tokenizer).generate([prompt], 1, sampling)
+    ids = rollouts.response_token_ids[0]
+    return tokenizer.decode(ids, skip_special_tokens=True)
 
 
 def _by_written(prompt_ids, segments):
@@ -247,8 +240,8 @@ def _by_reference_slices(rollout_batch_size, train_batch_size, group_size):
 
 
 ROUTES = {
-    "generate": ("check_greedy_next_token", _by_generate),
-    "reference_next_token": ("check_greedy_next_token", _by_reference_next_token),
+    "generate": ("check_greedy_continuation", _by_generate),
+    "mismatch.MismatchRolloutBackend": ("check_greedy_continuation", _by_sampling_loop),
     "turns._written": ("check_multi_turn_mask", _by_written),
     "lora._slips": ("check_lora_linear", _by_slips),
     "losses.grpo_clip_loss": ("check_dapo_kl_loss", _by_grpo_clip_loss),

@@ -116,7 +116,7 @@ def test_every_solution_block_belongs_to_a_checked_exercise():
 
 def _check(exercise: Exercise):
     module = {
-        "check_greedy_next_token": "setup",
+        "check_greedy_continuation": "setup",
         "check_response_mask": "masks",
         "check_response_log_probs": "logprobs",
         "check_token_entropy": "logprobs",
@@ -139,20 +139,6 @@ def _check(exercise: Exercise):
         "check_distillation_loss": "distillation",
     }[exercise.check_name]
     return resolve(f"grpo_lab.teaching.checks.{module}.{exercise.check_name}")
-
-
-@functools.cache
-def _tiny_model_and_tokenizer():
-    from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2
-
-    tokenizer = build_char_tokenizer()
-    return build_tiny_qwen2(tokenizer, hidden_size=32, num_layers=1, seed=0), tokenizer
-
-
-def _extra_args(exercise: Exercise) -> tuple:
-    if exercise.check_name == "check_greedy_next_token":
-        return _tiny_model_and_tokenizer()
-    return ()
 
 
 def _solution(exercise: Exercise, stubbed: bool = False):
@@ -179,14 +165,14 @@ def _solution(exercise: Exercise, stubbed: bool = False):
 
 @pytest.mark.parametrize("exercise", EXERCISES, ids=str)
 def test_the_notebook_solution_passes(exercise, capsys):
-    assert _check(exercise)(_solution(exercise), *_extra_args(exercise)) is True
+    assert _check(exercise)(_solution(exercise)) is True
     assert "correct" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("exercise", EXERCISES, ids=str)
 def test_a_stub_is_not_attempted(exercise, capsys):
     stub = _solution(exercise, stubbed=True)
-    assert _check(exercise)(stub, *_extra_args(exercise)) is False
+    assert _check(exercise)(stub) is False
     assert "not attempted yet" in capsys.readouterr().out
 
 
@@ -212,7 +198,7 @@ def test_the_package_function_is_refused(exercise):
     for path in PACKAGE_COUNTERPARTS[exercise.check_name]:
         for how, wrapper in _package_wrappers(resolve(path)).items():
             with pytest.raises(ExerciseFailed) as failure:
-                check(wrapper, *_extra_args(exercise))
+                check(wrapper)
             message = (
                 f"write it yourself: this check compares against {path}"
                 if how in ("itself", "partial")
@@ -231,7 +217,7 @@ def test_a_detached_answer_is_refused(exercise):
         return solution(*args).detach()
 
     with pytest.raises(ExerciseFailed, match="carries no gradient"):
-        _check(exercise)(detached, *_extra_args(exercise))
+        _check(exercise)(detached)
 
 
 # --- answers above the check -------------------------------------------------------
