@@ -10,6 +10,7 @@ from grpo_lab.advantages import compute_group_normalized_rewards
 from grpo_lab.logprobs import compute_entropy
 from grpo_lab.losses import compute_policy_gradient_loss
 from grpo_lab.masks import pad_prompt_and_response_ids
+from grpo_lab.rewards import exact_match_reward
 from grpo_lab.teaching.checks import ExerciseFailed
 from grpo_lab.teaching.checks.advantages import check_group_normalized_advantages
 from grpo_lab.teaching.checks.gspo import check_sequence_ratio, reference_sequence_ratio
@@ -291,52 +292,33 @@ def test_entropy_check(capsys):
 # --- 03: group-normalized advantages -----------------------------------------
 
 
-def advantages_reference(raw_rewards, group_size, advantage_eps):
-    grouped = raw_rewards.reshape(-1, group_size)  # (groups, G)
+def advantages_reference(responses, ground_truths, group_size, advantage_eps):
+    truths = [truth for truth in ground_truths for _ in range(group_size)]
+    rewards = [exact_match_reward(r, t)["reward"] for r, t in zip(responses, truths)]
+    grouped = torch.tensor(rewards).reshape(-1, group_size)  # (groups, G)
     centered = grouped - grouped.mean(1, keepdim=True)
     return (centered / (grouped.std(1, keepdim=True) + advantage_eps)).flatten()
 
 
-def advantages_population_std(raw_rewards, group_size, advantage_eps):
-    grouped = raw_rewards.reshape(-1, group_size)
+def advantages_interleaved(responses, ground_truths, group_size, advantage_eps):
+    # Reads the batch as prompt 0, prompt 1, ..., prompt 0, ...: not group by group.
+    count = len(ground_truths)
+    truths = [ground_truths[i % count] for i in range(len(responses))]
+    rewards = [exact_match_reward(r, t)["reward"] for r, t in zip(responses, truths)]
+    grouped = torch.tensor(rewards).reshape(-1, group_size)
     centered = grouped - grouped.mean(1, keepdim=True)
-    return (
-        centered / (grouped.std(1, unbiased=False, keepdim=True) + advantage_eps)
-    ).flatten()
-
-
-def advantages_batch_mean(raw_rewards, group_size, advantage_eps):
-    grouped = raw_rewards.reshape(-1, group_size)
-    centered = grouped - raw_rewards.mean()
     return (centered / (grouped.std(1, keepdim=True) + advantage_eps)).flatten()
-
-
-def advantages_without_eps(raw_rewards, group_size, advantage_eps):
-    grouped = raw_rewards.reshape(-1, group_size)
-    centered = grouped - grouped.mean(1, keepdim=True)
-    return (centered / grouped.std(1, keepdim=True)).flatten()  # 0 / 0 = nan
-
-
-def advantages_transposed_groups(raw_rewards, group_size, advantage_eps):
-    # Groups read column-wise: the layout is group by group, not interleaved.
-    grouped = raw_rewards.reshape(group_size, -1).T
-    centered = grouped - grouped.mean(1, keepdim=True)
-    result = centered / (grouped.std(1, keepdim=True) + advantage_eps)
-    return result.T.flatten()
 
 
 def test_advantage_check(capsys):
     assert_accepts(check_group_normalized_advantages, advantages_reference, capsys)
-    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])
-    package, _ = compute_group_normalized_rewards(rewards, 3, "mean", 1e-6, "std")
-    assert torch.allclose(advantages_reference(rewards, 3, 1e-6), package)
-    for wrong in (
-        advantages_population_std,
-        advantages_batch_mean,
-        advantages_without_eps,
-        advantages_transposed_groups,
-    ):
-        assert_rejects(check_group_normalized_advantages, wrong)
+    responses, truths = ["1", "0", "0", "1", "1", "1"], ["1", "1"]
+    package, _ = compute_group_normalized_rewards(
+        torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0]), 3, "mean", 1e-6, "std"
+    )
+    assert torch.allclose(advantages_reference(responses, truths, 3, 1e-6), package)
+    with pytest.raises(ExerciseFailed, match="group by group"):
+        check_group_normalized_advantages(advantages_interleaved)
     assert_not_attempted(check_group_normalized_advantages, capsys)
 
 
@@ -497,10 +479,10 @@ def test_a_passing_check_reports_every_case_passed(capsys):
 
 def test_a_failing_check_counts_the_cases_it_passed():
     # Wrong only on groups of two: the last of the four cases.
-    def wrong_for_pairs(raw_rewards, group_size, advantage_eps):
+    def wrong_for_pairs(responses, ground_truths, group_size, advantage_eps):
         if group_size == 2:
-            return torch.zeros_like(raw_rewards)
-        return advantages_reference(raw_rewards, group_size, advantage_eps)
+            return torch.zeros(len(responses))
+        return advantages_reference(responses, ground_truths, group_size, advantage_eps)
 
     with pytest.raises(ExerciseFailed, match="group_size=2") as failure:
         check_group_normalized_advantages(wrong_for_pairs)
@@ -509,9 +491,11 @@ def test_a_failing_check_counts_the_cases_it_passed():
 
 
 def test_a_half_done_answer_fails_rather_than_reading_not_attempted():
-    def half_done(raw_rewards, group_size, advantage_eps):
+    def half_done(responses, ground_truths, group_size, advantage_eps):
         if group_size == 4:
-            return advantages_reference(raw_rewards, group_size, advantage_eps)
+            return advantages_reference(
+                responses, ground_truths, group_size, advantage_eps
+            )
         raise NotImplementedError  # the other group sizes: still the stub
 
     with pytest.raises(ExerciseFailed, match="still raises NotImplementedError"):
@@ -519,10 +503,10 @@ def test_a_half_done_answer_fails_rather_than_reading_not_attempted():
 
 
 def test_a_student_exception_keeps_its_type_and_gets_the_count():
-    def breaks_on_pairs(raw_rewards, group_size, advantage_eps):
+    def breaks_on_pairs(responses, ground_truths, group_size, advantage_eps):
         if group_size == 2:
             raise IndexError("off by one")
-        return advantages_reference(raw_rewards, group_size, advantage_eps)
+        return advantages_reference(responses, ground_truths, group_size, advantage_eps)
 
     with pytest.raises(IndexError, match="off by one") as failure:
         check_group_normalized_advantages(breaks_on_pairs)

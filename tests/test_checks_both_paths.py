@@ -559,6 +559,93 @@ CHANGED.update(
     }
 )
 
+ADVANTAGES = """
+def {name}(responses, ground_truths, group_size, advantage_eps, slip={slip!r}):
+    from grpo_lab.rewards import exact_match_reward
+
+    count = len(ground_truths)
+    if slip == "interleaved":
+        truths = [ground_truths[i % count] for i in range(len(responses))]
+    else:
+        truths = [t for t in ground_truths for _ in range(group_size)]
+    key = "format_reward" if slip == "format_reward" else "reward"
+    rewards = torch.tensor([exact_match_reward(r, t)[key] for r, t in zip(responses, truths)])
+    if slip == "raw_rewards":
+        return rewards
+    grouped = rewards.reshape(-1, group_size)  # (B, G)
+    mean = rewards.mean() if slip == "batch_mean" else grouped.mean(1, keepdim=True)
+    std = grouped.std(1, unbiased=slip != "population_std", keepdim=True)
+    eps = 0.0 if slip == "no_eps" else advantage_eps
+    return ((grouped - mean) / (std + eps)).flatten()
+"""
+
+ADVANTAGES_BY_GROUP = """
+def {name}(responses, ground_truths, group_size, advantage_eps):
+    # One group at a time, in float64, the spread as the root of the variance.
+    from grpo_lab.rewards import exact_match_reward
+
+    advantages = []
+    for g, truth in enumerate(ground_truths):
+        group = responses[g * group_size : (g + 1) * group_size]
+        r = torch.tensor([exact_match_reward(x, truth)["reward"] for x in group],
+                         dtype=torch.float64)
+        advantages.append((r - r.mean()) / (r.var().sqrt() + advantage_eps))
+    return torch.cat(advantages).float()
+"""
+
+CHANGED[("advantages", "check_group_normalized_advantages")] = (
+    ADVANTAGES,
+    ["right"],
+    [
+        "interleaved",
+        "format_reward",
+        "raw_rewards",
+        "batch_mean",
+        "population_std",
+        "no_eps",
+    ],
+    ADVANTAGES_BY_GROUP,
+)
+
+# Routes to these answers that the check hides: wrong in both paths.
+ROUTES.update(
+    {
+        "continuation_by_generate": (
+            "setup",
+            "check_greedy_continuation",
+            "def continuation_by_generate(model, tokenizer, prompt, max_new_tokens):\n"
+            "    ids = torch.tensor([tokenizer.encode(prompt, add_special_tokens=False)])\n"
+            "    out = model.generate(ids, attention_mask=torch.ones_like(ids),\n"
+            "        max_new_tokens=max_new_tokens, do_sample=False,\n"
+            "        eos_token_id=tokenizer.eos_token_id, pad_token_id=0)\n"
+            "    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)\n",
+        ),
+        "entropy_by_fixed_logits": (
+            "logprobs",
+            "check_token_entropy",
+            "from grpo_lab.teaching.checks.logprobs import _FixedLogits\n\n"
+            "def entropy_by_fixed_logits(logits, response_mask):\n"
+            "    labels = torch.zeros(response_mask.shape, dtype=torch.long)\n"
+            "    scored = get_response_log_probs(_FixedLogits(logits.float()), labels,\n"
+            "        labels, return_token_entropy=True, entropy_gradient=True,\n"
+            "        logits_chunk_size=0)\n"
+            "    return scored['token_entropy'][response_mask.bool()].mean()\n",
+        ),
+        "advantages_by_package": (
+            "advantages",
+            "check_group_normalized_advantages",
+            "from grpo_lab.advantages import compute_group_normalized_rewards\n"
+            "from grpo_lab.rewards import exact_match_reward\n\n"
+            "def advantages_by_package(responses, ground_truths, group_size, eps):\n"
+            "    truths = [t for t in ground_truths for _ in range(group_size)]\n"
+            "    rewards = torch.tensor([exact_match_reward(r, t)['reward']\n"
+            "                            for r, t in zip(responses, truths)])\n"
+            "    return compute_group_normalized_rewards(\n"
+            "        rewards, group_size, 'mean', eps, 'std')[0]\n",
+        ),
+    }
+)
+
 # --- end of the composition exercises of notebooks 00, 02 and 03 -----------------
 
 

@@ -39,6 +39,10 @@ PACKAGE_COUNTERPARTS: dict[str, tuple[str, ...]] = {
     ),
     "check_group_normalized_advantages": (
         "grpo_lab.advantages.compute_group_normalized_rewards",
+        "grpo_lab.advantages.compute_rollout_rewards",  # its rewards, composed here
+        "grpo_lab.advantages.rollout_advantages",
+        "grpo_lab.teaching.checks.advantages.reference_batch_advantages",
+        "grpo_lab.teaching.checks.advantages._slip",  # its slips' advantages
     ),
     "check_clipped_loss": (
         "grpo_lab.losses.compute_policy_gradient_loss",
