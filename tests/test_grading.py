@@ -782,8 +782,8 @@ ATTACKS = {
         )
         + _answer(
             "pasted_source",
-            body=REWARDS
-            + "    return _pasted(raw_rewards, group_size, 'mean', advantage_eps)[0]\n",
+            body="    rewards = batch_rewards(responses, ground_truths, group_size)\n"
+            "    return _pasted(rewards, group_size, 'mean', advantage_eps)[0]\n",
         )
     ),
     # Another package function that computes the answer on the way.
@@ -1051,6 +1051,12 @@ ATTACK_CONTEXT = (
     "\n"
     "def microbatch_loss_scale(microbatch_rows, batch_size, loss_normalization):\n"
     "    return microbatch_rows / batch_size if loss_normalization == 'sequence' else 1.0\n"
+    "\n"
+    "def batch_rewards(responses, ground_truths, group_size):\n"
+    "    from grpo_lab.rewards import exact_match_reward\n"
+    "    truths = [t for t in ground_truths for _ in range(group_size)]\n"
+    "    return torch.tensor([exact_match_reward(r, t)['reward']\n"
+    "                         for r, t in zip(responses, truths)])\n"
 )
 
 
