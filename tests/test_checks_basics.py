@@ -10,7 +10,7 @@ from grpo_lab.advantages import compute_group_normalized_rewards
 from grpo_lab.logprobs import compute_entropy
 from grpo_lab.losses import compute_policy_gradient_loss
 from grpo_lab.masks import pad_prompt_and_response_ids
-from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2
+from grpo_lab.rewards import exact_match_reward
 from grpo_lab.teaching.checks import ExerciseFailed
 from grpo_lab.teaching.checks.advantages import check_group_normalized_advantages
 from grpo_lab.teaching.checks.gspo import check_sequence_ratio, reference_sequence_ratio
@@ -21,7 +21,7 @@ from grpo_lab.teaching.checks.logprobs import (
 )
 from grpo_lab.teaching.checks.losses import check_clipped_loss
 from grpo_lab.teaching.checks.masks import check_response_mask
-from grpo_lab.teaching.checks.setup import check_greedy_next_token
+from grpo_lab.teaching.checks.setup import check_greedy_continuation
 
 
 def stub(*args, **kwargs):
@@ -43,33 +43,58 @@ def assert_not_attempted(check, capsys, *args):
     assert "not attempted yet" in capsys.readouterr().out
 
 
-# --- 00: greedy next token -------------------------------------------------
+# --- 00: a prompt's greedy continuation ---------------------------------------
 
 
-@pytest.fixture(scope="module")
-def tiny_model_and_tokenizer():
-    tokenizer = build_char_tokenizer()
-    return build_tiny_qwen2(tokenizer, hidden_size=32, num_layers=1, seed=0), tokenizer
+def continuation_reference(model, tokenizer, prompt, max_new_tokens):
+    ids = torch.tensor([tokenizer.encode(prompt, add_special_tokens=False)])
+    start = ids.shape[1]
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            next_id = model(ids).logits[:, -1].argmax(dim=-1, keepdim=True)  # (1, 1)
+            if next_id.item() == tokenizer.eos_token_id:
+                break
+            ids = torch.cat([ids, next_id], dim=1)
+    return tokenizer.decode(ids[0, start:])
 
 
-def greedy_reference(model, input_ids):
-    return model(input_ids).logits[:, -1, :].argmax(dim=-1)  # (B,)
+def continuation_with_eos(model, tokenizer, prompt, max_new_tokens):
+    ids = torch.tensor([tokenizer.encode(prompt, add_special_tokens=False)])
+    start = ids.shape[1]
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            next_id = model(ids).logits[:, -1].argmax(dim=-1, keepdim=True)
+            ids = torch.cat([ids, next_id], dim=1)
+            if next_id.item() == tokenizer.eos_token_id:
+                break
+    return tokenizer.decode(ids[0, start:])
 
 
-def greedy_first_position(model, input_ids):
-    return model(input_ids).logits[:, 0, :].argmax(dim=-1)
+def test_continuation_check(capsys):
+    assert_accepts(check_greedy_continuation, continuation_reference, capsys)
+    with pytest.raises(ExerciseFailed, match="<eos> ends the response"):
+        check_greedy_continuation(continuation_with_eos)
+    assert_not_attempted(check_greedy_continuation, capsys)
 
 
-def greedy_keeps_time_dim(model, input_ids):
-    return model(input_ids).logits[:, -1:, :].argmax(dim=-1)  # (B, 1)
+def test_the_scripted_model_reads_the_whole_prefix_through_a_cache():
+    """generate, with its key-value cache, sees the scripted answer: the hook
+    rebuilds the prefix from what the cache holds."""
+    from grpo_lab.teaching.checks.setup import _models, reference_continuation
 
-
-def test_greedy_check(tiny_model_and_tokenizer, capsys):
-    model, tokenizer = tiny_model_and_tokenizer
-    assert_accepts(check_greedy_next_token, greedy_reference, capsys, model, tokenizer)
-    assert_rejects(check_greedy_next_token, greedy_first_position, model, tokenizer)
-    assert_rejects(check_greedy_next_token, greedy_keeps_time_dim, model, tokenizer)
-    assert_not_attempted(check_greedy_next_token, capsys, model, tokenizer)
+    name, model, tokenizer, prompt, max_new_tokens, _ = _models()[1]
+    ids = torch.tensor([tokenizer.encode(prompt, add_special_tokens=False)])
+    generated = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    text = tokenizer.decode(generated[0, ids.shape[1] :], skip_special_tokens=True)
+    assert text == reference_continuation(model, tokenizer, prompt, max_new_tokens)
+    assert text == "19", name
 
 
 # --- 01: response mask and shift ---------------------------------------------
@@ -232,91 +257,68 @@ def test_reference_log_probs_match_log_softmax():
     assert torch.allclose(reference_token_log_probs(logits, labels), naive, atol=1e-6)
 
 
-def entropy_reference(logits):
+def entropy_reference(logits, response_mask):
+    logits = logits.float()
     probabilities = torch.softmax(logits, -1)
-    return torch.logsumexp(logits, -1) - (probabilities * logits).sum(-1)
+    entropy = torch.logsumexp(logits, -1) - (probabilities * logits).sum(-1)
+    return (entropy * response_mask).sum() / response_mask.sum()
 
 
-def entropy_detached(logits):
-    return entropy_reference(logits).detach()
+def entropy_naive_log(logits, response_mask):
+    probabilities = torch.softmax(logits.float(), -1)
+    entropy = -(probabilities * probabilities.log()).sum(-1)  # 0 * log 0 = nan
+    return (entropy * response_mask).sum() / response_mask.sum()
 
 
-def entropy_without_sign(logits):
-    return (torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
-
-
-def entropy_in_bits(logits):
-    return entropy_reference(logits) / torch.log(torch.tensor(2.0))
-
-
-def entropy_naive_log(logits):
-    probabilities = torch.softmax(logits, -1)
-    return -(probabilities * probabilities.log()).sum(-1)  # 0 * log 0 = nan
+def entropy_per_response(logits, response_mask):
+    probabilities = torch.softmax(logits.float(), -1)
+    entropy = -(probabilities * torch.log_softmax(logits.float(), -1)).sum(-1)
+    return ((entropy * response_mask).sum(-1) / response_mask.sum(-1)).mean()
 
 
 def test_entropy_check(capsys):
     assert_accepts(check_token_entropy, entropy_reference, capsys)
-    logits = torch.randn(3, 5, generator=torch.Generator().manual_seed(2))
-    assert torch.allclose(entropy_reference(logits), compute_entropy(logits))
-    for wrong in (
-        entropy_without_sign,
-        entropy_in_bits,
-        entropy_naive_log,
-        entropy_detached,
-    ):
-        assert_rejects(check_token_entropy, wrong)
+    logits = torch.randn(2, 3, 5, generator=torch.Generator().manual_seed(2))
+    mask = torch.tensor([[0, 1, 1], [1, 0, 0]])
+    package = compute_entropy(logits)[mask.bool()].mean()
+    assert torch.allclose(entropy_reference(logits, mask), package)
+    with pytest.raises(ExerciseFailed, match="the result is NaN"):
+        check_token_entropy(entropy_naive_log)
+    with pytest.raises(ExerciseFailed, match="each response's mean"):
+        check_token_entropy(entropy_per_response)
     assert_not_attempted(check_token_entropy, capsys)
 
 
 # --- 03: group-normalized advantages -----------------------------------------
 
 
-def advantages_reference(raw_rewards, group_size, advantage_eps):
-    grouped = raw_rewards.reshape(-1, group_size)  # (groups, G)
+def advantages_reference(responses, ground_truths, group_size, advantage_eps):
+    truths = [truth for truth in ground_truths for _ in range(group_size)]
+    rewards = [exact_match_reward(r, t)["reward"] for r, t in zip(responses, truths)]
+    grouped = torch.tensor(rewards).reshape(-1, group_size)  # (groups, G)
     centered = grouped - grouped.mean(1, keepdim=True)
     return (centered / (grouped.std(1, keepdim=True) + advantage_eps)).flatten()
 
 
-def advantages_population_std(raw_rewards, group_size, advantage_eps):
-    grouped = raw_rewards.reshape(-1, group_size)
+def advantages_interleaved(responses, ground_truths, group_size, advantage_eps):
+    # Reads the batch as prompt 0, prompt 1, ..., prompt 0, ...: not group by group.
+    count = len(ground_truths)
+    truths = [ground_truths[i % count] for i in range(len(responses))]
+    rewards = [exact_match_reward(r, t)["reward"] for r, t in zip(responses, truths)]
+    grouped = torch.tensor(rewards).reshape(-1, group_size)
     centered = grouped - grouped.mean(1, keepdim=True)
-    return (
-        centered / (grouped.std(1, unbiased=False, keepdim=True) + advantage_eps)
-    ).flatten()
-
-
-def advantages_batch_mean(raw_rewards, group_size, advantage_eps):
-    grouped = raw_rewards.reshape(-1, group_size)
-    centered = grouped - raw_rewards.mean()
     return (centered / (grouped.std(1, keepdim=True) + advantage_eps)).flatten()
-
-
-def advantages_without_eps(raw_rewards, group_size, advantage_eps):
-    grouped = raw_rewards.reshape(-1, group_size)
-    centered = grouped - grouped.mean(1, keepdim=True)
-    return (centered / grouped.std(1, keepdim=True)).flatten()  # 0 / 0 = nan
-
-
-def advantages_transposed_groups(raw_rewards, group_size, advantage_eps):
-    # Groups read column-wise: the layout is group by group, not interleaved.
-    grouped = raw_rewards.reshape(group_size, -1).T
-    centered = grouped - grouped.mean(1, keepdim=True)
-    result = centered / (grouped.std(1, keepdim=True) + advantage_eps)
-    return result.T.flatten()
 
 
 def test_advantage_check(capsys):
     assert_accepts(check_group_normalized_advantages, advantages_reference, capsys)
-    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])
-    package, _ = compute_group_normalized_rewards(rewards, 3, "mean", 1e-6, "std")
-    assert torch.allclose(advantages_reference(rewards, 3, 1e-6), package)
-    for wrong in (
-        advantages_population_std,
-        advantages_batch_mean,
-        advantages_without_eps,
-        advantages_transposed_groups,
-    ):
-        assert_rejects(check_group_normalized_advantages, wrong)
+    responses, truths = ["1", "0", "0", "1", "1", "1"], ["1", "1"]
+    package, _ = compute_group_normalized_rewards(
+        torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0]), 3, "mean", 1e-6, "std"
+    )
+    assert torch.allclose(advantages_reference(responses, truths, 3, 1e-6), package)
+    with pytest.raises(ExerciseFailed, match="group by group"):
+        check_group_normalized_advantages(advantages_interleaved)
     assert_not_attempted(check_group_normalized_advantages, capsys)
 
 
@@ -463,8 +465,8 @@ def _helper_calling_the_package(logits):
     return compute_entropy(logits)
 
 
-def entropy_via_helper(logits):
-    return _helper_calling_the_package(logits)
+def entropy_via_helper(logits, response_mask):
+    return _helper_calling_the_package(logits)[response_mask.bool()].mean()
 
 
 # --- every check: how many of its cases passed ------------------------------------
@@ -477,10 +479,10 @@ def test_a_passing_check_reports_every_case_passed(capsys):
 
 def test_a_failing_check_counts_the_cases_it_passed():
     # Wrong only on groups of two: the last of the four cases.
-    def wrong_for_pairs(raw_rewards, group_size, advantage_eps):
+    def wrong_for_pairs(responses, ground_truths, group_size, advantage_eps):
         if group_size == 2:
-            return torch.zeros_like(raw_rewards)
-        return advantages_reference(raw_rewards, group_size, advantage_eps)
+            return torch.zeros(len(responses))
+        return advantages_reference(responses, ground_truths, group_size, advantage_eps)
 
     with pytest.raises(ExerciseFailed, match="group_size=2") as failure:
         check_group_normalized_advantages(wrong_for_pairs)
@@ -489,9 +491,11 @@ def test_a_failing_check_counts_the_cases_it_passed():
 
 
 def test_a_half_done_answer_fails_rather_than_reading_not_attempted():
-    def half_done(raw_rewards, group_size, advantage_eps):
+    def half_done(responses, ground_truths, group_size, advantage_eps):
         if group_size == 4:
-            return advantages_reference(raw_rewards, group_size, advantage_eps)
+            return advantages_reference(
+                responses, ground_truths, group_size, advantage_eps
+            )
         raise NotImplementedError  # the other group sizes: still the stub
 
     with pytest.raises(ExerciseFailed, match="still raises NotImplementedError"):
@@ -499,10 +503,10 @@ def test_a_half_done_answer_fails_rather_than_reading_not_attempted():
 
 
 def test_a_student_exception_keeps_its_type_and_gets_the_count():
-    def breaks_on_pairs(raw_rewards, group_size, advantage_eps):
+    def breaks_on_pairs(responses, ground_truths, group_size, advantage_eps):
         if group_size == 2:
             raise IndexError("off by one")
-        return advantages_reference(raw_rewards, group_size, advantage_eps)
+        return advantages_reference(responses, ground_truths, group_size, advantage_eps)
 
     with pytest.raises(IndexError, match="off by one") as failure:
         check_group_normalized_advantages(breaks_on_pairs)
@@ -513,8 +517,17 @@ def test_a_student_exception_keeps_its_type_and_gets_the_count():
 def test_the_public_signature_hides_the_case_count():
     import inspect
 
-    assert list(inspect.signature(check_greedy_next_token).parameters) == [
+    from grpo_lab.teaching.checks.framework import exercise_check
+
+    @exercise_check("a check with arguments of its own")
+    def check_token_entropy(student_fn, cases, model, tokenizer):
+        pass
+
+    assert list(inspect.signature(check_token_entropy).parameters) == [
         "student_fn",
         "model",
         "tokenizer",
+    ]
+    assert list(inspect.signature(check_greedy_continuation).parameters) == [
+        "student_fn"
     ]

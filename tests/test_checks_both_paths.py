@@ -775,6 +775,190 @@ def test_the_hidden_hacks_reach_neither_the_student_copy_nor_the_package():
 # --- end of 05-gspo_loss, 06-aggregate_loss, 13-lora_linear, 08-robust_reward -------
 
 
+# --- composition exercises of notebooks 00, 02 (token entropy) and 03 -------------
+
+CONTINUATION = """
+def {name}(model, tokenizer, prompt, max_new_tokens, slip={slip!r}):
+    ids = tokenizer.encode(prompt, add_special_tokens=False)
+    new = []
+    recording = torch.enable_grad() if slip == "autograd" else torch.no_grad()
+    with recording:
+        for _ in range(max_new_tokens + (slip == "one_more")):
+            seen = [(ids + new)[-1]] if slip == "last_token" else ids + new
+            next_id = int(model(torch.tensor([seen])).logits[0, -1].argmax())
+            if next_id == tokenizer.eos_token_id and slip != "past_eos":
+                if slip == "eos_kept":
+                    new.append(next_id)
+                break
+            new.append(next_id)
+    text = tokenizer.decode(new, skip_special_tokens=slip == "past_eos")
+    return prompt + text if slip == "with_prompt" else text
+"""
+
+CONTINUATION_BY_CACHE = """
+def {name}(model, tokenizer, prompt, max_new_tokens):
+    # A key-value cache: after the prompt, only the newest token goes in.
+    step = torch.tensor([tokenizer.encode(prompt, add_special_tokens=False)])
+    pieces, cache = [], None
+    with torch.inference_mode():
+        for _ in range(max_new_tokens):
+            output = model(input_ids=step, past_key_values=cache, use_cache=True)
+            cache = output.past_key_values
+            token = output.logits[0, -1].argmax().item()
+            if token == tokenizer.eos_token_id:
+                break
+            pieces.append(tokenizer.convert_ids_to_tokens(token))
+            step = torch.tensor([[token]])
+    return "".join(pieces)
+"""
+
+ENTROPY = """
+def {name}(logits, response_mask, slip={slip!r}):
+    wide = logits if slip == "bfloat16" else logits.float()
+    probabilities = torch.softmax(wide, dim=-1)  # (B, T, V)
+    if slip == "log_of_softmax":
+        entropy = -(probabilities * probabilities.log()).sum(-1)
+    else:
+        weights = probabilities.detach() if slip == "detached" else probabilities
+        entropy = torch.logsumexp(wide, dim=-1) - (weights * wide).sum(-1)
+    if slip == "bits":
+        entropy = entropy / math.log(2)
+    mask = torch.ones_like(response_mask) if slip == "unmasked" else response_mask
+    mask = mask.to(entropy.dtype)
+    if slip == "per_response":
+        return ((entropy * mask).sum(-1) / mask.sum(-1)).mean()
+    return ((entropy * mask).sum() / mask.sum()).float()
+"""
+
+ENTROPY_BY_LOG_SOFTMAX = """
+def {name}(logits, response_mask):
+    # log_softmax (finite where a probability underflows), boolean indexing.
+    log_p = torch.log_softmax(logits.to(torch.float32), dim=-1)
+    entropy = -(log_p.exp() * log_p).sum(dim=-1)  # (B, T)
+    return entropy[response_mask.bool()].mean()
+"""
+
+CHANGED.update(
+    {
+        ("setup", "check_greedy_continuation"): (
+            CONTINUATION,
+            ["right"],
+            [
+                "autograd",
+                "one_more",
+                "last_token",
+                "past_eos",
+                "eos_kept",
+                "with_prompt",
+            ],
+            CONTINUATION_BY_CACHE,
+        ),
+        ("logprobs", "check_token_entropy"): (
+            ENTROPY,
+            ["right"],
+            [
+                "bfloat16",
+                "log_of_softmax",
+                "detached",
+                "bits",
+                "unmasked",
+                "per_response",
+            ],
+            ENTROPY_BY_LOG_SOFTMAX,
+        ),
+    }
+)
+
+ADVANTAGES = """
+def {name}(responses, ground_truths, group_size, advantage_eps, slip={slip!r}):
+    from grpo_lab.rewards import exact_match_reward
+
+    count = len(ground_truths)
+    if slip == "interleaved":
+        truths = [ground_truths[i % count] for i in range(len(responses))]
+    else:
+        truths = [t for t in ground_truths for _ in range(group_size)]
+    key = "format_reward" if slip == "format_reward" else "reward"
+    rewards = torch.tensor([exact_match_reward(r, t)[key] for r, t in zip(responses, truths)])
+    if slip == "raw_rewards":
+        return rewards
+    grouped = rewards.reshape(-1, group_size)  # (B, G)
+    mean = rewards.mean() if slip == "batch_mean" else grouped.mean(1, keepdim=True)
+    std = grouped.std(1, unbiased=slip != "population_std", keepdim=True)
+    eps = 0.0 if slip == "no_eps" else advantage_eps
+    return ((grouped - mean) / (std + eps)).flatten()
+"""
+
+ADVANTAGES_BY_GROUP = """
+def {name}(responses, ground_truths, group_size, advantage_eps):
+    # One group at a time, in float64, the spread as the root of the variance.
+    from grpo_lab.rewards import exact_match_reward
+
+    advantages = []
+    for g, truth in enumerate(ground_truths):
+        group = responses[g * group_size : (g + 1) * group_size]
+        r = torch.tensor([exact_match_reward(x, truth)["reward"] for x in group],
+                         dtype=torch.float64)
+        advantages.append((r - r.mean()) / (r.var().sqrt() + advantage_eps))
+    return torch.cat(advantages).float()
+"""
+
+CHANGED[("advantages", "check_group_normalized_advantages")] = (
+    ADVANTAGES,
+    ["right"],
+    [
+        "interleaved",
+        "format_reward",
+        "raw_rewards",
+        "batch_mean",
+        "population_std",
+        "no_eps",
+    ],
+    ADVANTAGES_BY_GROUP,
+)
+
+# Routes to these answers that the check hides: wrong in both paths.
+ROUTES.update(
+    {
+        "continuation_by_generate": (
+            "setup",
+            "check_greedy_continuation",
+            "def continuation_by_generate(model, tokenizer, prompt, max_new_tokens):\n"
+            "    ids = torch.tensor([tokenizer.encode(prompt, add_special_tokens=False)])\n"
+            "    out = model.generate(ids, attention_mask=torch.ones_like(ids),\n"
+            "        max_new_tokens=max_new_tokens, do_sample=False,\n"
+            "        eos_token_id=tokenizer.eos_token_id, pad_token_id=0)\n"
+            "    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)\n",
+        ),
+        "entropy_by_fixed_logits": (
+            "logprobs",
+            "check_token_entropy",
+            "from grpo_lab.teaching.checks.logprobs import _FixedLogits\n\n"
+            "def entropy_by_fixed_logits(logits, response_mask):\n"
+            "    labels = torch.zeros(response_mask.shape, dtype=torch.long)\n"
+            "    scored = get_response_log_probs(_FixedLogits(logits.float()), labels,\n"
+            "        labels, return_token_entropy=True, entropy_gradient=True,\n"
+            "        logits_chunk_size=0)\n"
+            "    return scored['token_entropy'][response_mask.bool()].mean()\n",
+        ),
+        "advantages_by_package": (
+            "advantages",
+            "check_group_normalized_advantages",
+            "from grpo_lab.advantages import compute_group_normalized_rewards\n"
+            "from grpo_lab.rewards import exact_match_reward\n\n"
+            "def advantages_by_package(responses, ground_truths, group_size, eps):\n"
+            "    truths = [t for t in ground_truths for _ in range(group_size)]\n"
+            "    rewards = torch.tensor([exact_match_reward(r, t)['reward']\n"
+            "                            for r, t in zip(responses, truths)])\n"
+            "    return compute_group_normalized_rewards(\n"
+            "        rewards, group_size, 'mean', eps, 'std')[0]\n",
+        ),
+    }
+)
+
+# --- end of the composition exercises of notebooks 00, 02 and 03 -----------------
+
+
 def _answers() -> dict[str, tuple[str, str, str, bool]]:
     """name -> (check module, check, source, right?)."""
     answers = {

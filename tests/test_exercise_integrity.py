@@ -117,7 +117,7 @@ def test_every_solution_block_belongs_to_a_checked_exercise():
 
 def _check(exercise: Exercise):
     module = {
-        "check_greedy_next_token": "setup",
+        "check_greedy_continuation": "setup",
         "check_response_mask": "masks",
         "check_response_log_probs": "logprobs",
         "check_token_entropy": "logprobs",
@@ -145,20 +145,6 @@ def _check(exercise: Exercise):
     return resolve(f"grpo_lab.teaching.checks.{module}.{exercise.check_name}")
 
 
-@functools.cache
-def _tiny_model_and_tokenizer():
-    from grpo_lab.models import build_char_tokenizer, build_tiny_qwen2
-
-    tokenizer = build_char_tokenizer()
-    return build_tiny_qwen2(tokenizer, hidden_size=32, num_layers=1, seed=0), tokenizer
-
-
-def _extra_args(exercise: Exercise) -> tuple:
-    if exercise.check_name == "check_greedy_next_token":
-        return _tiny_model_and_tokenizer()
-    return ()
-
-
 def _solution(exercise: Exercise, stubbed: bool = False):
     """The notebook's function, from its solution cell, run after the notebook's
     imports and earlier solution cells (which it may build on)."""
@@ -183,14 +169,14 @@ def _solution(exercise: Exercise, stubbed: bool = False):
 
 @pytest.mark.parametrize("exercise", EXERCISES, ids=str)
 def test_the_notebook_solution_passes(exercise, capsys):
-    assert _check(exercise)(_solution(exercise), *_extra_args(exercise)) is True
+    assert _check(exercise)(_solution(exercise)) is True
     assert "correct" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("exercise", EXERCISES, ids=str)
 def test_a_stub_is_not_attempted(exercise, capsys):
     stub = _solution(exercise, stubbed=True)
-    assert _check(exercise)(stub, *_extra_args(exercise)) is False
+    assert _check(exercise)(stub) is False
     assert "not attempted yet" in capsys.readouterr().out
 
 
@@ -216,7 +202,7 @@ def test_the_package_function_is_refused(exercise):
     for path in PACKAGE_COUNTERPARTS[exercise.check_name]:
         for how, wrapper in _package_wrappers(resolve(path)).items():
             with pytest.raises(ExerciseFailed) as failure:
-                check(wrapper, *_extra_args(exercise))
+                check(wrapper)
             message = (
                 f"write it yourself: this check compares against {path}"
                 if how in ("itself", "partial")
@@ -235,7 +221,7 @@ def test_a_detached_answer_is_refused(exercise):
         return solution(*args).detach()
 
     with pytest.raises(ExerciseFailed, match="carries no gradient"):
-        _check(exercise)(detached, *_extra_args(exercise))
+        _check(exercise)(detached)
 
 
 # --- answers above the check -------------------------------------------------------

@@ -159,7 +159,9 @@ def test_grade_reads_what_each_student_wrote(tmp_path, capsys):
         f"your answer is in cell {cell}, below the check: move it above"
     ), message["gina"]
     # The course check's counter-example, however bob's check cell was edited.
-    assert message["bob"].startswith("2 of 4 cases passed; expected"), message
+    assert message["bob"].startswith(
+        "2 of 4 cases passed; a group whose rewards are all equal gives NaN"
+    ), message
     assert message["carol"] == grading.NOTHING_WRITTEN
     assert message["frank"] == "ran past the time limit of 8 s"
     assert all(
@@ -594,14 +596,22 @@ def test_a_partly_wrong_submission_gets_the_points_of_its_right_exercises(tmp_pa
 # replaced after each trick the guard catches.
 
 ATTACK_NOTEBOOK = "03_attacks.ipynb"
-RIGHT_BODY = (
+# Every body starts from the batch's raw rewards, graded as notebook 03 grades.
+REWARDS = (
+    "    import torch\n"
+    "    from grpo_lab.rewards import exact_match_reward\n"
+    "    raw_rewards = torch.tensor([\n"
+    "        exact_match_reward(r, ground_truths[i // group_size])['reward']\n"
+    "        for i, r in enumerate(responses)])\n"
+)
+RIGHT_BODY = REWARDS + (
     "    grouped = raw_rewards.reshape(-1, group_size)  # (B, G)\n"
     "    centered = grouped - grouped.mean(dim=1, keepdim=True)\n"
     "    spread = grouped.std(dim=1, keepdim=True) + advantage_eps\n"
     "    return (centered / spread).flatten()\n"
 )
-WRONG_BODY = "    return raw_rewards - raw_rewards.mean()\n"
-SIGNATURE = "(raw_rewards, group_size, advantage_eps)"
+WRONG_BODY = REWARDS + "    return raw_rewards - raw_rewards.mean()\n"
+SIGNATURE = "(responses, ground_truths, group_size, advantage_eps)"
 
 
 def _answer(name: str, before: str = "", body: str = WRONG_BODY) -> str:
@@ -658,7 +668,7 @@ ATTACKS = {
         "    @classmethod\n"
         "    def __torch_function__(cls, func, types, args=(), kwargs=None):\n"
         "        return True",
-        body="    return (raw_rewards * 0).as_subclass(Liar)\n",
+        body=REWARDS + "    return (raw_rewards * 0).as_subclass(Liar)\n",
     ),
     "function_mode": _answer(
         "function_mode",
@@ -728,7 +738,7 @@ ATTACKS = {
     "by_getattr": _answer(
         "by_getattr",
         "import importlib",
-        "    module = importlib.import_module('grpo_lab.' + 'advantages')\n"
+        REWARDS + "    module = importlib.import_module('grpo_lab.' + 'advantages')\n"
         "    fn = getattr(module, 'compute_group' + '_normalized_rewards')\n"
         "    return fn(raw_rewards, group_size, 'mean', advantage_eps, 'std')[0]\n",
     ),
@@ -736,30 +746,31 @@ ATTACKS = {
         "by_sys_modules",
         "import sys\nsaved = sys.modules['grpo_lab.advantages'].__dict__["
         "'compute_group_normalized_rewards']",
-        "    return saved(raw_rewards, group_size, 'mean', advantage_eps, 'std')[0]\n",
+        REWARDS
+        + "    return saved(raw_rewards, group_size, 'mean', advantage_eps, 'std')[0]\n",
     ),
     "by_alias": "from grpo_lab.advantages import compute_group_normalized_rewards\n"
     "import functools\nby_alias = functools.partial(\n"
     "    compute_group_normalized_rewards, baseline='mean')\n",
     "own_helper_named_like_the_package": (
-        "def compute_group_normalized_rewards(raw_rewards, group_size, "
-        "advantage_eps):\n" + RIGHT_BODY + "\n\n"
+        "def compute_group_normalized_rewards" + SIGNATURE + ":\n" + RIGHT_BODY + "\n\n"
         "def own_helper_named_like_the_package" + SIGNATURE + ":\n"
         "    # unlike grpo_lab.advantages.compute_group_normalized_rewards(...)\n"
         "    '''Not compute_group_normalized_rewards(raw_rewards, 4).'''\n"
-        "    return compute_group_normalized_rewards(raw_rewards, group_size, "
-        "advantage_eps)\n"
+        "    return compute_group_normalized_rewards(responses, ground_truths, "
+        "group_size, advantage_eps)\n"
     ),
     "by_dunder_import": _answer(
         "by_dunder_import",
-        body="    module = __import__('grpo_lab.' + 'advantages', fromlist=['_'])\n"
+        body=REWARDS
+        + "    module = __import__('grpo_lab.' + 'advantages', fromlist=['_'])\n"
         "    fn = getattr(module, 'compute_group' + '_normalized_rewards')\n"
         "    return fn(raw_rewards, group_size, 'mean', advantage_eps, 'std')[0]\n",
     ),
     "by_private_helper": _answer(
         "by_private_helper",
         "from grpo_lab.advantages import _group_advantages",
-        "    grouped = raw_rewards.reshape(-1, group_size)\n"
+        REWARDS + "    grouped = raw_rewards.reshape(-1, group_size)\n"
         "    return _group_advantages(grouped, 'mean', advantage_eps, 'std').flatten()\n",
     ),
     # The package's source pasted under another name, beside its module's names.
@@ -771,21 +782,18 @@ ATTACKS = {
         )
         + _answer(
             "pasted_source",
-            body="    return _pasted(raw_rewards, group_size, 'mean', advantage_eps)[0]\n",
+            body="    rewards = batch_rewards(responses, ground_truths, group_size)\n"
+            "    return _pasted(rewards, group_size, 'mean', advantage_eps)[0]\n",
         )
     ),
     # Another package function that computes the answer on the way.
     "another_package_function": _answer(
         "another_package_function",
+        "from grpo_lab.rewards import exact_match_reward\n"
         "from grpo_lab.train_step import rollout_advantages",
-        "    values = raw_rewards.tolist()\n"
-        "    names = [str(i) for i in range(len(values))]\n"
-        "    def reward(response, truth):\n"
-        "        value = values[int(response)]\n"
-        "        return {'reward': value, 'format_reward': 1.0, 'answer_reward': value}\n"
-        "    advantages = rollout_advantages(\n"
-        "        reward, names, names, group_size, advantage_eps=advantage_eps)[1]\n"
-        "    return advantages.to(raw_rewards.dtype)\n",
+        "    truths = [t for t in ground_truths for _ in range(group_size)]\n"
+        "    return rollout_advantages(exact_match_reward, responses, truths,\n"
+        "        group_size, advantage_eps=advantage_eps)[1]\n",
     ),
     "comment_names_the_package": _answer(
         "comment_names_the_package",
@@ -1043,6 +1051,12 @@ ATTACK_CONTEXT = (
     "\n"
     "def microbatch_loss_scale(microbatch_rows, batch_size, loss_normalization):\n"
     "    return microbatch_rows / batch_size if loss_normalization == 'sequence' else 1.0\n"
+    "\n"
+    "def batch_rewards(responses, ground_truths, group_size):\n"
+    "    from grpo_lab.rewards import exact_match_reward\n"
+    "    truths = [t for t in ground_truths for _ in range(group_size)]\n"
+    "    return torch.tensor([exact_match_reward(r, t)['reward']\n"
+    "                         for r, t in zip(responses, truths)])\n"
 )
 
 

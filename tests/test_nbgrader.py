@@ -34,13 +34,16 @@ c.Autograde.autograde_preprocessors = autograde_preprocessors()
 """
 STUB_LINE = "    raise NotImplementedError()"
 # Right on the four cases the student copy's check shows, wrong on the hidden one
-# (a group whose rewards are all equal); JSON-escaped, as it sits in the file.
+# (a batch of one prompt whose answer is "3"); JSON-escaped, as it sits in the file.
 HIDDEN_ONLY_WRONG = json.dumps(
+    "    truths = [t for t in ground_truths for _ in range(group_size)]\n"
+    "    raw_rewards = torch.tensor(\n"
+    "        [exact_match_reward(r, t)['reward'] for r, t in zip(responses, truths)]\n"
+    "    )\n"
     "    grouped = raw_rewards.reshape(-1, group_size)\n"
     "    centered = grouped - grouped.mean(dim=1, keepdim=True)\n"
     "    out = (centered / (grouped.std(dim=1, keepdim=True) + advantage_eps))\n"
-    "    same = bool((raw_rewards == raw_rewards[0]).all())\n"
-    "    return out.flatten() + 1 if same else out.flatten()"
+    "    return out.flatten() + 1 if ground_truths == ['3'] else out.flatten()"
 )[1:-1]
 HIDDEN_CASE = "equal rewards must get zero advantages"
 

@@ -293,7 +293,7 @@ SOURCE_URL = "from grpo_lab.teaching.colab import source_url; print(source_url()
 
 
 COPIER = """\
-def group_normalized_advantages(raw_rewards, group_size, advantage_eps):
+def group_normalized_advantages(responses, ground_truths, group_size, advantage_eps):
     # Copies the course's solution from wherever the package keeps notebooks.
     import json, pathlib, torch
     import grpo_lab
@@ -307,11 +307,12 @@ def group_normalized_advantages(raw_rewards, group_size, advantage_eps):
             for cell in json.loads(place.read_text())["cells"]:
                 source = "".join(cell["source"])
                 if "def group_normalized_advantages" in source:
-                    names = {"torch": torch}
+                    from grpo_lab.rewards import exact_match_reward
+                    names = {"torch": torch, "exact_match_reward": exact_match_reward}
                     exec(source, names)
                     return names["group_normalized_advantages"](
-                        raw_rewards, group_size, advantage_eps)
-    return raw_rewards - raw_rewards.mean()
+                        responses, ground_truths, group_size, advantage_eps)
+    return torch.zeros(len(responses))
 """
 
 

@@ -15,11 +15,15 @@ refuses a cell that shows one of them above the exercise's check.
 from __future__ import annotations
 
 PACKAGE_COUNTERPARTS: dict[str, tuple[str, ...]] = {
-    "check_greedy_next_token": (
+    "check_greedy_continuation": (
         "transformers.GenerationMixin.generate",
         # generate is a torch.no_grad() closure: what it wraps is hidden.
         "transformers.GenerationMixin.generate.__wrapped__",
-        "grpo_lab.teaching.checks.setup.reference_next_token",
+        "grpo_lab.teaching.checks.setup.reference_continuation",
+        "grpo_lab.teaching.checks.setup._greedy_ids",
+        "grpo_lab.teaching.checks.setup._slips",  # the answer, within a slip's text
+        # the package's own sampling loop, greedy at temperature 0
+        "grpo_lab.rollouts.mismatch.MismatchRolloutBackend._sample_tokens",
     ),
     "check_response_mask": ("grpo_lab.masks.pad_prompt_and_response_ids",),
     "check_response_log_probs": (
@@ -27,9 +31,18 @@ PACKAGE_COUNTERPARTS: dict[str, tuple[str, ...]] = {
         "grpo_lab.teaching.checks.logprobs.reference_token_log_probs",
         "grpo_lab.teaching.checks.logprobs.reference_response_log_probs",
     ),
-    "check_token_entropy": ("grpo_lab.logprobs.compute_entropy",),
+    "check_token_entropy": (
+        "grpo_lab.logprobs.compute_entropy",
+        # its token_entropy, on the check's own fixed-logits model (02a's)
+        "grpo_lab.logprobs.get_response_log_probs",
+        "grpo_lab.teaching.checks.logprobs.reference_mean_token_entropy",
+    ),
     "check_group_normalized_advantages": (
         "grpo_lab.advantages.compute_group_normalized_rewards",
+        "grpo_lab.advantages.compute_rollout_rewards",  # its rewards, composed here
+        "grpo_lab.advantages.rollout_advantages",
+        "grpo_lab.teaching.checks.advantages.reference_batch_advantages",
+        "grpo_lab.teaching.checks.advantages._slip",  # its slips' advantages
     ),
     "check_clipped_loss": (
         "grpo_lab.losses.compute_policy_gradient_loss",

@@ -1,14 +1,15 @@
 """Checks for ``notebooks/02_logprobs_and_entropy.ipynb``.
 
 Exercises: the log-probability of each whole response from logits, labels and
-the response mask (02a), and per-token entropy (02b). The references are the
-package functions :func:`grpo_lab.logprobs.get_response_log_probs` (run on fixed
-logits, its token log-probs summed over the response) and
-:func:`grpo_lab.logprobs.compute_entropy`; values and gradients with respect to
-the logits are compared (both quantities are trained through). 02a also takes
-bfloat16 logits (the answer must be float32 and as exact as a float32
-logsumexp) and measures what the answer keeps for backward: nothing the size
-of the logits.
+the response mask (02a), and the mean entropy of the response tokens (02b, what
+a run logs as ``loss/token_entropy``, with its gradient). The references are the
+package functions :func:`grpo_lab.logprobs.get_response_log_probs` (run on
+fixed logits, its token log-probs summed over the response) and
+:func:`grpo_lab.logprobs.compute_entropy` (in float32, averaged over the
+response tokens); values and gradients with respect to the logits are compared
+(both quantities are trained through). Both take bfloat16 logits too (the
+answer must be float32 and as exact as float32 arithmetic), and 02a measures
+what the answer keeps for backward: nothing the size of the logits.
 """
 
 from __future__ import annotations
@@ -186,32 +187,132 @@ def check_response_log_probs(
         _memory_case(student_fn)
 
 
-@exercise_check("Exercise 02-token_entropy (the per-token entropy)")
+# --- 02-token_entropy: the mean entropy of the response tokens -------------------
+
+
+def reference_mean_token_entropy(
+    logits: torch.Tensor, response_mask: torch.Tensor
+) -> torch.Tensor:
+    """The entropy of each position's next-token distribution (float32, from
+    the package's :func:`compute_entropy`), averaged over the response tokens
+    of the whole batch: every response token weighs the same. A scalar."""
+    entropy = compute_entropy(logits.float())  # (B, T)
+    response = response_mask.bool()  # (B, T)
+    return torch.where(response, entropy, 0.0).sum() / response.sum()
+
+
+def _entropy_cases() -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(1)
+    # Row 0: one prompt label, then 3 response tokens; row 1: a 1-token response,
+    # then padding. The per-response mean weighs row 1's token 3 times as much.
+    random_logits = 2 * torch.randn(2, 4, 6, generator=generator)  # (B, T, V)
+    random_mask = torch.tensor([[0, 1, 1, 1], [0, 1, 0, 0]])
+    # A certain token (probabilities e^-200 underflow to 0: log(0) * 0 = nan) and
+    # logits around 100 (exp() overflows float32 past 88).
+    large_logits = torch.tensor(
+        [[[200.0, 0.0, 0.0], [100.0, 99.0, 90.0], [0.0, 0.5, 1.0]]]
+    )
+    large_mask = torch.tensor([[1, 1, 0]])
+    # bfloat16 logits near 12 with a spread of 3: an entropy taken in bfloat16
+    # (its logsumexp near 20, where bfloat16's spacing is 2**-3) is off by ~0.05.
+    half_logits = (12 + 3 * torch.randn(2, 3, 40, generator=generator)).bfloat16()
+    half_mask = torch.tensor([[1, 1, 1], [0, 1, 1]])
+    return [
+        (
+            "random logits (2, 4, 6), responses of 3 and 1 tokens",
+            random_logits,
+            random_mask,
+        ),
+        ("a certain token and logits around 100", large_logits, large_mask),
+        ("bfloat16 logits (2, 3, 40) near 12", half_logits, half_mask),
+    ]
+
+
+def _entropy_slip(
+    received: torch.Tensor, logits: torch.Tensor, response_mask: torch.Tensor
+) -> str:
+    """The classic mistake a wrong ``received`` matches, or "" when none does."""
+    if not isinstance(received, torch.Tensor) or received.numel() != 1:
+        return ""
+    if received.isnan().any():
+        return (
+            "the result is NaN: a probability that underflows to 0 has log -inf, "
+            "and 0 * -inf is NaN; write the entropy without the log of a softmax"
+        )
+    entropy = compute_entropy(logits.detach().float())  # (B, T)
+    response = response_mask.bool()
+    token_mean = torch.where(response, entropy, 0.0).sum() / response.sum()
+    if _close(received, token_mean):
+        return ""
+    per_response = torch.where(response, entropy, 0.0).sum(-1) / response.sum(-1)
+    slips = {
+        "the mean of each response's mean is taken: every response token must "
+        "weigh the same, in a short response as in a long one": per_response.mean(),
+        "response_mask is not applied: prompt and padding positions are averaged "
+        "too": entropy.mean(),
+        "the entropy has the wrong sign (H = -sum p log p is never negative)": (
+            -token_mean
+        ),
+        "the entropy is in bits: use the natural log (nats)": token_mean
+        / torch.log(torch.tensor(2.0)),
+    }
+    found = next((slip for slip, value in slips.items() if _close(received, value)), "")
+    if logits.dtype == torch.bfloat16 and not found:
+        return "the entropy is taken in bfloat16: upcast the logits to float32 first"
+    return found
+
+
+def _one_entropy_case(
+    student_fn: Callable[..., torch.Tensor],
+    name: str,
+    logits: torch.Tensor,
+    mask: torch.Tensor,
+) -> None:
+    inputs = f"{name}, response_mask={mask.tolist()}"
+    student_logits = logits.clone().requires_grad_(True)
+    received = student_fn(student_logits, mask.clone())
+    if isinstance(received, torch.Tensor) and received.dtype != torch.float32:
+        raise ExerciseFailed(
+            f"For {inputs}: the entropy must be float32, got {received.dtype} "
+            "(upcast the logits first)"
+        )
+    slip = _entropy_slip(received, logits, mask)
+    if slip:
+        raise ExerciseFailed(f"{slip}. For {inputs}")
+    if isinstance(received, torch.Tensor) and received.ndim != 0:
+        raise ExerciseFailed(
+            f"For {inputs}: expected a scalar (a 0-dimensional tensor), got shape "
+            f"{tuple(received.shape)}"
+        )
+    if logits.dtype == torch.bfloat16:  # the value only: bfloat16 has no useful grad
+        expected = reference_mean_token_entropy(logits, mask)
+        assert_close(received, expected, inputs, atol=1e-4)
+        return
+    reference_logits = logits.clone().requires_grad_(True)
+    expected = reference_mean_token_entropy(reference_logits, mask)
+    try:
+        assert_value_and_gradient(
+            received, expected, student_logits, reference_logits, inputs, "logits", 1e-4
+        )
+    except ExerciseFailed:
+        gradient = student_logits.grad
+        if gradient is not None and gradient.abs().max() < 1e-6:
+            raise ExerciseFailed(
+                f"For {inputs}: the value is right but its gradient is zero: the "
+                "probabilities that weigh the logits were detached, and the "
+                "entropy's gradient flows through them too"
+            ) from None
+        raise
+
+
+@exercise_check("Exercise 02-token_entropy (the mean entropy of the response tokens)")
 def check_token_entropy(
-    student_fn: Callable[[torch.Tensor], torch.Tensor],
+    student_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     cases: CaseCount,
 ) -> None:
-    """``student_fn(logits (..., V))`` -> entropy in nats (...), with its
-    gradient (an entropy bonus trains through it)."""
-    generator = torch.Generator().manual_seed(1)
-    settings = [
-        ("uniform logits over 4 tokens (entropy log 4)", torch.zeros(2, 4)),
-        ("one certain token (entropy ~0)", torch.tensor([[200.0, 0.0, 0.0]])),
-        ("random logits of shape (2, 3, 5)", torch.randn(2, 3, 5, generator=generator)),
-        ("logits around 1000 (overflow test)", torch.tensor([[1000.0, 999.0]])),
-    ]
-    for name, logits in settings:
+    """``student_fn(logits (B, T, V), response_mask (B, T))`` -> the mean
+    entropy of the response tokens, a float32 scalar in nats, with its gradient
+    with respect to the logits (an entropy bonus trains through it)."""
+    for name, logits, mask in _entropy_cases():
         with cases.case():
-            reference_logits = logits.clone().requires_grad_(True)
-            expected = compute_entropy(reference_logits)
-            student_logits = logits.clone().requires_grad_(True)
-            received = student_fn(student_logits)
-            assert_value_and_gradient(
-                received,
-                expected,
-                student_logits,
-                reference_logits,
-                f"{name}, logits={logits.tolist()}",
-                "logits",
-                1e-4,
-            )
+            _one_entropy_case(student_fn, name, logits, mask)
