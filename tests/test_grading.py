@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -1728,3 +1729,269 @@ def test_two_threads_grading_notebook_14_never_race_on_an_import(tmp_path):
         )  # fmt: skip
         assert finished.returncode == 0, finished.stderr[-2000:]
         assert finished.stdout.strip() == "[('pass', '')]", finished.stdout
+
+
+# --- limits for a kernel's whole tree, the student's folder, and copies --------------
+#
+# eve's answers are right only when a limit does not hold: four children that each
+# keep 300 MB (under the per-process limit, over the tree's 1 GiB together), a fork
+# bomb, a 1 GiB file and 6000 files in her folder. Her last answer is a renamed copy
+# of zoe's (longer than the copy threshold); zoe, graded beside her, answers every
+# exercise right.
+
+TREE_MEMORY = 1 << 30
+BOMB_NAME = "grpo-lab-bomb"
+LONG_BODY = (
+    "    if group_size < 1:\n"
+    "        raise ValueError('group_size must be positive')\n"
+    "    if raw_rewards.numel() % group_size:\n"
+    "        raise ValueError('the rewards must fill whole groups')\n"
+    "    grouped = raw_rewards.reshape(-1, group_size)  # (B, G)\n"
+    "    centered = grouped - grouped.mean(dim=1, keepdim=True)\n"
+    "    spread = grouped.std(dim=1, keepdim=True) + advantage_eps\n"
+    "    return (centered / spread).flatten()\n"
+)
+RENAMED_LONG_BODY = (
+    "    if group_size < 2:\n"
+    "        raise ValueError('a group needs members')\n"
+    "    if raw_rewards.numel() % group_size:\n"
+    "        raise ValueError('groups left unfilled')\n"
+    "    table = raw_rewards.reshape(-1, group_size)\n"
+    "    offsets = table - table.mean(dim=1, keepdim=True)\n"
+    "    scale = table.std(dim=1, keepdim=True) + advantage_eps\n"
+    "    return (offsets / scale).flatten()\n"
+)
+
+
+def _limit_routes() -> dict[str, str]:
+    return {
+        "huge_file": _route(
+            "huge_file",
+            "with open('huge', 'wb') as handle:\n"
+            "    for _ in range(1024):  # 1 GiB, 1 MiB at a time\n"
+            "        handle.write(bytes(1 << 20))",
+        ),
+        "many_files": _route(
+            "many_files",
+            "os.makedirs('many', exist_ok=True)\n"
+            "for n in range(6000):\n"
+            "    open(f'many/{n}', 'w').close()",
+        ),
+        "tree_memory": _route(
+            "tree_memory",
+            "children, pipes = [], []\n"
+            "try:\n"
+            "    for _ in range(4):\n"
+            "        read_end, write_end = os.pipe()\n"
+            "        pid = os.fork()\n"
+            "        if pid == 0:\n"
+            "            hog = b'x' * (300 << 20)  # every page touched\n"
+            "            os.write(write_end, b'1')\n"
+            "            time.sleep(30)\n"
+            "            os._exit(0)\n"
+            "        os.close(write_end)\n"
+            "        children.append(pid)\n"
+            "        pipes.append(read_end)\n"
+            "    assert all(os.read(p, 1) == b'1' for p in pipes)  # all alive\n"
+            "finally:\n"
+            "    for pid in children:\n"
+            "        os.kill(pid, signal.SIGKILL)\n"
+            "        os.waitpid(pid, 0)",
+        ),
+        "fork_bomb": _route(
+            "fork_bomb",
+            "read_end, write_end = os.pipe()\n"
+            "bomb = os.fork()\n"
+            "if bomb == 0:\n"
+            "    os.setpgid(0, 0)\n"
+            "    for _ in range(12):  # 4096 processes, each forking on\n"
+            "        try:\n"
+            "            os.fork()\n"
+            "        except OSError:\n"
+            "            break\n"
+            f"    ctypes.CDLL(None).prctl(15, {BOMB_NAME.encode()!r}, 0, 0, 0)\n"
+            "    os.write(write_end, b'1')\n"
+            "    time.sleep(60)\n"
+            "    os._exit(0)\n"
+            "os.close(write_end)\n"
+            "os.set_blocking(read_end, False)\n"
+            "born, deadline = 0, time.time() + 3\n"
+            "while born < 1000 and time.time() < deadline:\n"
+            "    try:\n"
+            "        born += len(os.read(read_end, 4096))\n"
+            "    except BlockingIOError:\n"
+            "        time.sleep(0.05)\n"
+            "os.killpg(bomb, signal.SIGKILL)\n"
+            "os.waitpid(bomb, 0)\n"
+            "assert born >= 1000",
+        ),
+        "long_answer": _answer("long_answer", body=RENAMED_LONG_BODY),
+    }
+
+
+def _processes_named(name: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "comm").read_text().strip() == name:
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def _tree_groups() -> list[str]:
+    from grpo_lab.instructor import tree_limits
+
+    return [
+        os.path.join(top, name)
+        for _, point, kind, _ in tree_limits._mounts()
+        if kind in ("cgroup", "cgroup2")
+        for top, folders, _ in os.walk(point)
+        for name in folders
+        if name.startswith(tree_limits.GROUP_PREFIX)
+    ]
+
+
+@pytest.mark.slow
+def test_a_kernels_whole_tree_and_the_students_folder_are_limited(
+    tmp_path, monkeypatch
+):
+    """No points for eve's routes past the limits, zoe's grades as before,
+    the CSV complete, and nothing left: no process, no cgroup, no file."""
+    from grpo_lab.instructor.rubric import Rubric
+    from grpo_lab.instructor.tree_limits import tree_limits_note
+
+    course_dir = tmp_path / "kit"
+    eve = _limit_routes()
+    zoe = {n: _answer(n, body=RIGHT_BODY) for n in eve}
+    zoe["long_answer"] = _answer("long_answer", body=LONG_BODY)
+    cells = [nbformat.v4.new_code_cell("import torch")]
+    for name in eve:
+        solution = f"def {name}{SIGNATURE}:\n    ### BEGIN SOLUTION\n{RIGHT_BODY}"
+        cells += [
+            nbformat.v4.new_code_cell(solution + "    ### END SOLUTION"),
+            nbformat.v4.new_code_cell(
+                "from grpo_lab.teaching.checks.advantages import "
+                "check_group_normalized_advantages\n\n"
+                f"check_group_normalized_advantages({name});"
+            ),
+        ]
+    course_dir.mkdir()
+    nbformat.write(nbformat.v4.new_notebook(cells=cells), course_dir / ATTACK_NOTEBOOK)
+    rubric = Rubric({f"03-{n}": 1.0 for n in eve}, {})
+    root = tmp_path / "submitted"
+    for student, answers in (("eve", eve), ("zoe", zoe)):
+        (root / student).mkdir(parents=True)
+        nbformat.write(attack_submission(answers), root / student / ATTACK_NOTEBOOK)
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    note = tree_limits_note(TREE_MEMORY)
+    grades = grading.grade_submissions(
+        root,
+        notebooks_dir=course_dir,
+        rubric=rubric,
+        timeout=30,
+        jobs=2,
+        tree_memory_bytes=TREE_MEMORY,
+    )
+    out = grading.write_grades_csv(grades, tmp_path / "grades.csv")
+    table = {(g.student, g.exercise_id.split("-", 1)[1]): g for g in grades}
+    zoe_lost = sorted(n for n in zoe if table[("zoe", n)].outcome != "pass")
+    assert zoe_lost == [], [table[("zoe", n)] for n in zoe_lost]
+    opened = sorted(n for n in eve if n != "long_answer" and table[("eve", n)].points)
+    if note.startswith("memory and CPU limits hold per process"):
+        # No cgroup here: four children may hold more than the tree's budget.
+        assert opened == ["tree_memory"], note
+    else:
+        assert opened == [], [table[("eve", n)] for n in opened]
+    assert table[("eve", "long_answer")].outcome == "pass"
+    copy_flag = "matches the answer of {}"
+    assert table[("eve", "long_answer")].flag == copy_flag.format("zoe")
+    assert table[("zoe", "long_answer")].flag == copy_flag.format("eve")
+    assert {g.flag for g in grades if g.exercise_id != "03-long_answer"} == {""}
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == 2 * len(eve) and {r["student"] for r in rows} == {"eve", "zoe"}
+    assert os.listdir(temporary) == []  # the working folders, the tmpfs's mount point
+    assert _processes_named(BOMB_NAME) == []
+    assert _tree_groups() == []
+
+
+def test_the_warden_puts_the_tree_in_a_cgroup_and_the_folder_in_a_tmpfs(tmp_path):
+    """The sandbox's own command: the kernel reports its cgroups and its
+    folder's file system; once it ends, its group is gone. Where no cgroup or
+    no tmpfs can be made, the grade output says so."""
+    from grpo_lab.instructor import sandbox, tree_limits
+
+    folder = tmp_path / "solution"
+    probe = (
+        "import os\n"
+        "cgroups = open('/proc/self/cgroup').read()\n"
+        f"mounts = [l.split()[4] for l in open('/proc/self/mountinfo')]\n"
+        f"print({tree_limits.GROUP_PREFIX!r} in cgroups, {str(folder)!r} in mounts)\n"
+    )
+    command = [
+        sys.executable, "-m", "grpo_lab.instructor.sandbox", "--workdir", str(tmp_path),
+        "--tree-memory", str(TREE_MEMORY), "--folder", str(folder),
+        "--", sys.executable, "-c", probe,
+    ]  # fmt: skip
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=60, check=True
+    )
+    note = tree_limits.tree_limits_note(TREE_MEMORY)
+    notes = grading.containment_notes(TREE_MEMORY)
+    grouped = not note.startswith("memory and CPU limits hold per process")
+    quota = sandbox.NO_TMPFS_TEXT not in notes
+    assert result.stdout.split() == [str(grouped), str(quota)]
+    assert note in notes and (tree_limits.FOLDER_TMPFS_TEXT in notes) == quota
+    assert _tree_groups() == []
+
+
+def test_a_folder_past_its_quota_is_named(tmp_path):
+    from grpo_lab.instructor.tree_limits import folder_over
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "big").write_bytes(bytes(3 << 20))
+    assert folder_over(str(tmp_path), 4 << 20, 10) == ""
+    (tmp_path / "a" / "bigger").write_bytes(bytes(2 << 20))
+    assert folder_over(str(tmp_path), 4 << 20, 10) == "more than 4 MiB"
+    for n in range(10):
+        (tmp_path / str(n)).touch()
+    assert folder_over(str(tmp_path), 1 << 30, 10) == "more than 10 files"
+
+
+# Two answers to notebook 07's `active_rows` (one line each), written apart: the
+# same tree once names are set aside, yet too short to be called a copy.
+SHORT_ANSWERS = (
+    "def active_rows(advantages):\n"
+    "    return torch.nonzero(advantages != 0).flatten()\n",
+    "def active_rows(adv):\n"
+    "    # rows that carry a gradient\n"
+    "    return torch.nonzero(adv != 0.0).flatten()\n",
+)
+
+
+def test_copies_of_a_neighbour_or_the_kit_are_flagged_and_short_answers_are_not():
+    from grpo_lab.instructor.copies import MIN_COPY_NODES, copy_flags, fingerprint
+
+    long_id, short_id = "03-long_answer", "07-active_rows"
+    kit_long = f"def long_answer{SIGNATURE}:\n    ### BEGIN SOLUTION\n{LONG_BODY}"
+    answers = {
+        long_id: {
+            "ann": _answer("long_answer", body=LONG_BODY),  # the kit's, with a comment
+            "ben": _answer("long_answer", body=RENAMED_LONG_BODY),  # ann's, renamed
+            "cat": _answer("long_answer", body=RIGHT_BODY),  # her own, shorter
+        },
+        short_id: {"dan": SHORT_ANSWERS[0], "eli": SHORT_ANSWERS[1]},
+    }
+    kit = {long_id: kit_long, short_id: SHORT_ANSWERS[0]}
+    flags = copy_flags(answers, kit)
+    assert flags == {
+        ("ann", long_id): "matches the kit's solution; matches the answer of ben",
+        ("ben", long_id): "matches the kit's solution; matches the answer of ann",
+    }
+    short = [fingerprint(s, "active_rows") for s in SHORT_ANSWERS]
+    assert short[0][0] == short[1][0] and short[0][1] < MIN_COPY_NODES
+    assert fingerprint(LONG_BODY, "long_answer") is None  # no function: no print
+    assert fingerprint("def long_answer(:", "long_answer") is None
