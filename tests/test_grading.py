@@ -24,6 +24,7 @@ from grpo_lab.instructor.rubric import find_exercises, load_rubric, notebook_num
 from grpo_lab.instructor.sandbox import fence_available
 from grpo_lab.instructor.shipped_notebooks import shipped_notebooks_dir
 from grpo_lab.instructor.student import student_notebook
+from grpo_lab.instructor.tree_limits import tree_limits_note
 
 NAME = "03_rewards_and_advantages.ipynb"
 EXERCISE = "03-group_normalized_advantages"
@@ -491,7 +492,8 @@ def test_one_malformed_notebook_of_each_kind_leaves_the_class_graded(tmp_path, c
     out = tmp_path / "grades.csv"
     argv = ["grade", str(root), "--out", str(out), "--timeout", "30", "-j", "2"]
     assert cli.main(argv) == 0
-    assert f"note: {grading.PER_PROCESS_LIMITS}" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert f"note: {tree_limits_note(grading.MEMORY_BYTES)}" in printed
     rows = [r for r in csv.DictReader(out.open()) if r["exercise"] == EXERCISE]
     found = {r["student"]: r for r in rows}
     assert set(found) == {"honest_alice", "honest_bob", *expected}
@@ -1860,7 +1862,6 @@ def test_a_kernels_whole_tree_and_the_students_folder_are_limited(
     """No points for eve's routes past the limits, zoe's grades as before,
     the CSV complete, and nothing left: no process, no cgroup, no file."""
     from grpo_lab.instructor.rubric import Rubric
-    from grpo_lab.instructor.tree_limits import tree_limits_note
 
     course_dir = tmp_path / "kit"
     eve = _limit_routes()
@@ -1884,8 +1885,10 @@ def test_a_kernels_whole_tree_and_the_students_folder_are_limited(
     for student, answers in (("eve", eve), ("zoe", zoe)):
         (root / student).mkdir(parents=True)
         nbformat.write(attack_submission(answers), root / student / ATTACK_NOTEBOOK)
-    temporary = tmp_path / "tmp"
-    temporary.mkdir()
+    # The working folders go here, where the student's user may pass through
+    # (not under pytest's own folder, which only its owner may enter).
+    temporary = Path(tempfile.mkdtemp(prefix="grpo-lab-test-"))
+    temporary.chmod(0o711)
     monkeypatch.setattr(tempfile, "tempdir", str(temporary))
     note = tree_limits_note(TREE_MEMORY)
     grades = grading.grade_submissions(
@@ -1913,7 +1916,9 @@ def test_a_kernels_whole_tree_and_the_students_folder_are_limited(
     assert {g.flag for g in grades if g.exercise_id != "03-long_answer"} == {""}
     rows = list(csv.DictReader(out.open()))
     assert len(rows) == 2 * len(eve) and {r["student"] for r in rows} == {"eve", "zoe"}
-    assert os.listdir(temporary) == []  # the working folders, the tmpfs's mount point
+    left = os.listdir(temporary)
+    temporary.rmdir()
+    assert left == []  # the working folders and the tmpfs's mount point
     assert _processes_named(BOMB_NAME) == []
     assert _tree_groups() == []
 

@@ -224,17 +224,15 @@ def confine_solution(
 
     As root: a network namespace of its own (no interface up, so no kernel's
     socket, nor any other, is reachable), then the user SOLUTION_USER (no
-    capabilities; RLIMIT_NPROC holds for it). Always: the OOM killer's first
-    choice in its tree, no file past ``folder_bytes`` (RLIMIT_FSIZE), not
-    dumpable, no new privileges, HOME and TMPDIR in ``scratch``, and with
-    Landlock reads only
+    capabilities; RLIMIT_NPROC holds for it). Always: no file past
+    ``folder_bytes`` (RLIMIT_FSIZE), not dumpable, no new privileges, HOME
+    and TMPDIR in ``scratch``, and with Landlock reads only
     from :func:`solution_readable` and ``scratch``, writes only in
     ``scratch``, no TCP (ABI 4+), no signal or abstract socket to a process
     outside (ABI 6+)."""
     missing: list[str] = []
     linux = sys.platform.startswith("linux")
     readable = solution_readable()
-    tree_limits.prefer_killing_this()  # before /proc/self is the root's
     tree_limits.cap_file_size(folder_bytes)
     if linux and os.geteuid() == 0:
         try:

@@ -10,11 +10,11 @@ the v1 ``memory`` and ``pids`` hierarchies (as root, on hosts that mount
 them). The warden (:mod:`grpo_lab.instructor.sandbox`) makes one group per
 kernel (:func:`tree_group`), the kernel joins it before it execs, and the
 warden removes it once every process in it is dead. Past the memory limit the
-Linux OOM killer ends a process of that tree only (the student's first: its
-``oom_score_adj`` is raised, see :func:`prefer_killing_this`); past the process
-limit ``fork`` fails. Where no group can be made the limits hold per process
-(``RLIMIT_AS``, ``RLIMIT_CPU``) and per user (``RLIMIT_NPROC``), and
-:func:`tree_limits_note` says so.
+Linux OOM killer ends the largest process of that tree only (the student's
+hog; should it be the kernel, the exercise is an ``error`` and the kernel is
+replaced); past the process limit ``fork`` fails. Where no group can be made
+the limits hold per process (``RLIMIT_AS``, ``RLIMIT_CPU``) and per user
+(``RLIMIT_NPROC``), and :func:`tree_limits_note` says so.
 
 **The student's folder** (its HOME and TMPDIR, the only place its process may
 write) is, as root, a tmpfs of ``folder_bytes`` and ``folder_files`` mounted in
@@ -249,13 +249,6 @@ def tree_limits_note(memory_bytes: int, processes: int = TREE_PROCESSES) -> str:
 
 
 # --- the student's process and folder ------------------------------------------
-
-
-def prefer_killing_this() -> None:
-    """Make this process (and what it forks) the OOM killer's first choice in
-    its tree; nothing where /proc does not allow it."""
-    with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as handle:
-        handle.write("1000")
 
 
 def cap_file_size(folder_bytes: int) -> None:
