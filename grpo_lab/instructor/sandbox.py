@@ -344,7 +344,8 @@ def confinement_gaps() -> list[str]:
                 os.close(read_end)
                 bridge = bridge_for_solutions()
                 missing = [bridge] if bridge else []
-                quota = "" if bridge else _probe_quota(scratch)
+                # The warden mounts the tmpfs only where the bridge was made.
+                quota = "no bridge" if bridge else _probe_quota(scratch)
                 missing += [f"no tmpfs ({quota})"] if quota else []
                 missing += confine_solution(scratch)
                 os.write(write_end, json.dumps(missing).encode())
