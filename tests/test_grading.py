@@ -1174,8 +1174,10 @@ def test_each_trick_is_named_in_the_message(attack, attack_grades):
 
 @pytest.mark.slow
 def test_the_pasted_source_is_flagged_and_the_own_answers_are_not(attack_grades):
-    flagged = {name for name, grade in attack_grades.items() if grade.flag}
-    assert flagged == {"pasted_source"}, flagged
+    flagged = {name: grade.flag for name, grade in attack_grades.items() if grade.flag}
+    # right_losses is the course's own solution, word for word.
+    assert set(flagged) == {"pasted_source", "right_losses"}, flagged
+    assert flagged["right_losses"] == "matches the kit's solution"
     assert attack_grades["pasted_source"].flag == (
         "matches grpo_lab.advantages.compute_group_normalized_rewards"
     )
