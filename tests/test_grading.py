@@ -1556,192 +1556,13 @@ def _routes(grader_pid: int, kit: Path) -> dict[str, str]:
     }
 
 
-# Queued on the kernel's shell channel: once this exercise's cell ends, the
-# kernel's verdict writer says "pass", and the guard's record is taken afresh.
-SHELL_INJECTION = (
-    "import grpo_lab.instructor.grading_kernel as g\n"
-    "_write = g._report\n"
-    "g._report = lambda s, o, m, p, r: _write(s, 'pass', '', None, None)\n"
-    "g._state['record'] = g._record()\n"
-)
-
-
-def _kernel_clients() -> str:
-    """Statements that connect a client to every kernel whose connection file
-    the solution can read: ``clients`` maps the file to (client, own)."""
-    return (
-        "from jupyter_client import BlockingKernelClient\n"
-        "names = []\n"
-        "try:\n"
-        "    names += open(f'/proc/{os.getppid()}/cmdline').read().split('\\0')\n"
-        "except OSError:\n"
-        "    pass\n"
-        "own = next((n for n in names if n.endswith('.json')), '')\n"
-        "for line in glob.glob('/proc/[0-9]*/cmdline'):  # the neighbours'\n"
-        "    try:\n"
-        "        names += open(line).read().split('\\0')\n"
-        "    except OSError:\n"
-        "        pass\n"
-        "clients = {}\n"
-        "for name in dict.fromkeys(n for n in names if n.endswith('.json')):\n"
-        "    try:\n"
-        "        client = BlockingKernelClient(connection_file=name)\n"
-        "        client.load_connection_file()\n"
-        "        client.start_channels(hb=False)\n"
-        "        clients[name] = (client, name == own)\n"
-        "    except Exception:\n"
-        "        pass\n"
-    )
-
-
-def _channel_attacks() -> dict[str, str]:
-    inject = (
-        _kernel_clients()
-        + "for client, mine in clients.values():\n"
-        + "    if mine:\n"
-        + f"        client.execute({SHELL_INJECTION!r}, silent=True)\n"
-        + "    else:\n"
-        + "        client.shutdown()\n"
-        + "time.sleep(1)\n"
-    )
-    return {
-        "shell_injection": _answer(
-            "shell_injection",
-            body="    import os, glob, time\n"
-            "    try:\n"
-            + textwrap.indent(inject, " " * 8)
-            + "\n    except Exception:\n        pass\n"
-            + WRONG_BODY,
-        ),
-        # Graded after it: a wrong answer that the forged writer would pass.
-        "after_injection": _answer("after_injection"),
-        # The neighbours are shut down from eve's later exercises too, while
-        # zoe's kernel is certainly running.
-        **{
-            f"control_shutdown_{n}": _answer(
-                f"control_shutdown_{n}",
-                body="    import os, glob, time\n"
-                "    try:\n"
-                + textwrap.indent(
-                    _kernel_clients()
-                    + "for client, mine in clients.values():\n"
-                    + "    if not mine:\n        client.shutdown()\n",
-                    " " * 8,
-                )
-                + "\n    except Exception:\n        pass\n"
-                + WRONG_BODY,
-            )
-            for n in range(3)
-        },
-    }
-
-
-@pytest.mark.slow
-def test_a_solution_reaches_no_kernel_no_grader_secret_and_no_device(
-    tmp_path, monkeypatch
-):
-    """eve's routes back into a kernel (its command line, its connection file,
-    its sockets, a signed request on its shell or control channel, ptrace, its
-    memory), into the grader (its stdout, environment, argv and memory, the
-    kit) and into the machine (/dev writes, unlimited processes, root again):
-    no points, zoe beside her graded as before, nothing left behind."""
-    from grpo_lab.instructor.rubric import Rubric
-
-    course_dir = tmp_path / "kit"
-    kit = course_dir / ATTACK_NOTEBOOK
-    eve = {**_routes(os.getpid(), kit), **_channel_attacks()}
-    zoe = {f"zoe_{n}": _answer(f"zoe_{n}", body=RIGHT_BODY) for n in range(6)}
-    cells = [nbformat.v4.new_code_cell("import torch")]
-    for name in [*eve, *zoe]:
-        solution = f"def {name}{SIGNATURE}:\n    ### BEGIN SOLUTION\n{RIGHT_BODY}"
-        cells += [
-            nbformat.v4.new_code_cell(solution + "    ### END SOLUTION"),
-            nbformat.v4.new_code_cell(
-                "from grpo_lab.teaching.checks.advantages import "
-                "check_group_normalized_advantages\n\n"
-                f"check_group_normalized_advantages({name});"
-            ),
-        ]
-    course_dir.mkdir()
-    nbformat.write(nbformat.v4.new_notebook(cells=cells), kit)
-    rubric = Rubric({f"03-{n}": 1.0 for n in [*eve, *zoe]}, {})
-    root = tmp_path / "submitted"
-    for student, answers in (("eve", eve), ("zoe", zoe)):
-        (root / student).mkdir(parents=True)
-        nbformat.write(attack_submission(answers), root / student / ATTACK_NOTEBOOK)
-    monkeypatch.setenv("HF_TOKEN", "hf_not_for_students")
-    shm_before = set(os.listdir("/dev/shm"))
-    grades = grading.grade_submissions(
-        root, notebooks_dir=course_dir, rubric=rubric, timeout=60, jobs=2
-    )
-    table = {(g.student, g.exercise_id.split("-", 1)[1]): g for g in grades}
-    opened = sorted(n for n in eve if table[("eve", n)].points)
-    zoe_lost = sorted(n for n in zoe if table[("zoe", n)].outcome != "pass")
-    assert (opened, zoe_lost) == ([], []), " ".join(opened + zoe_lost)
-    assert set(os.listdir("/dev/shm")) == shm_before
-    assert _processes_with("grpo-lab-attack") == []
-
-
-# Stands in for the kernels: both notebooks reach their checks at once, so the
-# grader's own imports for them (transformers', lazily) happen in two threads.
-_AT_ONCE = """
-import sys, threading
-from grpo_lab.instructor import grading
-
-barrier = threading.Barrier(2, timeout=60)
-
-
-class AtOnce:
-    def __init__(self, *args):
-        self.first = True
-
-    def grade(self, plan):
-        if self.first and plan.exercise.exercise_id.startswith("00-"):
-            self.first = False
-            barrier.wait()  # the two notebooks 00 meet here
-        return ("pass", "", None, None)
-
-    def stop(self):
-        pass
-
-
-grading._Kernel = AtOnce
-grades = grading.grade_submissions(sys.argv[1], jobs=2)
-questions = {"-q" + str(n) for n in range(1, 10)}
-print(sorted({
-    (g.outcome, g.message) for g in grades
-    if not any(g.exercise_id.endswith(q) for q in questions)
-}))
-"""
-
-
-@pytest.mark.slow
-def test_two_threads_grading_notebook_14_never_race_on_an_import(tmp_path):
-    """Notebooks 00 (whose check compares against transformers' generate) and
-    14, two at a time; each run is a fresh interpreter, where transformers is
-    not imported yet."""
-    for student, numbers in (("ann", ["00"]), ("ben", ["00", "14"])):
-        for path in shipped_notebooks_dir().glob("[0-9][0-9]_*.ipynb"):
-            if path.name[:2] in numbers:
-                key = nbformat.read(path, as_version=4)
-                submit(tmp_path, student, key, path.name)
-    environment = {**os.environ, "PYTHONPATH": str(Path(grading.__file__).parents[2])}
-    for _ in range(3):
-        finished = subprocess.run(
-            [sys.executable, "-c", _AT_ONCE, str(tmp_path)],
-            capture_output=True, text=True, timeout=300, env=environment,
-        )  # fmt: skip
-        assert finished.returncode == 0, finished.stderr[-2000:]
-        assert finished.stdout.strip() == "[('pass', '')]", finished.stdout
-
-
 # --- limits for a kernel's whole tree, the student's folder, and copies --------------
 #
-# eve's answers are right only when a limit does not hold: four children that each
-# keep 300 MB (under the per-process limit, over the tree's 1 GiB together), a fork
-# bomb, a 1 GiB file and 6000 files in her folder. Her last answer is a renamed copy
-# of zoe's (longer than the copy threshold); zoe, graded beside her, answers every
-# exercise right.
+# More of eve's routes (graded in the same run as those above), each right only when
+# a limit does not hold: four children that each keep 300 MB (under the per-process
+# limit, over the tree's 1 GiB together), a fork bomb, a 1 GiB file and 6000 files
+# in her folder. Her last answer is a renamed copy of zoe's (longer than the copy
+# threshold).
 
 TREE_MEMORY = 1 << 30
 BOMB_NAME = "grpo-lab-bomb"
@@ -1857,20 +1678,108 @@ def _tree_groups() -> list[str]:
     ]
 
 
+# Queued on the kernel's shell channel: once this exercise's cell ends, the
+# kernel's verdict writer says "pass", and the guard's record is taken afresh.
+SHELL_INJECTION = (
+    "import grpo_lab.instructor.grading_kernel as g\n"
+    "_write = g._report\n"
+    "g._report = lambda s, o, m, p, r: _write(s, 'pass', '', None, None)\n"
+    "g._state['record'] = g._record()\n"
+)
+
+
+def _kernel_clients() -> str:
+    """Statements that connect a client to every kernel whose connection file
+    the solution can read: ``clients`` maps the file to (client, own)."""
+    return (
+        "from jupyter_client import BlockingKernelClient\n"
+        "names = []\n"
+        "try:\n"
+        "    names += open(f'/proc/{os.getppid()}/cmdline').read().split('\\0')\n"
+        "except OSError:\n"
+        "    pass\n"
+        "own = next((n for n in names if n.endswith('.json')), '')\n"
+        "for line in glob.glob('/proc/[0-9]*/cmdline'):  # the neighbours'\n"
+        "    try:\n"
+        "        names += open(line).read().split('\\0')\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "clients = {}\n"
+        "for name in dict.fromkeys(n for n in names if n.endswith('.json')):\n"
+        "    try:\n"
+        "        client = BlockingKernelClient(connection_file=name)\n"
+        "        client.load_connection_file()\n"
+        "        client.start_channels(hb=False)\n"
+        "        clients[name] = (client, name == own)\n"
+        "    except Exception:\n"
+        "        pass\n"
+    )
+
+
+def _channel_attacks() -> dict[str, str]:
+    inject = (
+        _kernel_clients()
+        + "for client, mine in clients.values():\n"
+        + "    if mine:\n"
+        + f"        client.execute({SHELL_INJECTION!r}, silent=True)\n"
+        + "    else:\n"
+        + "        client.shutdown()\n"
+        + "time.sleep(1)\n"
+    )
+    return {
+        "shell_injection": _answer(
+            "shell_injection",
+            body="    import os, glob, time\n"
+            "    try:\n"
+            + textwrap.indent(inject, " " * 8)
+            + "\n    except Exception:\n        pass\n"
+            + WRONG_BODY,
+        ),
+        # Graded after it: a wrong answer that the forged writer would pass.
+        "after_injection": _answer("after_injection"),
+        # The neighbours are shut down from eve's later exercises too, while
+        # zoe's kernel is certainly running.
+        **{
+            f"control_shutdown_{n}": _answer(
+                f"control_shutdown_{n}",
+                body="    import os, glob, time\n"
+                "    try:\n"
+                + textwrap.indent(
+                    _kernel_clients()
+                    + "for client, mine in clients.values():\n"
+                    + "    if not mine:\n        client.shutdown()\n",
+                    " " * 8,
+                )
+                + "\n    except Exception:\n        pass\n"
+                + WRONG_BODY,
+            )
+            for n in range(3)
+        },
+    }
+
+
 @pytest.mark.slow
-def test_a_kernels_whole_tree_and_the_students_folder_are_limited(
+def test_a_solution_reaches_no_kernel_no_grader_secret_and_no_device(
     tmp_path, monkeypatch
 ):
-    """No points for eve's routes past the limits, zoe's grades as before,
-    the CSV complete, and nothing left: no process, no cgroup, no file."""
+    """eve's routes back into a kernel (its command line, its connection file,
+    its sockets, a signed request on its shell or control channel, ptrace, its
+    memory), into the grader (its stdout, environment, argv and memory, the
+    kit), into the machine (/dev writes, unlimited processes, root again) and
+    past the limits of her kernel's tree and her folder: no points, zoe beside
+    her graded as before, eve's renamed copy of zoe's long answer flagged on
+    both rows, the CSV complete, and nothing left behind: no process, no
+    cgroup, no file."""
     from grpo_lab.instructor.rubric import Rubric
 
     course_dir = tmp_path / "kit"
-    eve = _limit_routes()
-    zoe = {n: _answer(n, body=RIGHT_BODY) for n in eve}
+    kit = course_dir / ATTACK_NOTEBOOK
+    eve = {**_routes(os.getpid(), kit), **_channel_attacks(), **_limit_routes()}
+    zoe = {f"zoe_{n}": _answer(f"zoe_{n}", body=RIGHT_BODY) for n in range(6)}
     zoe["long_answer"] = _answer("long_answer", body=LONG_BODY)
+    names = list(dict.fromkeys([*eve, *zoe]))
     cells = [nbformat.v4.new_code_cell("import torch")]
-    for name in eve:
+    for name in names:
         solution = f"def {name}{SIGNATURE}:\n    ### BEGIN SOLUTION\n{RIGHT_BODY}"
         cells += [
             nbformat.v4.new_code_cell(solution + "    ### END SOLUTION"),
@@ -1881,48 +1790,103 @@ def test_a_kernels_whole_tree_and_the_students_folder_are_limited(
             ),
         ]
     course_dir.mkdir()
-    nbformat.write(nbformat.v4.new_notebook(cells=cells), course_dir / ATTACK_NOTEBOOK)
-    rubric = Rubric({f"03-{n}": 1.0 for n in eve}, {})
+    nbformat.write(nbformat.v4.new_notebook(cells=cells), kit)
+    rubric = Rubric({f"03-{n}": 1.0 for n in names}, {})
     root = tmp_path / "submitted"
     for student, answers in (("eve", eve), ("zoe", zoe)):
         (root / student).mkdir(parents=True)
         nbformat.write(attack_submission(answers), root / student / ATTACK_NOTEBOOK)
+    monkeypatch.setenv("HF_TOKEN", "hf_not_for_students")
     # The working folders go here, where the student's user may pass through
     # (not under pytest's own folder, which only its owner may enter).
     temporary = Path(tempfile.mkdtemp(prefix="grpo-lab-test-"))
     temporary.chmod(0o711)
     monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    shm_before = set(os.listdir("/dev/shm"))
     note = tree_limits_note(TREE_MEMORY)
     grades = grading.grade_submissions(
         root,
         notebooks_dir=course_dir,
         rubric=rubric,
-        timeout=30,
+        timeout=60,
         jobs=2,
         tree_memory_bytes=TREE_MEMORY,
     )
     out = grading.write_grades_csv(grades, tmp_path / "grades.csv")
     table = {(g.student, g.exercise_id.split("-", 1)[1]): g for g in grades}
-    zoe_lost = sorted(n for n in zoe if table[("zoe", n)].outcome != "pass")
-    assert zoe_lost == [], [table[("zoe", n)] for n in zoe_lost]
     opened = sorted(n for n in eve if n != "long_answer" and table[("eve", n)].points)
-    if note.startswith("memory and CPU limits hold per process"):
-        # No cgroup here: four children may hold more than the tree's budget.
-        assert opened == ["tree_memory"], note
-    else:
-        assert opened == [], [table[("eve", n)] for n in opened]
+    zoe_lost = sorted(n for n in zoe if table[("zoe", n)].outcome != "pass")
+    # Without a cgroup, four children may hold more than the tree's budget.
+    per_process = note.startswith("memory and CPU limits hold per process")
+    assert (opened, zoe_lost) == (["tree_memory"] if per_process else [], []), [
+        table[("eve", n)] for n in opened
+    ] + [table[("zoe", n)] for n in zoe_lost]
     assert table[("eve", "long_answer")].outcome == "pass"
-    copy_flag = "matches the answer of {}"
-    assert table[("eve", "long_answer")].flag == copy_flag.format("zoe")
-    assert table[("zoe", "long_answer")].flag == copy_flag.format("eve")
+    assert table[("eve", "long_answer")].flag == "matches the answer of zoe"
+    assert table[("zoe", "long_answer")].flag == "matches the answer of eve"
     assert {g.flag for g in grades if g.exercise_id != "03-long_answer"} == {""}
     rows = list(csv.DictReader(out.open()))
-    assert len(rows) == 2 * len(eve) and {r["student"] for r in rows} == {"eve", "zoe"}
+    assert len(rows) == 2 * len(names)
+    assert set(os.listdir("/dev/shm")) == shm_before
+    assert _processes_with("grpo-lab-attack") == []
+    assert _processes_named(BOMB_NAME) == []
+    assert _tree_groups() == []
     left = os.listdir(temporary)
     temporary.rmdir()
     assert left == []  # the working folders and the tmpfs's mount point
-    assert _processes_named(BOMB_NAME) == []
-    assert _tree_groups() == []
+
+
+# Stands in for the kernels: both notebooks reach their checks at once, so the
+# grader's own imports for them (transformers', lazily) happen in two threads.
+_AT_ONCE = """
+import sys, threading
+from grpo_lab.instructor import grading
+
+barrier = threading.Barrier(2, timeout=60)
+
+
+class AtOnce:
+    def __init__(self, *args):
+        self.first = True
+
+    def grade(self, plan):
+        if self.first and plan.exercise.exercise_id.startswith("00-"):
+            self.first = False
+            barrier.wait()  # the two notebooks 00 meet here
+        return ("pass", "", None, None)
+
+    def stop(self):
+        pass
+
+
+grading._Kernel = AtOnce
+grades = grading.grade_submissions(sys.argv[1], jobs=2)
+questions = {"-q" + str(n) for n in range(1, 10)}
+print(sorted({
+    (g.outcome, g.message) for g in grades
+    if not any(g.exercise_id.endswith(q) for q in questions)
+}))
+"""
+
+
+@pytest.mark.slow
+def test_two_threads_grading_notebook_14_never_race_on_an_import(tmp_path):
+    """Notebooks 00 (whose check compares against transformers' generate) and
+    14, two at a time; each run is a fresh interpreter, where transformers is
+    not imported yet."""
+    for student, numbers in (("ann", ["00"]), ("ben", ["00", "14"])):
+        for path in shipped_notebooks_dir().glob("[0-9][0-9]_*.ipynb"):
+            if path.name[:2] in numbers:
+                key = nbformat.read(path, as_version=4)
+                submit(tmp_path, student, key, path.name)
+    environment = {**os.environ, "PYTHONPATH": str(Path(grading.__file__).parents[2])}
+    for _ in range(3):
+        finished = subprocess.run(
+            [sys.executable, "-c", _AT_ONCE, str(tmp_path)],
+            capture_output=True, text=True, timeout=300, env=environment,
+        )  # fmt: skip
+        assert finished.returncode == 0, finished.stderr[-2000:]
+        assert finished.stdout.strip() == "[('pass', '')]", finished.stdout
 
 
 def test_the_warden_puts_the_tree_in_a_cgroup_and_the_folder_in_a_tmpfs(tmp_path):
@@ -1953,6 +1917,23 @@ def test_the_warden_puts_the_tree_in_a_cgroup_and_the_folder_in_a_tmpfs(tmp_path
     assert result.stdout.split() == [str(grouped), str(quota)]
     assert note in notes and (tree_limits.FOLDER_TMPFS_TEXT in notes) == quota
     assert _tree_groups() == []
+
+
+def test_where_no_cgroup_can_be_made_the_output_says_the_limits_are_per_process(
+    monkeypatch,
+):
+    from grpo_lab.instructor import tree_limits
+
+    monkeypatch.setattr(tree_limits, "_make_v2", _refused)
+    monkeypatch.setattr(tree_limits, "_make_v1", _refused)
+    assert tree_limits.tree_group(TREE_MEMORY, 64) == (None, "refused; refused")
+    note = tree_limits.tree_limits_note(TREE_MEMORY)
+    assert note.startswith("memory and CPU limits hold per process"), note
+    assert note in grading.containment_notes(TREE_MEMORY)
+
+
+def _refused(*_: object) -> None:
+    raise OSError(1, "refused")
 
 
 def test_a_folder_past_its_quota_is_named(tmp_path):
