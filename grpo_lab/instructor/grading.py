@@ -151,7 +151,8 @@ class Grade:
     max_points: float
     message: str = ""
     # For the instructor: "matches <package function>" when the solution's
-    # syntax tree is the package function's (see grading_refusal).
+    # syntax tree is the package function's (see grading_refusal), "matches
+    # the kit's solution" or "matches the answer of <student>" (see copies).
     flag: str = ""
     # Seconds spent grading it (its share of the kernel's start included).
     seconds: float = 0.0
