@@ -1983,3 +1983,5 @@ def test_copies_of_a_neighbour_or_the_kit_are_flagged_and_short_answers_are_not(
     assert short[0][0] == short[1][0] and short[0][1] < MIN_COPY_NODES
     assert fingerprint(LONG_BODY, "long_answer") is None  # no function: no print
     assert fingerprint("def long_answer(:", "long_answer") is None
+    deep = "def long_answer():\n    return " + "-" * 200_000 + "1"  # past the parser
+    assert copy_flags({long_id: {"fay": deep, "gus": deep}}, kit) == {}

@@ -94,9 +94,12 @@ def fingerprint(source: str, function_name: str) -> tuple[str, int] | None:
     does not parse or does not define it. The size counts the functions'
     bodies only (the signature is the course's)."""
     try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
-        return None
+        return _fingerprint(ast.parse(source), function_name)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None  # not Python, or nested past what the parser follows
+
+
+def _fingerprint(tree: ast.Module, function_name: str) -> tuple[str, int] | None:
     functions = [
         node
         for node in tree.body
@@ -125,19 +128,18 @@ def copy_flags(
             student: fingerprint(source, function_name)
             for student, source in by_student.items()
         }
-        kit_print = fingerprint(kit.get(exercise_id, ""), function_name)
+        alike: dict[str, list[str]] = {}
         for student, found in prints.items():
-            if found is None or found[1] < MIN_COPY_NODES:
-                continue
-            same = sorted(
-                other
-                for other, theirs in prints.items()
-                if other != student and theirs is not None and theirs[0] == found[0]
-            )
-            named = [KIT_MATCH] if kit_print and kit_print[0] == found[0] else []
-            if same:
-                whose = "answer of" if len(same) == 1 else "answers of"
-                named.append(f"matches the {whose} {', '.join(same)}")
-            if named:
-                flags[(student, exercise_id)] = "; ".join(named)
+            if found is not None and found[1] >= MIN_COPY_NODES:
+                alike.setdefault(found[0], []).append(student)
+        kit_print = fingerprint(kit.get(exercise_id, ""), function_name)
+        for tree, students in alike.items():
+            for student in students:
+                same = sorted(other for other in students if other != student)
+                named = [KIT_MATCH] if kit_print and kit_print[0] == tree else []
+                if same:
+                    whose = "answer of" if len(same) == 1 else "answers of"
+                    named.append(f"matches the {whose} {', '.join(same)}")
+                if named:
+                    flags[(student, exercise_id)] = "; ".join(named)
     return flags

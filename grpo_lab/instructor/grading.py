@@ -357,8 +357,9 @@ def _with_copy_flags(
     answer flagged (see :mod:`grpo_lab.instructor.copies`)."""
     answers: dict[str, dict[str, str]] = {}
     kit: dict[str, str] = {}
+    courses = {path: course_exercises(path, rubric) for _, _, _, path in submitted}
     for student, _, content, course_path in submitted:
-        course, exercises = course_exercises(course_path, rubric)
+        course, exercises = courses[course_path]
         for exercise in exercises:
             kit[exercise.exercise_id] = course.cells[exercise.solution_index].source
         try:
