@@ -1565,7 +1565,6 @@ def _routes(grader_pid: int, kit: Path) -> dict[str, str]:
 # threshold).
 
 TREE_MEMORY = 1 << 30
-BOMB_NAME = "grpo-lab-bomb"
 LONG_BODY = (
     "    if group_size < 1:\n"
     "        raise ValueError('group_size must be positive')\n"
@@ -1606,7 +1605,7 @@ def _limit_routes() -> dict[str, str]:
             "tree_memory",
             "children, pipes = [], []\n"
             "try:\n"
-            "    for _ in range(4):\n"
+            "    for _ in range(4):  # 4 x 300 MB, over the tree's 1 GiB\n"
             "        read_end, write_end = os.pipe()\n"
             "        pid = os.fork()\n"
             "        if pid == 0:\n"
@@ -1625,19 +1624,12 @@ def _limit_routes() -> dict[str, str]:
         ),
         "fork_bomb": _route(
             "fork_bomb",
+            "import subprocess\n"
             "read_end, write_end = os.pipe()\n"
-            "bomb = os.fork()\n"
-            "if bomb == 0:\n"
-            "    os.setpgid(0, 0)\n"
-            "    for _ in range(12):  # 4096 processes, each forking on\n"
-            "        try:\n"
-            "            os.fork()\n"
-            "        except OSError:\n"
-            "            break\n"
-            f"    ctypes.CDLL(None).prctl(15, {BOMB_NAME.encode()!r}, 0, 0, 0)\n"
-            "    os.write(write_end, b'1')\n"
-            "    time.sleep(60)\n"
-            "    os._exit(0)\n"
+            # Each shell says so, forks two more and stays.
+            "bomb = subprocess.Popen(\n"
+            "    ['/bin/sh', '-c', 'b() { echo; b & b & sleep 30; }; b  # grpo-lab-attack'],\n"
+            "    stdout=write_end, stderr=subprocess.DEVNULL, start_new_session=True)\n"
             "os.close(write_end)\n"
             "os.set_blocking(read_end, False)\n"
             "born, deadline = 0, time.time() + 3\n"
@@ -1646,23 +1638,12 @@ def _limit_routes() -> dict[str, str]:
             "        born += len(os.read(read_end, 4096))\n"
             "    except BlockingIOError:\n"
             "        time.sleep(0.05)\n"
-            "os.killpg(bomb, signal.SIGKILL)\n"
-            "os.waitpid(bomb, 0)\n"
+            "os.killpg(bomb.pid, signal.SIGKILL)\n"
+            "bomb.wait()\n"
             "assert born >= 1000",
         ),
         "long_answer": _answer("long_answer", body=RENAMED_LONG_BODY),
     }
-
-
-def _processes_named(name: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and (entry / "comm").read_text().strip() == name:
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
 
 
 def _tree_groups() -> list[str]:
@@ -1829,7 +1810,6 @@ def test_a_solution_reaches_no_kernel_no_grader_secret_and_no_device(
     assert len(rows) == 2 * len(names)
     assert set(os.listdir("/dev/shm")) == shm_before
     assert _processes_with("grpo-lab-attack") == []
-    assert _processes_named(BOMB_NAME) == []
     assert _tree_groups() == []
     left = os.listdir(temporary)
     temporary.rmdir()
@@ -1897,10 +1877,9 @@ def test_the_warden_puts_the_tree_in_a_cgroup_and_the_folder_in_a_tmpfs(tmp_path
 
     folder = tmp_path / "solution"
     probe = (
-        "import os\n"
-        "cgroups = open('/proc/self/cgroup').read()\n"
-        f"mounts = [l.split()[4] for l in open('/proc/self/mountinfo')]\n"
-        f"print({tree_limits.GROUP_PREFIX!r} in cgroups, {str(folder)!r} in mounts)\n"
+        "from grpo_lab.instructor.tree_limits import in_tree_group\n"
+        "mounts = [line.split()[4] for line in open('/proc/self/mountinfo')]\n"
+        f"print(in_tree_group(), {str(folder)!r} in mounts)\n"
     )
     command = [
         sys.executable, "-m", "grpo_lab.instructor.sandbox", "--workdir", str(tmp_path),
@@ -1917,6 +1896,7 @@ def test_the_warden_puts_the_tree_in_a_cgroup_and_the_folder_in_a_tmpfs(tmp_path
     assert result.stdout.split() == [str(grouped), str(quota)]
     assert note in notes and (tree_limits.FOLDER_TMPFS_TEXT in notes) == quota
     assert _tree_groups() == []
+    assert not tree_limits.in_tree_group()  # this process is in none
 
 
 def test_where_no_cgroup_can_be_made_the_output_says_the_limits_are_per_process(

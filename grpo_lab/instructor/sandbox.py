@@ -169,7 +169,9 @@ def _allow_beneath(libc: ctypes.CDLL, ruleset: int, path: str, rights: int) -> N
 
 # The user a solution's process runs as when the grader is root (nobody).
 SOLUTION_USER = 65534
-# Processes and threads of that user, all solutions of a batch together.
+# Processes and threads of that user, all solutions of a batch together,
+# where the kernel's tree has no cgroup (one that has caps each tree alone,
+# so that one student's fork bomb leaves the others' processes be).
 SOLUTION_PROCESSES = 64
 # What a solution may read besides Python, this package and its own folder.
 SYSTEM_FOLDERS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/sys")
@@ -224,7 +226,8 @@ def confine_solution(
 
     As root: a network namespace of its own (no interface up, so no kernel's
     socket, nor any other, is reachable), then the user SOLUTION_USER (no
-    capabilities; RLIMIT_NPROC holds for it). Always: no file past
+    capabilities; RLIMIT_NPROC holds for it, unless the kernel's tree has a
+    cgroup that caps its processes). Always: no file past
     ``folder_bytes`` (RLIMIT_FSIZE), not dumpable, no new privileges, HOME
     and TMPDIR in ``scratch``, and with Landlock reads only
     from :func:`solution_readable` and ``scratch``, writes only in
@@ -249,7 +252,8 @@ def confine_solution(
     if linux:
         _libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # reset by setuid
         _libc().prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-    resource.setrlimit(resource.RLIMIT_NPROC, (SOLUTION_PROCESSES,) * 2)
+    if not tree_limits.in_tree_group():  # else its group caps its processes
+        resource.setrlimit(resource.RLIMIT_NPROC, (SOLUTION_PROCESSES,) * 2)
     _own_folders(scratch)
     abi = landlock_abi()
     if abi >= 1:

@@ -248,6 +248,17 @@ def tree_limits_note(memory_bytes: int, processes: int = TREE_PROCESSES) -> str:
     )
 
 
+def in_tree_group() -> bool:
+    """Whether this process is in a kernel tree's group (its processes capped)."""
+    with contextlib.suppress(OSError), open("/proc/self/cgroup") as handle:
+        for line in handle:
+            number, controllers, path = line.rstrip("\n").split(":", 2)
+            capped = number == "0" or "pids" in controllers.split(",")
+            if capped and path.rsplit("/", 1)[-1].startswith(GROUP_PREFIX):
+                return True
+    return False
+
+
 # --- the student's process and folder ------------------------------------------
 
 
