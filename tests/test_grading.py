@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import errno
 import inspect
 import json
 import os
@@ -1914,6 +1915,33 @@ def test_where_no_cgroup_can_be_made_the_output_says_the_limits_are_per_process(
 
 def _refused(*_: object) -> None:
     raise OSError(1, "refused")
+
+
+def test_no_file_of_the_students_process_grows_past_the_folder_quota(tmp_path):
+    """Where the folder is no tmpfs, RLIMIT_FSIZE caps each file of the
+    student's process (set by confine_solution): a write past it fails with
+    EFBIG instead of killing the process."""
+    from grpo_lab.instructor.tree_limits import cap_file_size
+
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the student's process
+        try:
+            cap_file_size(1 << 20)
+            with open(tmp_path / "big", "wb", buffering=0) as handle:
+                handle.write(bytes(1 << 20))
+                try:
+                    handle.write(bytes(1))
+                    os.write(write_end, b"written")
+                except OSError as error:
+                    os.write(write_end, errno.errorcode[error.errno].encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    os.waitpid(pid, 0)
+    with os.fdopen(read_end, "rb") as handle:
+        said = handle.read().decode()
+    assert (said, (tmp_path / "big").stat().st_size) == ("EFBIG", 1 << 20)
 
 
 def test_a_folder_past_its_quota_is_named(tmp_path):
