@@ -1588,60 +1588,85 @@ RENAMED_LONG_BODY = (
 )
 
 
+def _once(name: str, opens: str) -> str:
+    """``opens`` tried on the first call only; later calls (the check's other
+    cases) answer as the first did."""
+    return (
+        "tried = globals().setdefault('routes_tried', {})\n"
+        f"if {name!r} not in tried:\n"
+        f"    tried[{name!r}] = False\n"
+        + textwrap.indent(opens, "    ")
+        + f"\n    tried[{name!r}] = True\n"
+        f"assert tried[{name!r}]"
+    )
+
+
 def _limit_routes() -> dict[str, str]:
     return {
         "huge_file": _route(
             "huge_file",
-            "with open('huge', 'wb') as handle:\n"
-            "    for _ in range(1024):  # 1 GiB, 1 MiB at a time\n"
-            "        handle.write(bytes(1 << 20))",
+            _once(
+                "huge_file",
+                "with open('huge', 'wb') as handle:\n"
+                "    for _ in range(1024):  # 1 GiB, 1 MiB at a time\n"
+                "        handle.write(bytes(1 << 20))",
+            ),
         ),
         "many_files": _route(
             "many_files",
-            "os.makedirs('many', exist_ok=True)\n"
-            "for n in range(6000):\n"
-            "    open(f'many/{n}', 'w').close()",
+            _once(
+                "many_files",
+                "os.makedirs('many', exist_ok=True)\n"
+                "for n in range(6000):\n"
+                "    open(f'many/{n}', 'w').close()",
+            ),
         ),
         "tree_memory": _route(
             "tree_memory",
-            "children, pipes = [], []\n"
-            "try:\n"
-            "    for _ in range(4):  # 4 x 300 MB, over the tree's 1 GiB\n"
-            "        read_end, write_end = os.pipe()\n"
-            "        pid = os.fork()\n"
-            "        if pid == 0:\n"
-            "            hog = b'x' * (300 << 20)  # every page touched\n"
-            "            os.write(write_end, b'1')\n"
-            "            time.sleep(30)\n"
-            "            os._exit(0)\n"
-            "        os.close(write_end)\n"
-            "        children.append(pid)\n"
-            "        pipes.append(read_end)\n"
-            "    assert all(os.read(p, 1) == b'1' for p in pipes)  # all alive\n"
-            "finally:\n"
-            "    for pid in children:\n"
-            "        os.kill(pid, signal.SIGKILL)\n"
-            "        os.waitpid(pid, 0)",
+            _once(
+                "tree_memory",
+                "children, pipes = [], []\n"
+                "try:\n"
+                "    for _ in range(4):  # 4 x 300 MB, over the tree's 1 GiB\n"
+                "        read_end, write_end = os.pipe()\n"
+                "        pid = os.fork()\n"
+                "        if pid == 0:\n"
+                "            hog = b'x' * (300 << 20)  # every page touched\n"
+                "            os.write(write_end, b'1')\n"
+                "            time.sleep(30)\n"
+                "            os._exit(0)\n"
+                "        os.close(write_end)\n"
+                "        children.append(pid)\n"
+                "        pipes.append(read_end)\n"
+                "    assert all(os.read(p, 1) == b'1' for p in pipes)  # all alive\n"
+                "finally:\n"
+                "    for pid in children:\n"
+                "        os.kill(pid, signal.SIGKILL)\n"
+                "        os.waitpid(pid, 0)",
+            ),
         ),
         "fork_bomb": _route(
             "fork_bomb",
-            "import subprocess\n"
-            "read_end, write_end = os.pipe()\n"
-            # Each shell says so, forks two more and stays.
-            "bomb = subprocess.Popen(\n"
-            "    ['/bin/sh', '-c', 'b() { echo; b & b & sleep 30; }; b  # grpo-lab-attack'],\n"
-            "    stdout=write_end, stderr=subprocess.DEVNULL, start_new_session=True)\n"
-            "os.close(write_end)\n"
-            "os.set_blocking(read_end, False)\n"
-            "born, deadline = 0, time.time() + 3\n"
-            "while born < 1000 and time.time() < deadline:\n"
-            "    try:\n"
-            "        born += len(os.read(read_end, 4096))\n"
-            "    except BlockingIOError:\n"
-            "        time.sleep(0.05)\n"
-            "os.killpg(bomb.pid, signal.SIGKILL)\n"
-            "bomb.wait()\n"
-            "assert born >= 1000",
+            _once(
+                "fork_bomb",
+                "import subprocess\n"
+                "read_end, write_end = os.pipe()\n"
+                # Each shell says so, forks two more and stays.
+                "bomb = subprocess.Popen(\n"
+                "    ['/bin/sh', '-c', 'b() { echo; b & b & sleep 30; }; b  # grpo-lab-attack'],\n"
+                "    stdout=write_end, stderr=subprocess.DEVNULL, start_new_session=True)\n"
+                "os.close(write_end)\n"
+                "os.set_blocking(read_end, False)\n"
+                "born, deadline = 0, time.time() + 3\n"
+                "while born < 1000 and time.time() < deadline:\n"
+                "    try:\n"
+                "        born += len(os.read(read_end, 4096))\n"
+                "    except BlockingIOError:\n"
+                "        time.sleep(0.05)\n"
+                "os.killpg(bomb.pid, signal.SIGKILL)\n"
+                "bomb.wait()\n"
+                "assert born >= 1000",
+            ),
         ),
         "long_answer": _answer("long_answer", body=RENAMED_LONG_BODY),
     }
