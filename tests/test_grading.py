@@ -1673,6 +1673,8 @@ def _limit_routes() -> dict[str, str]:
 
 
 def _tree_groups() -> list[str]:
+    """The kernel trees' cgroups left behind: those whose warden (the process
+    named in the group's name) is gone. A live one is another grader's."""
     from grpo_lab.instructor import tree_limits
 
     return [
@@ -1682,6 +1684,7 @@ def _tree_groups() -> list[str]:
         for top, folders, _ in os.walk(point)
         for name in folders
         if name.startswith(tree_limits.GROUP_PREFIX)
+        and not os.path.exists(f"/proc/{name.rsplit('-', 1)[-1]}")
     ]
 
 
