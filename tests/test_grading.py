@@ -1463,6 +1463,19 @@ def _route(name: str, opens: str) -> str:
     )
 
 
+def _once(name: str, opens: str) -> str:
+    """``opens`` tried on the first call only; later calls (the check's other
+    cases) answer as the first did."""
+    return (
+        "tried = globals().setdefault('routes_tried', {})\n"
+        f"if {name!r} not in tried:\n"
+        f"    tried[{name!r}] = False\n"
+        + textwrap.indent(opens, "    ")
+        + f"\n    tried[{name!r}] = True\n"
+        f"assert tried[{name!r}]"
+    )
+
+
 def _routes(grader_pid: int, kit: Path) -> dict[str, str]:
     return {
         "kernel_cmdline": _route(
@@ -1539,19 +1552,22 @@ def _routes(grader_pid: int, kit: Path) -> dict[str, str]:
         "dev_loop": _route("dev_loop", "open('/dev/loop0', 'r+b').close()"),
         "many_processes": _route(
             "many_processes",
-            "born = []\n"
-            "try:\n"
-            "    for _ in range(300):\n"
-            "        pid = os.fork()\n"
-            "        if pid == 0:\n"
-            "            time.sleep(30)\n"
-            "            os._exit(0)\n"
-            "        born.append(pid)\n"
-            "finally:\n"
-            "    for pid in born:\n"
-            "        os.kill(pid, signal.SIGKILL)\n"
-            "        os.waitpid(pid, 0)\n"
-            "assert len(born) == 300",
+            _once(
+                "many_processes",
+                "born = []\n"
+                "try:\n"
+                "    for _ in range(300):\n"
+                "        pid = os.fork()\n"
+                "        if pid == 0:\n"
+                "            time.sleep(30)\n"
+                "            os._exit(0)\n"
+                "        born.append(pid)\n"
+                "finally:\n"
+                "    for pid in born:\n"
+                "        os.kill(pid, signal.SIGKILL)\n"
+                "        os.waitpid(pid, 0)\n"
+                "assert len(born) == 300",
+            ),
         ),
         "root_again": _route("root_again", "os.setuid(0)\nassert os.getuid() == 0"),
     }
@@ -1586,19 +1602,6 @@ RENAMED_LONG_BODY = (
     "    scale = table.std(dim=1, keepdim=True) + advantage_eps\n"
     "    return (offsets / scale).flatten()\n"
 )
-
-
-def _once(name: str, opens: str) -> str:
-    """``opens`` tried on the first call only; later calls (the check's other
-    cases) answer as the first did."""
-    return (
-        "tried = globals().setdefault('routes_tried', {})\n"
-        f"if {name!r} not in tried:\n"
-        f"    tried[{name!r}] = False\n"
-        + textwrap.indent(opens, "    ")
-        + f"\n    tried[{name!r}] = True\n"
-        f"assert tried[{name!r}]"
-    )
 
 
 def _limit_routes() -> dict[str, str]:

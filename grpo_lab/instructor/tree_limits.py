@@ -41,8 +41,9 @@ from dataclasses import dataclass
 
 # The name of each kernel's group, followed by its warden's process id.
 GROUP_PREFIX = "grpo-lab-kernel-"
-# Processes and threads of one kernel's whole tree (the kernel has about 10).
-TREE_PROCESSES = 256
+# Processes and threads of one kernel's whole tree (a kernel and its student's
+# process have about 20).
+TREE_PROCESSES = 128
 # The student's folder: bytes and files (tmpfs inodes, or counted).
 FOLDER_BYTES = 256 << 20
 FOLDER_FILES = 4096
