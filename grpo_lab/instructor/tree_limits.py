@@ -42,7 +42,7 @@ from dataclasses import dataclass
 # The name of each kernel's group, followed by its warden's process id.
 GROUP_PREFIX = "grpo-lab-kernel-"
 # Processes and threads of one kernel's whole tree (a kernel and its student's
-# process have about 20).
+# process use about 15).
 TREE_PROCESSES = 128
 # The student's folder: bytes and files (tmpfs inodes, or counted).
 FOLDER_BYTES = 256 << 20
