@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import csv
+import errno
 import inspect
 import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -23,6 +25,7 @@ from grpo_lab.instructor.rubric import find_exercises, load_rubric, notebook_num
 from grpo_lab.instructor.sandbox import fence_available
 from grpo_lab.instructor.shipped_notebooks import shipped_notebooks_dir
 from grpo_lab.instructor.student import student_notebook
+from grpo_lab.instructor.tree_limits import tree_limits_note
 
 NAME = "03_rewards_and_advantages.ipynb"
 EXERCISE = "03-group_normalized_advantages"
@@ -492,7 +495,8 @@ def test_one_malformed_notebook_of_each_kind_leaves_the_class_graded(tmp_path, c
     out = tmp_path / "grades.csv"
     argv = ["grade", str(root), "--out", str(out), "--timeout", "30", "-j", "2"]
     assert cli.main(argv) == 0
-    assert f"note: {grading.PER_PROCESS_LIMITS}" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert f"note: {tree_limits_note(grading.MEMORY_BYTES)}" in printed
     rows = [r for r in csv.DictReader(out.open()) if r["exercise"] == EXERCISE]
     found = {r["student"]: r for r in rows}
     assert set(found) == {"honest_alice", "honest_bob", *expected}
@@ -1185,8 +1189,10 @@ def test_each_trick_is_named_in_the_message(attack, attack_grades):
 
 @pytest.mark.slow
 def test_the_pasted_source_is_flagged_and_the_own_answers_are_not(attack_grades):
-    flagged = {name for name, grade in attack_grades.items() if grade.flag}
-    assert flagged == {"pasted_source"}, flagged
+    flagged = {name: grade.flag for name, grade in attack_grades.items() if grade.flag}
+    # right_losses is the course's own solution, word for word.
+    assert set(flagged) == {"pasted_source", "right_losses"}, flagged
+    assert flagged["right_losses"] == "matches the kit's solution"
     assert attack_grades["pasted_source"].flag == (
         "matches grpo_lab.advantages.compute_group_normalized_rewards"
     )
@@ -1471,6 +1477,19 @@ def _route(name: str, opens: str) -> str:
     )
 
 
+def _once(name: str, opens: str) -> str:
+    """``opens`` tried on the first call only; later calls (the check's other
+    cases) answer as the first did."""
+    return (
+        "tried = globals().setdefault('routes_tried', {})\n"
+        f"if {name!r} not in tried:\n"
+        f"    tried[{name!r}] = False\n"
+        + textwrap.indent(opens, "    ")
+        + f"\n    tried[{name!r}] = True\n"
+        f"assert tried[{name!r}]"
+    )
+
+
 def _routes(grader_pid: int, kit: Path) -> dict[str, str]:
     return {
         "kernel_cmdline": _route(
@@ -1547,22 +1566,143 @@ def _routes(grader_pid: int, kit: Path) -> dict[str, str]:
         "dev_loop": _route("dev_loop", "open('/dev/loop0', 'r+b').close()"),
         "many_processes": _route(
             "many_processes",
-            "born = []\n"
-            "try:\n"
-            "    for _ in range(300):\n"
-            "        pid = os.fork()\n"
-            "        if pid == 0:\n"
-            "            time.sleep(30)\n"
-            "            os._exit(0)\n"
-            "        born.append(pid)\n"
-            "finally:\n"
-            "    for pid in born:\n"
-            "        os.kill(pid, signal.SIGKILL)\n"
-            "        os.waitpid(pid, 0)\n"
-            "assert len(born) == 300",
+            _once(
+                "many_processes",
+                "born = []\n"
+                "try:\n"
+                "    for _ in range(300):\n"
+                "        pid = os.fork()\n"
+                "        if pid == 0:\n"
+                "            time.sleep(30)\n"
+                "            os._exit(0)\n"
+                "        born.append(pid)\n"
+                "finally:\n"
+                "    for pid in born:\n"
+                "        os.kill(pid, signal.SIGKILL)\n"
+                "        os.waitpid(pid, 0)\n"
+                "assert len(born) == 300",
+            ),
         ),
         "root_again": _route("root_again", "os.setuid(0)\nassert os.getuid() == 0"),
     }
+
+
+# --- limits for a kernel's whole tree, the student's folder, and copies --------------
+#
+# More of eve's routes (graded in the same run as those above), each right only when
+# a limit does not hold: four children that each keep 300 MB (under the per-process
+# limit, over the tree's 1 GiB together), a fork bomb, a 1 GiB file and 6000 files
+# in her folder. Her last answer is a renamed copy of zoe's (longer than the copy
+# threshold).
+
+TREE_MEMORY = 1 << 30
+LONG_BODY = (
+    "    if group_size < 1:\n"
+    "        raise ValueError('group_size must be positive')\n"
+    "    if raw_rewards.numel() % group_size:\n"
+    "        raise ValueError('the rewards must fill whole groups')\n"
+    "    grouped = raw_rewards.reshape(-1, group_size)  # (B, G)\n"
+    "    centered = grouped - grouped.mean(dim=1, keepdim=True)\n"
+    "    spread = grouped.std(dim=1, keepdim=True) + advantage_eps\n"
+    "    return (centered / spread).flatten()\n"
+)
+RENAMED_LONG_BODY = (
+    "    if group_size < 2:\n"
+    "        raise ValueError('a group needs members')\n"
+    "    if raw_rewards.numel() % group_size:\n"
+    "        raise ValueError('groups left unfilled')\n"
+    "    table = raw_rewards.reshape(-1, group_size)\n"
+    "    offsets = table - table.mean(dim=1, keepdim=True)\n"
+    "    scale = table.std(dim=1, keepdim=True) + advantage_eps\n"
+    "    return (offsets / scale).flatten()\n"
+)
+
+
+def _limit_routes() -> dict[str, str]:
+    return {
+        "huge_file": _route(
+            "huge_file",
+            _once(
+                "huge_file",
+                "with open('huge', 'wb') as handle:\n"
+                "    for _ in range(1024):  # 1 GiB, 1 MiB at a time\n"
+                "        handle.write(bytes(1 << 20))",
+            ),
+        ),
+        "many_files": _route(
+            "many_files",
+            _once(
+                "many_files",
+                "os.makedirs('many', exist_ok=True)\n"
+                "for n in range(6000):\n"
+                "    open(f'many/{n}', 'w').close()",
+            ),
+        ),
+        "tree_memory": _route(
+            "tree_memory",
+            _once(
+                "tree_memory",
+                "children, pipes = [], []\n"
+                "try:\n"
+                "    for _ in range(4):  # 4 x 300 MB, over the tree's 1 GiB\n"
+                "        read_end, write_end = os.pipe()\n"
+                "        pid = os.fork()\n"
+                "        if pid == 0:\n"
+                "            hog = b'x' * (300 << 20)  # every page touched\n"
+                "            os.write(write_end, b'1')\n"
+                "            time.sleep(30)\n"
+                "            os._exit(0)\n"
+                "        os.close(write_end)\n"
+                "        children.append(pid)\n"
+                "        pipes.append(read_end)\n"
+                "    assert all(os.read(p, 1) == b'1' for p in pipes)  # all alive\n"
+                "finally:\n"
+                "    for pid in children:\n"
+                "        os.kill(pid, signal.SIGKILL)\n"
+                "        os.waitpid(pid, 0)",
+            ),
+        ),
+        "fork_bomb": _route(
+            "fork_bomb",
+            _once(
+                "fork_bomb",
+                "import subprocess\n"
+                "read_end, write_end = os.pipe()\n"
+                # Each shell says so, forks two more and stays.
+                "bomb = subprocess.Popen(\n"
+                "    ['/bin/sh', '-c', 'b() { echo; b & b & sleep 30; }; b  # grpo-lab-attack'],\n"
+                "    stdout=write_end, stderr=subprocess.DEVNULL, start_new_session=True)\n"
+                "os.close(write_end)\n"
+                "os.set_blocking(read_end, False)\n"
+                "born, deadline = 0, time.time() + 3\n"
+                "while born < 1000 and time.time() < deadline:\n"
+                "    try:\n"
+                "        born += len(os.read(read_end, 4096))\n"
+                "    except BlockingIOError:\n"
+                "        time.sleep(0.05)\n"
+                "os.killpg(bomb.pid, signal.SIGKILL)\n"
+                "bomb.wait()\n"
+                "assert born >= 1000",
+            ),
+        ),
+        "long_answer": _answer("long_answer", body=RENAMED_LONG_BODY),
+    }
+
+
+def _tree_groups() -> list[str]:
+    """The kernel trees' cgroups left behind: those whose warden (the process
+    named in the group's name) is gone. A live one is another grader's."""
+    from grpo_lab.instructor import tree_limits
+
+    return [
+        os.path.join(top, name)
+        for _, point, kind, _ in tree_limits._mounts()
+        if kind in ("cgroup", "cgroup2")
+        for top, folders, _ in os.walk(point)
+        for name in folders
+        if name.startswith(tree_limits.GROUP_PREFIX)
+        and not os.path.exists(f"/proc/{name.rsplit('-', 1)[-1]}")
+    ]
 
 
 # Queued on the kernel's shell channel: once this exercise's cell ends, the
@@ -1652,16 +1792,21 @@ def test_a_solution_reaches_no_kernel_no_grader_secret_and_no_device(
     """eve's routes back into a kernel (its command line, its connection file,
     its sockets, a signed request on its shell or control channel, ptrace, its
     memory), into the grader (its stdout, environment, argv and memory, the
-    kit) and into the machine (/dev writes, unlimited processes, root again):
-    no points, zoe beside her graded as before, nothing left behind."""
+    kit), into the machine (/dev writes, unlimited processes, root again) and
+    past the limits of her kernel's tree and her folder: no points, zoe beside
+    her graded as before, eve's renamed copy of zoe's long answer flagged on
+    both rows, the CSV complete, and nothing left behind: no process, no
+    cgroup, no file."""
     from grpo_lab.instructor.rubric import Rubric
 
     course_dir = tmp_path / "kit"
     kit = course_dir / ATTACK_NOTEBOOK
-    eve = {**_routes(os.getpid(), kit), **_channel_attacks()}
+    eve = {**_routes(os.getpid(), kit), **_channel_attacks(), **_limit_routes()}
     zoe = {f"zoe_{n}": _answer(f"zoe_{n}", body=RIGHT_BODY) for n in range(6)}
+    zoe["long_answer"] = _answer("long_answer", body=LONG_BODY)
+    names = list(dict.fromkeys([*eve, *zoe]))
     cells = [nbformat.v4.new_code_cell("import torch")]
-    for name in [*eve, *zoe]:
+    for name in names:
         solution = f"def {name}{SIGNATURE}:\n    ### BEGIN SOLUTION\n{RIGHT_BODY}"
         cells += [
             nbformat.v4.new_code_cell(solution + "    ### END SOLUTION"),
@@ -1673,22 +1818,48 @@ def test_a_solution_reaches_no_kernel_no_grader_secret_and_no_device(
         ]
     course_dir.mkdir()
     nbformat.write(nbformat.v4.new_notebook(cells=cells), kit)
-    rubric = Rubric({f"03-{n}": 1.0 for n in [*eve, *zoe]}, {})
+    rubric = Rubric({f"03-{n}": 1.0 for n in names}, {})
     root = tmp_path / "submitted"
     for student, answers in (("eve", eve), ("zoe", zoe)):
         (root / student).mkdir(parents=True)
         nbformat.write(attack_submission(answers), root / student / ATTACK_NOTEBOOK)
     monkeypatch.setenv("HF_TOKEN", "hf_not_for_students")
+    # The working folders go here, where the student's user may pass through
+    # (not under pytest's own folder, which only its owner may enter).
+    temporary = Path(tempfile.mkdtemp(prefix="grpo-lab-test-"))
+    temporary.chmod(0o711)
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
     shm_before = set(os.listdir("/dev/shm"))
+    note = tree_limits_note(TREE_MEMORY)
     grades = grading.grade_submissions(
-        root, notebooks_dir=course_dir, rubric=rubric, timeout=60, jobs=2
+        root,
+        notebooks_dir=course_dir,
+        rubric=rubric,
+        timeout=60,
+        jobs=2,
+        tree_memory_bytes=TREE_MEMORY,
     )
+    out = grading.write_grades_csv(grades, tmp_path / "grades.csv")
     table = {(g.student, g.exercise_id.split("-", 1)[1]): g for g in grades}
-    opened = sorted(n for n in eve if table[("eve", n)].points)
+    opened = sorted(n for n in eve if n != "long_answer" and table[("eve", n)].points)
     zoe_lost = sorted(n for n in zoe if table[("zoe", n)].outcome != "pass")
-    assert (opened, zoe_lost) == ([], []), " ".join(opened + zoe_lost)
+    # Without a cgroup, four children may hold more than the tree's budget.
+    per_process = note.startswith("memory and CPU limits hold per process")
+    assert (opened, zoe_lost) == (["tree_memory"] if per_process else [], []), [
+        table[("eve", n)] for n in opened
+    ] + [table[("zoe", n)] for n in zoe_lost]
+    assert table[("eve", "long_answer")].outcome == "pass"
+    assert table[("eve", "long_answer")].flag == "matches the answer of zoe"
+    assert table[("zoe", "long_answer")].flag == "matches the answer of eve"
+    assert {g.flag for g in grades if g.exercise_id != "03-long_answer"} == {""}
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == 2 * len(names)
     assert set(os.listdir("/dev/shm")) == shm_before
     assert _processes_with("grpo-lab-attack") == []
+    assert _tree_groups() == []
+    left = os.listdir(temporary)
+    temporary.rmdir()
+    assert left == []  # the working folders and the tmpfs's mount point
 
 
 # Stands in for the kernels: both notebooks reach their checks at once, so the
@@ -1742,3 +1913,128 @@ def test_two_threads_grading_notebook_14_never_race_on_an_import(tmp_path):
         )  # fmt: skip
         assert finished.returncode == 0, finished.stderr[-2000:]
         assert finished.stdout.strip() == "[('pass', '')]", finished.stdout
+
+
+def test_the_warden_puts_the_tree_in_a_cgroup_and_the_folder_in_a_tmpfs(tmp_path):
+    """The sandbox's own command: the kernel reports its cgroups and its
+    folder's file system; once it ends, its group is gone. Where no cgroup or
+    no tmpfs can be made, the grade output says so."""
+    from grpo_lab.instructor import sandbox, tree_limits
+
+    folder = tmp_path / "solution"
+    probe = (
+        "from grpo_lab.instructor.tree_limits import in_tree_group\n"
+        "mounts = [line.split()[4] for line in open('/proc/self/mountinfo')]\n"
+        f"print(in_tree_group(), {str(folder)!r} in mounts)\n"
+    )
+    command = [
+        sys.executable, "-m", "grpo_lab.instructor.sandbox", "--workdir", str(tmp_path),
+        "--tree-memory", str(TREE_MEMORY), "--folder", str(folder),
+        "--", sys.executable, "-c", probe,
+    ]  # fmt: skip
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=60, check=True
+    )
+    note = tree_limits.tree_limits_note(TREE_MEMORY)
+    notes = grading.containment_notes(TREE_MEMORY)
+    grouped = not note.startswith("memory and CPU limits hold per process")
+    quota = sandbox.NO_TMPFS_TEXT not in notes
+    assert result.stdout.split() == [str(grouped), str(quota)]
+    assert note in notes and (tree_limits.FOLDER_TMPFS_TEXT in notes) == quota
+    assert _tree_groups() == []
+    assert not tree_limits.in_tree_group()  # this process is in none
+
+
+def test_where_no_cgroup_can_be_made_the_output_says_the_limits_are_per_process(
+    monkeypatch,
+):
+    from grpo_lab.instructor import tree_limits
+
+    monkeypatch.setattr(tree_limits, "_make_v2", _refused)
+    monkeypatch.setattr(tree_limits, "_make_v1", _refused)
+    assert tree_limits.tree_group(TREE_MEMORY, 64) == (None, "refused; refused")
+    note = tree_limits.tree_limits_note(TREE_MEMORY)
+    assert note.startswith("memory and CPU limits hold per process"), note
+    assert note in grading.containment_notes(TREE_MEMORY)
+
+
+def _refused(*_: object) -> None:
+    raise OSError(1, "refused")
+
+
+def test_no_file_of_the_students_process_grows_past_the_folder_quota(tmp_path):
+    """Where the folder is no tmpfs, RLIMIT_FSIZE caps each file of the
+    student's process (set by confine_solution): a write past it fails with
+    EFBIG instead of killing the process."""
+    from grpo_lab.instructor.tree_limits import cap_file_size
+
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the student's process
+        try:
+            cap_file_size(1 << 20)
+            with open(tmp_path / "big", "wb", buffering=0) as handle:
+                handle.write(bytes(1 << 20))
+                try:
+                    handle.write(bytes(1))
+                    os.write(write_end, b"written")
+                except OSError as error:
+                    os.write(write_end, errno.errorcode[error.errno].encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    os.waitpid(pid, 0)
+    with os.fdopen(read_end, "rb") as handle:
+        said = handle.read().decode()
+    assert (said, (tmp_path / "big").stat().st_size) == ("EFBIG", 1 << 20)
+
+
+def test_a_folder_past_its_quota_is_named(tmp_path):
+    from grpo_lab.instructor.tree_limits import folder_over
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "big").write_bytes(bytes(3 << 20))
+    assert folder_over(str(tmp_path), 4 << 20, 10) == ""
+    (tmp_path / "a" / "bigger").write_bytes(bytes(2 << 20))
+    assert folder_over(str(tmp_path), 4 << 20, 10) == "more than 4 MiB"
+    for n in range(10):
+        (tmp_path / str(n)).touch()
+    assert folder_over(str(tmp_path), 1 << 30, 10) == "more than 10 files"
+
+
+# Two answers to notebook 07's `active_rows` (one line each), written apart: the
+# same tree once names are set aside, yet too short to be called a copy.
+SHORT_ANSWERS = (
+    "def active_rows(advantages):\n"
+    "    return torch.nonzero(advantages != 0).flatten()\n",
+    "def active_rows(adv):\n"
+    "    # rows that carry a gradient\n"
+    "    return torch.nonzero(adv != 0.0).flatten()\n",
+)
+
+
+def test_copies_of_a_neighbour_or_the_kit_are_flagged_and_short_answers_are_not():
+    from grpo_lab.instructor.copies import MIN_COPY_NODES, copy_flags, fingerprint
+
+    long_id, short_id = "03-long_answer", "07-active_rows"
+    kit_long = f"def long_answer{SIGNATURE}:\n    ### BEGIN SOLUTION\n{LONG_BODY}"
+    answers = {
+        long_id: {
+            "ann": _answer("long_answer", body=LONG_BODY),  # the kit's, with a comment
+            "ben": _answer("long_answer", body=RENAMED_LONG_BODY),  # ann's, renamed
+            "cat": _answer("long_answer", body=RIGHT_BODY),  # her own, shorter
+        },
+        short_id: {"dan": SHORT_ANSWERS[0], "eli": SHORT_ANSWERS[1]},
+    }
+    kit = {long_id: kit_long, short_id: SHORT_ANSWERS[0]}
+    flags = copy_flags(answers, kit)
+    assert flags == {
+        ("ann", long_id): "matches the kit's solution; matches the answer of ben",
+        ("ben", long_id): "matches the kit's solution; matches the answer of ann",
+    }
+    short = [fingerprint(s, "active_rows") for s in SHORT_ANSWERS]
+    assert short[0][0] == short[1][0] and short[0][1] < MIN_COPY_NODES
+    assert fingerprint(LONG_BODY, "long_answer") is None  # no function: no print
+    assert fingerprint("def long_answer(:", "long_answer") is None
+    deep = "def long_answer():\n    return " + "-" * 200_000 + "1"  # past the parser
+    assert copy_flags({long_id: {"fay": deep, "gus": deep}}, kit) == {}

@@ -43,6 +43,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import stat
 import sys
@@ -51,17 +52,19 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import nbformat
 
 from grpo_lab.instructor import grading_kernel
+from grpo_lab.instructor.copies import copy_flags
 from grpo_lab.instructor.grading_client import ContainedKernelManager
 from grpo_lab.instructor.grading_kernel import (
     RESTART_TEXT,
     RESULT_FD_VARIABLE,
+    SCRATCH_FOLDER,
     check_names_in,
 )
 from grpo_lab.instructor.grading_plan import (  # noqa: F401 (read from here too)
@@ -81,8 +84,13 @@ from grpo_lab.instructor.rubric import (
     load_rubric,
     notebook_number,
 )
-from grpo_lab.instructor.sandbox import confinement_gaps
+from grpo_lab.instructor.sandbox import NO_TMPFS_TEXT, confinement_gaps
 from grpo_lab.instructor.shipped_notebooks import PACKAGE_DIR, course_notebooks_dir
+from grpo_lab.instructor.tree_limits import (
+    FOLDER_TMPFS_TEXT,
+    TREE_PROCESSES,
+    tree_limits_note,
+)
 
 # What the kernel reports for an exercise; "manual" is a written question's.
 KERNEL_OUTCOMES = ("pass", "fail", "not attempted", "error")
@@ -143,7 +151,8 @@ class Grade:
     max_points: float
     message: str = ""
     # For the instructor: "matches <package function>" when the solution's
-    # syntax tree is the package function's (see grading_refusal).
+    # syntax tree is the package function's (see grading_refusal), "matches
+    # the kit's solution" or "matches the answer of <student>" (see copies).
     flag: str = ""
     # Seconds spent grading it (its share of the kernel's start included).
     seconds: float = 0.0
@@ -228,16 +237,12 @@ def course_notebooks(notebooks_dir: str | Path | None = None) -> dict[str, Path]
     return found
 
 
-# Said with every grading run: the limits are not a cgroup's.
-PER_PROCESS_LIMITS = (
-    "memory and CPU limits hold per process of a kernel (RLIMIT_AS, "
-    "RLIMIT_CPU), not for its whole tree; processes are limited per user"
-)
-
-
-def containment_notes() -> list[str]:
-    """What the grader cannot fence on this system, for the grade output."""
-    return [*confinement_gaps(), PER_PROCESS_LIMITS]
+def containment_notes(tree_memory_bytes: int = MEMORY_BYTES) -> list[str]:
+    """What the grader cannot fence on this system, and how the kernels'
+    trees are limited (a cgroup, or per process), for the grade output."""
+    gaps = confinement_gaps()
+    folder = [] if NO_TMPFS_TEXT in gaps else [FOLDER_TMPFS_TEXT]
+    return [*gaps, tree_limits_note(tree_memory_bytes), *folder]
 
 
 def check_timeout(timeout: float) -> None:
@@ -284,6 +289,10 @@ class Limits:
     memory_bytes: int = MEMORY_BYTES
     # Processes and threads of the kernel's user (RLIMIT_NPROC; root is exempt).
     processes: int = PROCESSES
+    # Memory and processes of the kernel's whole tree, where a cgroup can be
+    # made (see grpo_lab.instructor.tree_limits).
+    tree_memory_bytes: int = MEMORY_BYTES
+    tree_processes: int = TREE_PROCESSES
 
 
 def grade_submissions(
@@ -295,12 +304,16 @@ def grade_submissions(
     memory_bytes: int = MEMORY_BYTES,
     jobs: int = 1,
     progress: bool = False,
+    tree_memory_bytes: int | None = None,
 ) -> list[Grade]:
     """Grade every student's submitted notebooks: one Grade per student ×
     exercise, and one ``manual`` Grade per written question.
 
     ``timeout`` is the limit in seconds for one exercise (the student's cells
-    and the check); ``memory_bytes`` the address space of each kernel; ``jobs``
+    and the check); ``memory_bytes`` the address space of each kernel and of
+    each process it starts, ``tree_memory_bytes`` (default: ``memory_bytes``)
+    the memory of a kernel's whole process tree where a cgroup can be made
+    (:func:`containment_notes` says whether); ``jobs``
     how many notebooks are graded at a time (each in its own kernel);
     ``progress`` shows a bar over the notebooks. Every submission is read
     before the first kernel starts, and every kernel (with whatever it started)
@@ -313,7 +326,13 @@ def grade_submissions(
         )
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be a positive integer, got {jobs!r}")
-    limits = Limits(timeout, memory_bytes, PROCESSES)
+    tree_memory_bytes = memory_bytes if tree_memory_bytes is None else tree_memory_bytes
+    if not (isinstance(tree_memory_bytes, int) and tree_memory_bytes >= 1 << 28):
+        raise ValueError(
+            "tree_memory_bytes must be an integer of at least 2**28, got "
+            f"{tree_memory_bytes!r}"
+        )
+    limits = Limits(timeout, memory_bytes, PROCESSES, tree_memory_bytes)
     rubric = load_rubric() if rubric is None else rubric
     course = course_notebooks(notebooks_dir)
     submitted = [
@@ -325,7 +344,45 @@ def grade_submissions(
     for course_path in dict.fromkeys(entry[3] for entry in submitted):
         course, exercises = course_exercises(course_path, rubric)  # faults up front
         import_counterparts(notebook_checks(course, exercises))  # before any thread
-    return _grade_all(submitted, rubric, limits, jobs, progress)
+    grades = _grade_all(submitted, rubric, limits, jobs, progress)
+    return _with_copy_flags(grades, submitted, rubric)
+
+
+def _with_copy_flags(
+    grades: list[Grade],
+    submitted: list[tuple[str, str, bytes | str, Path]],
+    rubric: Rubric,
+) -> list[Grade]:
+    """``grades`` with each copy of the kit's solution or of a neighbour's
+    answer flagged (see :mod:`grpo_lab.instructor.copies`)."""
+    answers: dict[str, dict[str, str]] = {}
+    kit: dict[str, str] = {}
+    courses = {path: course_exercises(path, rubric) for _, _, _, path in submitted}
+    for student, _, content, course_path in submitted:
+        course, exercises = courses[course_path]
+        for exercise in exercises:
+            kit[exercise.exercise_id] = course.cells[exercise.solution_index].source
+        try:
+            plans = plan_submission(course, exercises, read_notebook(content))
+        except Exception:
+            continue  # graded as an error already
+        for plan in plans:
+            if plan.solution:
+                answers.setdefault(plan.exercise.exercise_id, {})[student] = (
+                    plan.solution
+                )
+    flags = copy_flags(answers, kit)
+    return [
+        replace(
+            grade,
+            flag="; ".join(
+                f
+                for f in (grade.flag, flags.get((grade.student, grade.exercise_id)))
+                if f
+            ),
+        )
+        for grade in grades
+    ]
 
 
 def course_exercises(
@@ -434,14 +491,7 @@ def grade_notebook(
     question."""
     course, exercises = course_exercises(course_path, rubric)
     try:
-        if isinstance(content, str):
-            raise ValueError(content)
-        text = content.decode("utf-8")
-        raw = json.loads(text)
-        if isinstance(raw, dict) and raw.get("nbformat") == 4:  # before nbformat
-            _refuse_malformed(raw)
-        submission = nbformat.reads(text, as_version=4)
-        _refuse_malformed(submission)  # an older format, upgraded
+        submission = read_notebook(content)
     except Exception as error:
         message = f"the notebook cannot be read: {_one_line(error)}"
         return _error_grades(student, course_path, rubric, message)
@@ -452,6 +502,21 @@ def grade_notebook(
         for plan, result in zip(plans, results)
     ]
     return grades + question_grades(student, course_path, submission, rubric)
+
+
+def read_notebook(content: bytes | str) -> nbformat.NotebookNode:
+    """A submission's notebook from its bytes; ValueError (and whatever
+    nbformat raises) when it is not read (``content``: why), not JSON, or its
+    cells are not as nbformat 4 writes them."""
+    if isinstance(content, str):
+        raise ValueError(content)
+    text = content.decode("utf-8")
+    raw = json.loads(text)
+    if isinstance(raw, dict) and raw.get("nbformat") == 4:  # before nbformat
+        _refuse_malformed(raw)
+    submission = nbformat.reads(text, as_version=4)
+    _refuse_malformed(submission)  # an older format, upgraded
+    return submission
 
 
 def _refuse_malformed(notebook: dict) -> None:
@@ -774,6 +839,9 @@ class _Kernel:
     def _start(self) -> None:
         from nbclient import NotebookClient
 
+        # The student's folder starts empty in each kernel (where it is not a
+        # tmpfs of the kernel's own, an earlier kernel's files are still there).
+        shutil.rmtree(Path(self.workdir) / SCRATCH_FOLDER, ignore_errors=True)
         handle, path = tempfile.mkstemp(prefix="grpo-lab-results-")
         os.close(handle)
         write_end = os.open(path, os.O_WRONLY | os.O_APPEND)
@@ -822,6 +890,12 @@ class _Kernel:
             str(self.cpu_seconds),
             "--nproc",
             str(self.limits.processes),
+            "--tree-memory",
+            str(self.limits.tree_memory_bytes),
+            "--tree-processes",
+            str(self.limits.tree_processes),
+            "--folder",
+            str(Path(self.workdir) / SCRATCH_FOLDER),
             "--write",
             self.workdir,
             "--write",

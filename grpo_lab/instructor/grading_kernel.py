@@ -34,7 +34,10 @@ What the student's function returns must be built of plain types (tensors,
 numbers, strings, containers). An exception raised inside the student's
 function is a ``fail`` with its message; the cases the check counted come back
 with the verdict, for partial credit. A child that died or sent what the parent
-does not read makes the exercise an ``error`` (and the kernel is replaced).
+does not read makes the exercise an ``error`` (and the kernel is replaced),
+and so does a student's folder grown past its quota (measured after each
+exercise by :func:`grpo_lab.instructor.tree_limits.folder_over`, for where
+the folder is not a size-capped tmpfs).
 
 While the student's cells run, the package counterparts of every check of the
 notebook, and while the student's function runs, the exercise's package
@@ -80,12 +83,14 @@ from grpo_lab.instructor.grading_child import (
     warm_up,
 )
 from grpo_lab.instructor.tampering import Tampered
+from grpo_lab.instructor.tree_limits import FOLDER_BYTES, FOLDER_FILES, folder_over
 from grpo_lab.teaching.checks import reach
 
 RESULT_FD_VARIABLE = "GRPO_LAB_RESULT_FD"
 TAMPERED_PREFIX = "the solution changed the grader's world: "
 RESTART_TEXT = "(the kernel is replaced)"
 UNAVAILABLE_TEXT = "is not available while this exercise is graded"
+FOLDER_FULL = "the solution's folder grew past its quota"
 NOT_ATTEMPTED_TEXT = "not attempted yet"
 # Modules a verdict depends on, by exact name or by prefix ("grpo_lab.").
 GUARDED_MODULES = (
@@ -356,6 +361,10 @@ def grade(
         verdict = ("error", str(error), None, None)
     except ChildLost as error:
         verdict = ("error", f"{error} {RESTART_TEXT}", None, None)
+    over = folder_over(_scratch(), FOLDER_BYTES, FOLDER_FILES)
+    if over:
+        message = f"{FOLDER_FULL} ({over}) {RESTART_TEXT}"
+        verdict = ("error", message, None, None)
     _report(sequence, *verdict)
 
 

@@ -13,8 +13,14 @@ process (the warden) is trusted and runs no student code. It
   root), no core files, and, where the Linux kernel offers Landlock, a fence:
   files may be written, created or removed only under the ``--write`` paths,
   and no process outside the fence may be signalled;
+* where a cgroup can be made (:mod:`grpo_lab.instructor.tree_limits`), puts
+  the kernel in one of its own before it execs (``--tree-memory``,
+  ``--tree-processes``: the kernel's whole tree together), and as root mounts
+  the student's folder (``--folder``) as a size-capped tmpfs in the kernel's
+  own mount namespace;
 * on SIGTERM (also sent when the grader dies), or when the kernel exits,
-  kills every descendant with SIGKILL until none is left, then exits. SIGINT
+  kills every descendant with SIGKILL until none is left, removes the
+  kernel's cgroup, then exits. SIGINT
   (the kernel manager's interrupt, sent to the process group) is ignored here
   and reaches the kernel.
 
@@ -44,6 +50,8 @@ import signal
 import stat
 import sys
 from pathlib import Path
+
+from grpo_lab.instructor import tree_limits
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -161,7 +169,9 @@ def _allow_beneath(libc: ctypes.CDLL, ruleset: int, path: str, rights: int) -> N
 
 # The user a solution's process runs as when the grader is root (nobody).
 SOLUTION_USER = 65534
-# Processes and threads of that user, all solutions of a batch together.
+# Processes and threads of that user, all solutions of a batch together,
+# where the kernel's tree has no cgroup (one that has caps each tree alone,
+# so that one student's fork bomb leaves the others' processes be).
 SOLUTION_PROCESSES = 64
 # What a solution may read besides Python, this package and its own folder.
 SYSTEM_FOLDERS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/sys")
@@ -208,20 +218,25 @@ def bridge_for_solutions() -> str:
     return ""
 
 
-def confine_solution(scratch: str) -> list[str]:
+def confine_solution(
+    scratch: str, *, folder_bytes: int = tree_limits.FOLDER_BYTES
+) -> list[str]:
     """Confine this process (a grading kernel's forked child, before any of the
     student's code runs); what could not be done, in words.
 
     As root: a network namespace of its own (no interface up, so no kernel's
     socket, nor any other, is reachable), then the user SOLUTION_USER (no
-    capabilities; RLIMIT_NPROC holds for it). Always: not dumpable, no new
-    privileges, HOME and TMPDIR in ``scratch``, and with Landlock reads only
+    capabilities; RLIMIT_NPROC holds for it, unless the kernel's tree has a
+    cgroup that caps its processes). Always: no file past
+    ``folder_bytes`` (RLIMIT_FSIZE), not dumpable, no new privileges, HOME
+    and TMPDIR in ``scratch``, and with Landlock reads only
     from :func:`solution_readable` and ``scratch``, writes only in
     ``scratch``, no TCP (ABI 4+), no signal or abstract socket to a process
     outside (ABI 6+)."""
     missing: list[str] = []
     linux = sys.platform.startswith("linux")
     readable = solution_readable()
+    tree_limits.cap_file_size(folder_bytes)
     if linux and os.geteuid() == 0:
         try:
             _unshare(CLONE_NEWNET)
@@ -237,7 +252,8 @@ def confine_solution(scratch: str) -> list[str]:
     if linux:
         _libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # reset by setuid
         _libc().prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-    resource.setrlimit(resource.RLIMIT_NPROC, (SOLUTION_PROCESSES,) * 2)
+    if not tree_limits.in_tree_group():  # else its group caps its processes
+        resource.setrlimit(resource.RLIMIT_NPROC, (SOLUTION_PROCESSES,) * 2)
     _own_folders(scratch)
     abi = landlock_abi()
     if abi >= 1:
@@ -332,6 +348,9 @@ def confinement_gaps() -> list[str]:
                 os.close(read_end)
                 bridge = bridge_for_solutions()
                 missing = [bridge] if bridge else []
+                # The warden mounts the tmpfs only where the bridge was made.
+                quota = "no bridge" if bridge else _probe_quota(scratch)
+                missing += [f"no tmpfs ({quota})"] if quota else []
                 missing += confine_solution(scratch)
                 os.write(write_end, json.dumps(missing).encode())
             finally:
@@ -344,6 +363,20 @@ def confinement_gaps() -> list[str]:
     return [_GAP_TEXT.get(m.split(" (")[0], m) for m in missing]
 
 
+def _probe_quota(scratch: str) -> str:
+    """Mount (in the probe's namespace) and unmount a quota tmpfs; why not."""
+    folder = os.path.join(scratch, "quota")
+    why = tree_limits.mount_folder_quota(folder, 1 << 20, 16)
+    if not why:
+        _libc().umount2(folder.encode(), 0)
+    return why
+
+
+NO_TMPFS_TEXT = (
+    "the students' folder is not a size-capped tmpfs (that needs root): each "
+    "file it writes is capped by RLIMIT_FSIZE, and the folder is measured "
+    "after each exercise (past the quota, an error)"
+)
 _GAP_TEXT = {
     "no bridge": "the students' code runs as another user who may not enter "
     "the folders on the way to Python; it may fail to import modules",
@@ -357,6 +390,7 @@ _GAP_TEXT = {
     "runs as root) open network connections, the kernels' own included",
     "no Landlock fence": "Landlock refused the students' fence: reads, writes "
     "and connections are not fenced",
+    "no tmpfs": NO_TMPFS_TEXT,
 }
 
 
@@ -371,9 +405,14 @@ def _set_limits(memory: int, cpu: int, nproc: int) -> None:
         resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 
 
-def _exec_kernel(options: argparse.Namespace) -> None:
-    """In the forked child: limits, fence, then exec the command (never returns)."""
+def _exec_kernel(
+    options: argparse.Namespace, group: tree_limits.TreeGroup | None
+) -> None:
+    """In the forked child: its cgroup, limits, the student's folder, fence,
+    then exec the command (never returns)."""
     try:
+        if group is not None:
+            group.join()  # before anything is forked: the whole tree is in it
         keep = set(options.keep_fd)
         for descriptor in _open_descriptors():
             if descriptor > 2 and descriptor not in keep:
@@ -384,7 +423,12 @@ def _exec_kernel(options: argparse.Namespace) -> None:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         _set_limits(options.memory, options.cpu, options.nproc)
-        bridge_for_solutions()  # before the fence: a fenced process may not mount
+        # Before the fence: a fenced process may not mount.
+        unbridged = bridge_for_solutions()
+        if options.folder and not unbridged:  # in the kernel's own namespace
+            tree_limits.mount_folder_quota(
+                options.folder, options.folder_bytes, options.folder_files
+            )
         if options.write and fence_available():
             apply_write_fence(options.write)
         os.chdir(options.workdir)
@@ -464,6 +508,20 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--memory", type=int, default=0, help="RLIMIT_AS, bytes")
     parser.add_argument("--cpu", type=int, default=0, help="RLIMIT_CPU, seconds")
     parser.add_argument("--nproc", type=int, default=0, help="RLIMIT_NPROC")
+    parser.add_argument(
+        "--tree-memory", type=int, default=0, help="the whole tree's memory, bytes"
+    )
+    parser.add_argument(
+        "--tree-processes",
+        type=int,
+        default=tree_limits.TREE_PROCESSES,
+        help="the whole tree's processes and threads",
+    )
+    parser.add_argument(
+        "--folder", default=None, help="the student's folder: a tmpfs as root"
+    )
+    parser.add_argument("--folder-bytes", type=int, default=tree_limits.FOLDER_BYTES)
+    parser.add_argument("--folder-files", type=int, default=tree_limits.FOLDER_FILES)
     parser.add_argument("--write", action="append", default=[])
     parser.add_argument("--keep-fd", type=int, action="append", default=[])
     parser.add_argument("command", nargs=argparse.REMAINDER)
@@ -481,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
     """Start the kernel command contained; the kernel's exit status."""
     options = _arguments(sys.argv[1:] if argv is None else argv)
     if options.solution is not None:
-        confine_solution(options.solution)
+        confine_solution(options.solution, folder_bytes=options.folder_bytes)
         os.execvp(options.command[0], options.command)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _stop)
@@ -489,10 +547,17 @@ def main(argv: list[str] | None = None) -> int:
         _libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         # Should the grader die, the warden is told and kills everything.
         _libc().prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    group = None
+    if options.tree_memory:
+        group, _ = tree_limits.tree_group(options.tree_memory, options.tree_processes)
     kernel = os.fork()
     if kernel == 0:
-        _exec_kernel(options)
-    return _warden(kernel)
+        _exec_kernel(options, group)
+    try:
+        return _warden(kernel)
+    finally:
+        if group is not None:
+            group.remove()
 
 
 if __name__ == "__main__":
