@@ -608,6 +608,15 @@ REWARDS = (
     "        exact_match_reward(r, ground_truths[i // group_size])['reward']\n"
     "        for i, r in enumerate(responses)])\n"
 )
+# The course's solution in the graders' kits: one group at a time.
+KIT_BODY = REWARDS + (
+    "    advantages = []\n"
+    "    for start in range(0, len(raw_rewards), group_size):\n"
+    "        group = raw_rewards[start:start + group_size]\n"
+    "        advantages.append((group - group.mean()) / (group.std() + advantage_eps))\n"
+    "    return torch.cat(advantages)\n"
+)
+# A right answer of the students' own, no copy of the kit's: the batch reshaped.
 RIGHT_BODY = REWARDS + (
     "    grouped = raw_rewards.reshape(-1, group_size)  # (B, G)\n"
     "    centered = grouped - grouped.mean(dim=1, keepdim=True)\n"
@@ -1076,7 +1085,7 @@ def attack_course(folder) -> tuple:
     for name in ATTACKS:
         module, check_name, signature, body = CHECKED_BY.get(
             name,
-            ("advantages", "check_group_normalized_advantages", SIGNATURE, RIGHT_BODY),
+            ("advantages", "check_group_normalized_advantages", SIGNATURE, KIT_BODY),
         )[:4]
         # The exercise's function first: the first def names the exercise.
         solution = f"def {name}{signature}:\n    ### BEGIN SOLUTION\n{body}"
@@ -1294,7 +1303,7 @@ def test_a_submission_cannot_escape_outlive_or_hang_the_grader(tmp_path, monkeyp
     out.parent.mkdir()
     course_cells = [nbformat.v4.new_code_cell("import torch")]
     for name in CONTAINMENT_EXERCISES:
-        solution = f"def {name}{SIGNATURE}:\n    ### BEGIN SOLUTION\n{RIGHT_BODY}"
+        solution = f"def {name}{SIGNATURE}:\n    ### BEGIN SOLUTION\n{KIT_BODY}"
         course_cells += [
             nbformat.v4.new_code_cell(solution + "    ### END SOLUTION"),
             nbformat.v4.new_code_cell(
@@ -1596,7 +1605,7 @@ def _routes(grader_pid: int, kit: Path) -> dict[str, str]:
 # threshold).
 
 TREE_MEMORY = 1 << 30
-LONG_BODY = (
+LONG_BODY = REWARDS + (
     "    if group_size < 1:\n"
     "        raise ValueError('group_size must be positive')\n"
     "    if raw_rewards.numel() % group_size:\n"
@@ -1606,7 +1615,7 @@ LONG_BODY = (
     "    spread = grouped.std(dim=1, keepdim=True) + advantage_eps\n"
     "    return (centered / spread).flatten()\n"
 )
-RENAMED_LONG_BODY = (
+RENAMED_LONG_BODY = REWARDS + (
     "    if group_size < 2:\n"
     "        raise ValueError('a group needs members')\n"
     "    if raw_rewards.numel() % group_size:\n"
@@ -1807,7 +1816,7 @@ def test_a_solution_reaches_no_kernel_no_grader_secret_and_no_device(
     names = list(dict.fromkeys([*eve, *zoe]))
     cells = [nbformat.v4.new_code_cell("import torch")]
     for name in names:
-        solution = f"def {name}{SIGNATURE}:\n    ### BEGIN SOLUTION\n{RIGHT_BODY}"
+        solution = f"def {name}{SIGNATURE}:\n    ### BEGIN SOLUTION\n{KIT_BODY}"
         cells += [
             nbformat.v4.new_code_cell(solution + "    ### END SOLUTION"),
             nbformat.v4.new_code_cell(
