@@ -130,8 +130,8 @@ test-vllm: $(VLLM_STAMP)
 # compete; a failed build's log is printed. The tests marked `index` (they wait
 # on the package index, with little CPU) run beside them, in a job of their own. Each phase prints its wall time
 # ("==> phase NAME: N s"), so a CI log shows where the minutes go.
-PHASE = phase() { name=$$1; shift; start=$$(date +%s); "$$@"; status=$$?; \
-  echo "==> phase $$name: $$(( $$(date +%s) - start )) s (exit $$status)"; return $$status; }; phase
+PHASE = phase() { local name=$$1 start=$$(date +%s) code; shift; "$$@"; code=$$?; \
+  echo "==> phase $$name: $$(( $$(date +%s) - start )) s (exit $$code)"; return $$code; }; phase
 test: $(INSTRUCTOR_STAMP)
 	@$(PHASE) ruff $(VENV)/bin/ruff check grpo_lab tests benchmarks notebooks
 	@echo "==> building $(VERL_VENV) then $(VLLM_VENV) in the background (logs: $(VERL_VENV).log, $(VLLM_VENV).log)"
@@ -139,7 +139,7 @@ test: $(INSTRUCTOR_STAMP)
 	  || { cat $$1; echo "==> $$1: the build failed"; return 1; }; }; \
 	{ $(PHASE) verl-environment build $(VERL_VENV).log $(VERL_STAMP) \
 	  && $(PHASE) vllm-environment build $(VLLM_VENV).log $(VLLM_STAMP); } & envs=$$!; \
-	{ $(PHASE) index-tests $(PY) -m pytest -p no:cacheprovider -q -m index tests > .test-index.log 2>&1 \
+	{ $(PHASE) index-tests $(PY) -m pytest -p no:cacheprovider -m index tests > .test-index.log 2>&1 \
 	  && tail -2 .test-index.log || { cat .test-index.log; false; }; } & index=$$!; \
 	$(PHASE) tests $(PY) -m pytest -n $(JOBS) --dist worksteal --durations=15 -m "not index" tests; status=$$?; \
 	$(PHASE) waiting-for-environments wait $$envs || exit 1; \
