@@ -27,6 +27,7 @@ except ImportError:
         raise
     pytest.skip("verl is not installed (make .venv-verl)", allow_module_level=True)
 
+from test_integrations_verl import split_loss
 from verl.trainer.ppo import core_algos
 from verl.workers.config import FSDPActorConfig
 from verl.workers.config.actor import PolicyLossConfig
@@ -109,31 +110,9 @@ def batch(seed: int = 0) -> dict[str, torch.Tensor]:
 
 def verl_split(name: str, data, mode: str, config) -> tuple[torch.Tensor, torch.Tensor]:
     """verl's loss (``name`` from its registry) over 2 ranks x 2 micro-batches,
-    each micro-batch seeded by its first row, ranks averaged."""
-    config.global_batch_info.update(
-        {
-            "dp_size": 2,
-            "batch_num_tokens": int(data["mask"].sum()),
-            "global_batch_size": B,
-            "loss_scale_factor": 5,
-        }
-    )
-    total = torch.zeros((), dtype=torch.float64)
-    grad = torch.zeros(B, T, dtype=torch.float64)
-    for start in range(0, B, 2):
-        rows = slice(start, start + 2)
-        log_prob = data["log_prob"][rows].clone().requires_grad_(True)
-        mask = data["mask"][rows]
-        torch.manual_seed(1000 + start)
-        loss, _ = core_algos.get_policy_loss_fn(name)(
-            old_log_prob=data["old"][rows], log_prob=log_prob,
-            advantages=data["rows"][rows] * mask, response_mask=mask,
-            loss_agg_mode=mode, config=config,
-        )  # fmt: skip
-        (micro_grad,) = torch.autograd.grad(loss, log_prob)
-        total += loss.detach() / 2
-        grad[rows] = micro_grad / 2
-    return total, grad
+    each micro-batch seeded alike on both sides, ranks averaged: the table's
+    ``split_loss`` on this batch's (B, 1) advantages."""
+    return split_loss(name, {**data, "row_advantages": data["rows"]}, mode, config)
 
 
 def grpo_lab_micro_batch(method: str, data, rows: slice, seed: int):
