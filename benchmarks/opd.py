@@ -4,21 +4,29 @@ Task: the CPU toy task (reverse 5 digits, the "cpu" profile of TrainConfig).
 
 1. The teacher, once: the cpu profile's own run (supervised warm-up, then GRPO
    for --teacher-steps steps) from --teacher-seed; its final sampled held-out
-   accuracy is measured on the same prompts as the students'.
+   accuracy is measured on the same prompts as the students'. 800 steps: a
+   teacher at the profile's 400 can end below 0.9 (seed 100: 0.855), and a
+   student distilled from it stalls at its teacher's level, below the target.
 2. The student's warm start, once, shared by every method and seed: the cpu
    profile's tiny model from --warm-seed after the same supervised warm-up
    (grpo_lab.training.sft), saved with save_pretrained.
 Then per seed (the seed drives the prompt draws and the samplers), from that
 warm start (sft_max_steps 0), each method trains with train():
-   GRPO       the cpu profile as it is (task reward only);
-   OPD        distillation "reward", estimator k1, no task reward: each token's
-              advantage is -(log pi - log pi_teacher) (grpo_lab.distillation);
-   GRPO + OPD the task objective plus the same term, distillation_coef 1.
-Every method samples the same 32 prompts x 8 responses per step, so samples =
-steps x 256. The target is min(the teacher's sampled accuracy, --target); a
-method reaches it at the first evaluation (every --eval-every steps) whose
-sampled held-out accuracy is at or above it. Seconds are training wall time
-(sampling, rewards, the teacher's scoring, the update), evaluation excluded.
+   GRPO              the cpu profile as it is (task reward only);
+   OPD               distillation "reward", estimator k1, no task reward: each
+                     token's advantage is -(log pi - log pi_teacher)
+                     (grpo_lab.distillation);
+   GRPO + OPD        the task objective plus the same term, distillation_coef 1;
+   OPD, no groups    OPD on a quarter of the samples per step: twice the
+                     prompts, one response each (group_size 1; a dense
+                     per-token signal needs no group baseline, so baseline and
+                     normalizer are none).
+The first three sample the profile's 32 prompts x 8 responses per step, the
+fourth 64 x 1; samples = steps x samples per step. The target is min(the
+teacher's sampled accuracy, --target); a method reaches it at the first
+evaluation (every --eval-every steps) whose sampled held-out accuracy is at or
+above it. Seconds are training wall time (sampling, rewards, the teacher's
+scoring, the update), evaluation excluded.
 
     .venv/bin/python benchmarks/opd.py
     .venv/bin/python benchmarks/opd.py --quick
@@ -42,9 +50,9 @@ FLAGS = {
     "seeds": [0, 1, 2],
     "warm_seed": 0,
     "teacher_seed": 100,
-    "teacher_steps": 400,
+    "teacher_steps": 800,
     "target": 0.9,
-    "max_steps": 300,
+    "max_steps": 400,
     "eval_every": 10,
     "config_overrides": harness.Flag({}, help="TrainConfig fields to set, as JSON"),
 }
@@ -67,7 +75,17 @@ METHODS = {
         "distillation_estimator": "k1",
         "distillation_task_reward": True,
     },
+    "OPD, no groups": {
+        "distillation": "reward",
+        "distillation_estimator": "k1",
+        "group_size": 1,
+        "baseline": "none",
+        "advantage_normalizer": "none",
+    },
 }
+# Samples per step of a method, as a fraction of the profile's (the same prompts
+# twice over, one response each: a quarter of 32 x 8).
+SAMPLES_PER_STEP = {"OPD, no groups": 4}
 
 
 def base_config(arguments, seed: int, run_dir: str, **changes) -> TrainConfig:
@@ -95,16 +113,27 @@ def train_teacher(arguments, folder: Path) -> dict:
     return evaluation(last)
 
 
+def batch_sizes(arguments, method: str) -> dict:
+    """The rollout and train batch of ``method``: the profile's, or a fraction."""
+    fraction = SAMPLES_PER_STEP.get(method)
+    if fraction is None:
+        return {}
+    samples = base_config(arguments, 0, "run").rollout_batch_size // fraction
+    return {"rollout_batch_size": samples, "train_batch_size": samples}
+
+
 def run_method(arguments, method: str, seed: int, paths: dict) -> dict:
     """One method from the warm start; its evaluations and the first at target."""
     teacher = {} if method == "GRPO" else {"teacher": str(paths["teacher"])}
+    folder = f"{method}-{seed}".replace(" + ", "-").replace(", ", "-")
     config = base_config(
         arguments,
         seed,
-        str(paths["scratch"] / f"{method}-{seed}".replace(" + ", "-")),
+        str(paths["scratch"] / folder.replace(" ", "-")),
         model=str(paths["warm"]),
         sft_max_steps=0,
         **METHODS[method],
+        **batch_sizes(arguments, method),
         **teacher,
     )
     elapsed, evaluations = 0.0, []
@@ -118,6 +147,7 @@ def run_method(arguments, method: str, seed: int, paths: dict) -> dict:
     return {
         "method": method,
         "seed": seed,
+        "samples_per_step": config.rollout_batch_size,
         "reached": bool(reached),
         "steps_to_target": steps,
         "samples_to_target": None
@@ -154,7 +184,8 @@ def summary_rows(runs: list[dict]) -> list[dict]:
 
 
 COLUMNS = [
-    ("method", "method"), ("seed", "seed"), ("reached", "reached target"),
+    ("method", "method"), ("seed", "seed"), ("samples_per_step", "samples / step"),
+    ("reached", "reached target"),
     ("steps_to_target", "steps"), ("samples_to_target", "samples"),
     ("seconds_to_target", "seconds"), ("last_step", "last eval step"),
     ("last_accuracy_sampled", "last sampled acc."),
@@ -172,6 +203,8 @@ NOTES = """Notes:
   advantage, and a group whose task rewards are all equal (no GRPO signal)
   still trains. Its cost per step is one more forward of the teacher on the
   sampled tokens, without gradient.
+- Every method trains at the profile's learning rate (3e-4); AdamW makes
+  the step's size independent of the advantage's scale.
 - The teacher is the same architecture as the student; on this task it is
   the cpu profile's own GRPO run, so OPD's target is the teacher's accuracy
   (or the --target, whichever is lower)."""
@@ -193,8 +226,8 @@ def report(arguments, teacher: dict | None, target: float | None, runs) -> dict:
             teacher_text + f"Target: sampled held-out accuracy on {config.eval_size} "
             f"prompts, checked every {arguments.eval_every} steps, at most "
             f"{arguments.max_steps} steps; {config.rollout_batch_size} samples per "
-            "step for every method; seconds exclude evaluation, the shared warm-up "
-            "and the teacher's training."
+            "step (OPD, no groups: a quarter of them); seconds exclude evaluation, "
+            "the shared warm-up and the teacher's training."
         ),
         "tables": [
             harness.table(COLUMNS, runs),

@@ -35,6 +35,7 @@ SCRIPTS = {
     "cpu_profile", "logprob_memory", "trl_train_step", "time_to_accuracy",
     "gpu_throughput", "run_cpu", "harness", "threads", "kl_reference",
     "mismatch_bias", "mismatch_learning", "length_bias", "lora", "vllm_cpu", "opd",
+    "async_grpo", "notebook_times",
 }  # fmt: skip
 MACHINE_FIELDS = {
     "nproc", "cpu_model", "torch", "transformers", "torch_threads", "git_commit",
@@ -320,11 +321,13 @@ def test_committed_results_render_to_the_committed_results_md():
 
 def test_recorded_and_rerun_command_lines_still_parse():
     """Each committed result's command, and each run_cpu.py run, parses today."""
+    import async_grpo  # noqa: F401
     import kl_reference  # noqa: F401
     import length_bias  # noqa: F401
     import lora  # noqa: F401
     import mismatch_bias  # noqa: F401
     import mismatch_learning  # noqa: F401
+    import notebook_times  # noqa: F401
     import opd  # noqa: F401
     import run_cpu
     import threads  # noqa: F401
@@ -612,3 +615,43 @@ def test_opd_summary_compares_samples_with_grpos():
     assert rows["OPD"]["reached"] == 1
     assert rows["OPD"]["samples_over_grpo"] == pytest.approx(40 / 180)
     assert rows["GRPO + OPD"]["samples_over_grpo"] == pytest.approx(70 / 180)
+
+
+@pytest.mark.slow
+def test_notebook_times_quick_executes_notebook_00_on_the_cpu_profile(tmp_path):
+    import notebook_times
+
+    out = tmp_path / "notebook_times.json"
+    flags = ["--quick", "--out", str(out)]
+    notebook_times.main(flags)
+    result = read(out)
+    assert_records_its_run(result, "notebook_times", flags)
+    (row,) = result["tables"][0]["rows"]
+    assert row["notebook"] == "00_welcome_and_setup" and row["cells"] > 5
+    assert row["wall_seconds"] > row["slowest_cell_seconds"] > 0
+    assert row["slowest_cell"].startswith("#")
+    assert row["under_limit"] is (row["wall_seconds"] < 180)
+    with pytest.raises(SystemExit, match="no notebook numbered"):
+        notebook_times.chosen(["99"])
+    assert [path.name[:2] for path in notebook_times.chosen(["15", "16"])] == [
+        "15", "16",
+    ]  # fmt: skip
+
+
+def test_async_grpo_summary_means_each_case_over_its_seeds():
+    """Means over every seed, and to the target over the seeds that reached it."""
+    import async_grpo
+
+    def row(seed, bound, samples, end):
+        return {"seed": seed, "staleness": bound, "admission": "pace",
+                "correction": "none", "train_seconds": 10.0 + seed,
+                "seconds_to_target": None if samples is None else samples / 1000,
+                "samples_to_target": samples, "sampled_end": end,
+                "dropped_share": 0.0, "staleness_mean": bound * 0.9}  # fmt: skip
+
+    rows = [row(0, 1, 4000, 0.9), row(1, 1, None, 0.7), row(0, 2, 6000, 0.95)]
+    first, second = async_grpo.summary_rows(rows)
+    assert (first["staleness"], first["reached"]) == (1, "1 of 2")
+    assert first["train_seconds"] == 10.5 and first["sampled_end"] == pytest.approx(0.8)
+    assert first["samples_to_target"] == 4000 and first["seconds_to_target"] == 4
+    assert (second["staleness"], second["reached"]) == (2, "1 of 1")
