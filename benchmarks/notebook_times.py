@@ -17,16 +17,16 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
 
 import harness
 
+from grpo_lab.instructor.rendered import execute_on_cpu_profile
+
 NOTEBOOK_DIR = harness.REPO_ROOT / "notebooks"
 LIMIT_SECONDS = 180.0
-CELL_TIMEOUT = 900
 FLAGS = {
     "notebooks": harness.Flag(
         ["all"], help="notebook numbers (00 ... 16), or all of them"
@@ -54,34 +54,12 @@ def chosen(numbers: list[str]) -> list[Path]:
 
 def execute(path: Path) -> tuple[object, float]:
     """Run ``path`` in a fresh kernel on the cpu profile; it and its wall seconds."""
-    import nbclient
     import nbformat
 
     notebook = nbformat.read(path, as_version=4)
-    with tempfile.TemporaryDirectory(prefix="grpo-lab-times-") as work:
-        environment = {
-            "GRPO_LAB_PROFILE": "cpu",
-            "GRPO_LAB_RUNS_DIR": work,
-            "MPLBACKEND": "agg",
-        }
-        saved = {name: os.environ.get(name) for name in environment}
-        os.environ.update(environment)  # the kernel inherits this environment
-        try:
-            started = time.perf_counter()
-            nbclient.NotebookClient(
-                notebook,
-                timeout=CELL_TIMEOUT,
-                kernel_name="python3",
-                resources={"metadata": {"path": work}},
-            ).execute()
-            seconds = time.perf_counter() - started
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
-    return notebook, seconds
+    started = time.perf_counter()
+    execute_on_cpu_profile(notebook)
+    return notebook, time.perf_counter() - started
 
 
 def cell_seconds(cell) -> float:

@@ -36,11 +36,24 @@ CELL_TIMEOUT = 900
 def render(source: Path, out_dir: Path = RENDERED_DIR) -> Path:
     """Execute the student copy of ``source`` on the cpu profile and write it,
     with its outputs, to ``out_dir``; its path."""
-    import nbclient
     import nbformat
 
     notebook = json.loads(source.read_text(encoding="utf-8"))
     copy = nbformat.reads(notebook_text(student_copy(notebook, source.name)), 4)
+    work = execute_on_cpu_profile(copy)
+    without_local_paths(copy, (work,))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / source.name
+    nbformat.write(copy, target)
+    return target
+
+
+def execute_on_cpu_profile(notebook: Any) -> str:
+    """Execute ``notebook`` (nbformat) in place, in a fresh kernel started in a
+    temporary folder with ``GRPO_LAB_PROFILE=cpu`` and its runs written there;
+    the folder's path (gone once this returns)."""
+    import nbclient
+
     with tempfile.TemporaryDirectory(prefix="grpo-lab-render-") as work:
         environment = {
             "GRPO_LAB_PROFILE": "cpu",
@@ -51,7 +64,7 @@ def render(source: Path, out_dir: Path = RENDERED_DIR) -> Path:
         os.environ.update(environment)  # the kernel inherits this environment
         try:
             nbclient.NotebookClient(
-                copy,
+                notebook,
                 timeout=CELL_TIMEOUT,
                 kernel_name="python3",
                 resources={"metadata": {"path": work}},
@@ -62,11 +75,7 @@ def render(source: Path, out_dir: Path = RENDERED_DIR) -> Path:
                     os.environ.pop(name, None)
                 else:
                     os.environ[name] = value
-        without_local_paths(copy, (work,))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    target = out_dir / source.name
-    nbformat.write(copy, target)
-    return target
+    return work
 
 
 def without_local_paths(notebook: Any, folders: tuple[str, ...] = ()) -> None:
