@@ -159,8 +159,8 @@ def summary_rows(rows: list[dict]) -> list[dict]:
     """One row per case: seeds at target and the means over seeds."""
     found: dict[tuple, list[dict]] = {}
     for row in rows:
-        found.setdefault((row["staleness"], row["admission"], row["correction"]), [])
-        found[row["staleness"], row["admission"], row["correction"]].append(row)
+        case = (row["staleness"], row["admission"], row["correction"])
+        found.setdefault(case, []).append(row)
     summary = []
     for (bound, admission, correction), mine in found.items():
         reached = [row for row in mine if row["samples_to_target"] is not None]
