@@ -34,6 +34,7 @@ scoring, the update), evaluation excluded.
 
 from __future__ import annotations
 
+import re
 import statistics
 import sys
 import tempfile
@@ -125,11 +126,11 @@ def batch_sizes(arguments, method: str) -> dict:
 def run_method(arguments, method: str, seed: int, paths: dict) -> dict:
     """One method from the warm start; its evaluations and the first at target."""
     teacher = {} if method == "GRPO" else {"teacher": str(paths["teacher"])}
-    folder = f"{method}-{seed}".replace(" + ", "-").replace(", ", "-")
+    folder = re.sub(r"[ ,+]+", "-", f"{method}-{seed}")  # "OPD-no-groups-0"
     config = base_config(
         arguments,
         seed,
-        str(paths["scratch"] / folder.replace(" ", "-")),
+        str(paths["scratch"] / folder),
         model=str(paths["warm"]),
         sft_max_steps=0,
         **METHODS[method],
